@@ -1,0 +1,737 @@
+// The exported C API: validates every argument, then routes the call to the runtime's plugin.
+//
+// Plugins may trust what reaches them (plugin.h): all range, dtype, op, NULL and overlap checks live
+// here, once, so every backend rejects bad input with the same message.
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+
+#include "backplane/backplane.h"
+#include "backplane/plugin.h"
+#include "environment.h"
+#include "error.h"
+#include "loader.h"
+#include "log.h"
+#include "selection.h"
+
+// Handles carry a magic number so that a stale or foreign pointer is reported instead of followed
+// (best effort: a freed handle is cleared, which catches most use-after-destroy).
+constexpr uint64_t kRuntimeMagic = 0x62706c2d72756e74ull;  // "bpl-runt"
+constexpr uint64_t kCommMagic = 0x62706c2d636f6d6dull;     // "bpl-comm"
+constexpr uint64_t kRequestMagic = 0x62706c2d72657175ull;  // "bpl-requ"
+
+struct bpl_runtime {
+  uint64_t magic = kRuntimeMagic;
+  std::shared_ptr<backplane::Plugin> plugin;
+  bpl_plugin_runtime* impl = nullptr;
+  backplane::LaunchInfo launch;
+  bpl_launch_info launch_c{};
+  std::string selection_reason;
+  bpl_plugin_caps caps{};
+  bpl_comm* world = nullptr;
+  std::mutex mutex;            // guards split_comms
+  std::set<bpl_comm*> split_comms;  // destroyed at finalize if the caller forgot
+
+  const bpl_plugin_api& api() const { return plugin->api(); }
+  const char* backend() const { return plugin->api().name; }
+};
+
+struct bpl_comm {
+  uint64_t magic = kCommMagic;
+  bpl_runtime* runtime = nullptr;
+  bpl_plugin_comm* impl = nullptr;
+  int32_t rank = 0;
+  int32_t size = 1;
+  bool is_world = false;
+};
+
+struct bpl_request {
+  uint64_t magic = kRequestMagic;
+  bpl_comm* comm = nullptr;
+  bpl_plugin_request* impl = nullptr;
+};
+
+namespace backplane {
+namespace {
+
+// Larger values are garbage, not a future version of a struct.
+constexpr size_t kMaxStructSize = 1 << 20;
+
+std::string quoted(const char* text) { return text == nullptr ? "NULL" : "'" + std::string(text) + "'"; }
+
+void require(bool condition, const std::string& message) {
+  if (!condition) throw Error(BPL_ERR_INVALID_ARGUMENT, message);
+}
+
+void check_struct_size(size_t struct_size, const char* param) {
+  require(struct_size >= sizeof(size_t) && struct_size <= kMaxStructSize,
+          std::string(param) + "->struct_size = " + std::to_string(struct_size) + ": expected sizeof(" + param +
+              ") (at least " + std::to_string(sizeof(size_t)) + ")");
+}
+
+// An input struct from a caller of any ABI 1.x version: fields past its struct_size keep `defaults`.
+template <typename T>
+T read_input(const T* in, const T& defaults, const char* param) {
+  T value = defaults;
+  if (in == nullptr) return value;
+  check_struct_size(in->struct_size, param);
+  std::memcpy(static_cast<void*>(&value), in, std::min(in->struct_size, sizeof(T)));
+  value.struct_size = sizeof(T);
+  return value;
+}
+
+// An output struct: write only the fields the caller's struct_size holds.
+template <typename T>
+void write_output(const T& value, T* out, const char* param) {
+  require(out != nullptr, std::string(param) + " is NULL");
+  check_struct_size(out->struct_size, param);
+  size_t caller_size = out->struct_size;
+  std::memcpy(static_cast<void*>(out), &value, std::min(caller_size, sizeof(T)));
+  out->struct_size = caller_size;
+}
+
+void copy_text(char* dst, size_t capacity, const std::string& text) {
+  size_t n = std::min(text.size(), capacity - 1);
+  std::memcpy(dst, text.data(), n);
+  dst[n] = '\0';
+}
+
+bpl_runtime* check_runtime(const bpl_runtime* runtime, const char* param = "runtime") {
+  require(runtime != nullptr, std::string(param) + " is NULL");
+  require(runtime->magic == kRuntimeMagic, std::string(param) + " is not a live bpl_runtime (finalized or foreign pointer)");
+  return const_cast<bpl_runtime*>(runtime);
+}
+
+bpl_comm* check_comm(const bpl_comm* comm) {
+  require(comm != nullptr, "comm is NULL");
+  require(comm->magic == kCommMagic, "comm is not a live bpl_comm (destroyed or foreign pointer)");
+  return const_cast<bpl_comm*>(comm);
+}
+
+bpl_request* check_request(bpl_request* req) {
+  require(req != nullptr, "req is NULL");
+  require(req->magic == kRequestMagic, "req is not a live bpl_request (freed or foreign pointer)");
+  return req;
+}
+
+// Fails with UNSUPPORTED unless the plugin provides `op` (the function exists and the capability is set).
+template <typename Fn>
+Fn require_collective(const bpl_comm* comm, Fn fn, bpl_collective op) {
+  if (fn == nullptr || (comm->runtime->caps.collectives & BPL_BIT(op)) == 0) {
+    throw Error(BPL_ERR_UNSUPPORTED, std::string("backend '") + comm->runtime->backend() + "' does not provide " +
+                                         bpl_collective_name(op));
+  }
+  return fn;
+}
+
+size_t check_dtype(const bpl_comm* comm, bpl_dtype dtype) {
+  size_t size = bpl_dtype_size(dtype);
+  require(size != 0, "dtype = " + std::to_string(dtype) + " is not a bpl_dtype (expected BPL_DTYPE_F32 .. BPL_DTYPE_I64)");
+  if ((comm->runtime->caps.dtypes & BPL_BIT(dtype)) == 0) {
+    throw Error(BPL_ERR_UNSUPPORTED, std::string("backend '") + comm->runtime->backend() + "' does not support dtype " +
+                                         bpl_dtype_name(dtype));
+  }
+  return size;
+}
+
+void check_op(const bpl_comm* comm, bpl_reduce_op op) {
+  require(std::strcmp(bpl_reduce_op_name(op), "unknown") != 0,
+          "op = " + std::to_string(op) + " is not a bpl_reduce_op (expected BPL_OP_SUM .. BPL_OP_AVG)");
+  if ((comm->runtime->caps.reduce_ops & BPL_BIT(op)) == 0) {
+    throw Error(BPL_ERR_UNSUPPORTED, std::string("backend '") + comm->runtime->backend() +
+                                         "' does not support reduce op " + bpl_reduce_op_name(op));
+  }
+}
+
+// Bytes of `count` elements times `blocks`, rejecting negative counts and sizes no memory can hold.
+size_t check_count(int64_t count, size_t element_size, int64_t blocks, const char* param) {
+  require(count >= 0, std::string(param) + " = " + std::to_string(count) + ": expected >= 0");
+  const int64_t limit = std::numeric_limits<int64_t>::max() / static_cast<int64_t>(element_size) / blocks;
+  require(count <= limit, std::string(param) + " = " + std::to_string(count) + ": " + std::to_string(blocks) +
+                              " block(s) of it exceed the address space (at most " + std::to_string(limit) + ")");
+  return static_cast<size_t>(count) * element_size * static_cast<size_t>(blocks);
+}
+
+void check_buffer(const void* buffer, size_t bytes, const char* param) {
+  require(buffer != nullptr || bytes == 0, std::string(param) + " is NULL but holds " + std::to_string(bytes) + " bytes");
+}
+
+bool overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
+  if (a_bytes == 0 || b_bytes == 0) return false;
+  auto x = reinterpret_cast<uintptr_t>(a);
+  auto y = reinterpret_cast<uintptr_t>(b);
+  return x < y + b_bytes && y < x + a_bytes;
+}
+
+void check_rank(const bpl_comm* comm, int32_t rank, const char* param) {
+  require(rank >= 0 && rank < comm->size, std::string(param) + " = " + std::to_string(rank) +
+                                              ": expected a rank of the communicator, 0.." +
+                                              std::to_string(comm->size - 1));
+}
+
+// After the plugin ran: prefix its message with the API function, or supply one if it gave none,
+// and wrap a request it started.
+bpl_status finish(const char* function, bpl_comm* comm, bpl_status status, bpl_plugin_request* preq,
+                  bpl_request** req) {
+  if (status != BPL_OK) {
+    std::string message = last_error().empty() ? std::string(comm->runtime->backend()) + ": failed with " +
+                                                     bpl_status_name(status) + " (the plugin gave no message)"
+                                               : last_error();
+    set_last_error(std::string(function) + ": " + message);
+    return status;
+  }
+  if (req != nullptr) {
+    if (preq == nullptr) {
+      throw Error(BPL_ERR_INTERNAL, std::string("backend '") + comm->runtime->backend() +
+                                        "' returned BPL_OK without a request");
+    }
+    auto* request = new bpl_request;
+    request->comm = comm;
+    request->impl = preq;
+    *req = request;
+  }
+  return BPL_OK;
+}
+
+// Plugin call for functions that are not collectives: prefix the plugin's message with the function.
+bpl_status forward(const char* function, const bpl_runtime* runtime, bpl_status status) {
+  if (status != BPL_OK) {
+    std::string message = last_error().empty() ? std::string(runtime->backend()) + ": failed with " +
+                                                     bpl_status_name(status)
+                                               : last_error();
+    set_last_error(std::string(function) + ": " + message);
+  }
+  return status;
+}
+
+template <typename Fn>
+Fn require_device_fn(const bpl_runtime* runtime, Fn fn, const char* what) {
+  if (fn == nullptr) {
+    throw Error(BPL_ERR_UNSUPPORTED, std::string("backend '") + runtime->backend() + "' does not provide " + what);
+  }
+  return fn;
+}
+
+bpl_comm* wrap_comm(bpl_runtime* runtime, bpl_plugin_comm* impl, bool is_world) {
+  auto comm = std::make_unique<bpl_comm>();
+  comm->runtime = runtime;
+  comm->impl = impl;
+  comm->is_world = is_world;
+  bpl_status status = runtime->api().comm_rank_size(impl, &comm->rank, &comm->size);
+  if (status != BPL_OK) throw Error(status, "comm_rank_size failed: " + last_error());
+  return comm.release();
+}
+
+void destroy_comm(bpl_comm* comm) {
+  comm->runtime->api().comm_destroy(comm->impl);
+  comm->magic = 0;
+  delete comm;
+}
+
+// Loads the first candidate that opens. An explicit choice that fails is an error; an automatic one
+// moves on and records why in the selection reason.
+std::shared_ptr<Plugin> load_selected(const Selection& selection, const std::vector<std::string>& dirs,
+                                      std::string* reason) {
+  std::string skipped;
+  for (const Candidate& candidate : selection.candidates) {
+    try {
+      std::string path = find_plugin(candidate.backend, dirs);
+      std::shared_ptr<Plugin> plugin = Plugin::load(path);
+      *reason = candidate.reason + skipped;
+      return plugin;
+    } catch (const Error& e) {
+      if (selection.explicit_choice) {
+        throw Error(e.status(), "backend '" + candidate.backend + "' selected by " + candidate.reason +
+                                    " cannot be used: " + e.what());
+      }
+      skipped += "; skipped " + candidate.backend + ": " + e.what();
+      log(BPL_LOG_INFO, "core", "auto selection skipped " + candidate.backend + ": " + e.what());
+    }
+  }
+  throw Error(BPL_ERR_NOT_FOUND, "no backend could be loaded" + skipped);
+}
+
+const bpl_init_options kDefaultInitOptions = BPL_INIT_OPTIONS_INIT;
+
+}  // namespace
+}  // namespace backplane
+
+using namespace backplane;
+
+extern "C" {
+
+bpl_status bpl_init(const bpl_init_options* options, bpl_runtime** out) {
+  return guarded("bpl_init", [&] {
+    require(out != nullptr, "out is NULL");
+    *out = nullptr;
+    bpl_init_options opts = read_input(options, kDefaultInitOptions, "options");
+    EnvLookup env = process_environment();
+    auto runtime = std::make_unique<bpl_runtime>();
+    runtime->launch = resolve_launch(opts, env);
+    Selection selection = select_backend(opts.backend, env, probe_machine());
+    runtime->plugin = load_selected(selection, plugin_search_dirs(env), &runtime->selection_reason);
+
+    const LaunchInfo& launch = runtime->launch;
+    runtime->launch_c = {sizeof(bpl_launch_info), launch.rank, launch.world_size, launch.local_rank,
+                         launch.local_world_size, launch.master_addr.c_str(), launch.launcher.c_str(),
+                         launch.master_port, 0, launch.timeout_ms};
+    const bpl_plugin_api& api = runtime->api();
+    clear_last_error();
+    bpl_status status = api.runtime_create(&runtime->launch_c, &runtime->impl);
+    if (status != BPL_OK) {
+      throw Error(status, std::string(api.name) + " (" + runtime->selection_reason + "): " +
+                              (last_error().empty() ? bpl_status_name(status) : last_error()));
+    }
+    try {
+      runtime->caps.struct_size = sizeof(bpl_plugin_caps);
+      if (api.runtime_describe != nullptr) {
+        status = api.runtime_describe(runtime->impl, &runtime->caps);
+        if (status != BPL_OK) throw Error(status, "runtime_describe failed: " + last_error());
+      }
+      bpl_plugin_comm* world = nullptr;
+      status = api.comm_world(runtime->impl, &world);
+      if (status != BPL_OK) throw Error(status, "comm_world failed: " + last_error());
+      runtime->world = wrap_comm(runtime.get(), world, true);
+    } catch (...) {
+      api.runtime_destroy(runtime->impl);
+      throw;
+    }
+    log(BPL_LOG_INFO, "core", std::string("rank ") + std::to_string(launch.rank) + "/" +
+                                  std::to_string(launch.world_size) + " using backend " + api.name + " from " +
+                                  runtime->plugin->path() + " (" + runtime->selection_reason + ")");
+    *out = runtime.release();
+    return BPL_OK;
+  });
+}
+
+bpl_status bpl_finalize(bpl_runtime* runtime) {
+  return guarded("bpl_finalize", [&] {
+    if (runtime == nullptr) return BPL_OK;
+    check_runtime(runtime);
+    std::set<bpl_comm*> leftover;
+    {
+      std::lock_guard<std::mutex> lock(runtime->mutex);
+      leftover.swap(runtime->split_comms);
+    }
+    if (!leftover.empty()) {
+      log(BPL_LOG_WARN, "core", std::to_string(leftover.size()) + " communicator(s) were not destroyed before bpl_finalize");
+    }
+    for (bpl_comm* comm : leftover) destroy_comm(comm);
+    runtime->world->magic = 0;
+    delete runtime->world;
+    bpl_status status = runtime->api().runtime_destroy(runtime->impl);
+    std::string message = last_error();
+    runtime->magic = 0;
+    delete runtime;
+    if (status != BPL_OK) throw Error(status, message);
+    return BPL_OK;
+  });
+}
+
+bpl_status bpl_runtime_describe(const bpl_runtime* runtime, bpl_runtime_info* out) {
+  return guarded("bpl_runtime_describe", [&] {
+    bpl_runtime* rt = check_runtime(runtime);
+    bpl_runtime_info info{};
+    info.struct_size = sizeof(info);
+    info.backend = rt->api().name;
+    info.plugin_path = rt->plugin->path().c_str();
+    info.plugin_version = rt->api().version;
+    info.selection_reason = rt->selection_reason.c_str();
+    info.launcher = rt->launch.launcher.c_str();
+    info.details = rt->caps.details != nullptr ? rt->caps.details : "";
+    info.plugin_abi_major = rt->api().abi_major;
+    info.plugin_abi_minor = rt->api().abi_minor;
+    info.rank = rt->launch.rank;
+    info.world_size = rt->launch.world_size;
+    info.local_rank = rt->launch.local_rank;
+    info.local_world_size = rt->launch.local_world_size;
+    info.device_count = 0;
+    if (rt->api().device_count != nullptr) rt->api().device_count(rt->impl, &info.device_count);
+    info.dtypes = rt->caps.dtypes;
+    info.collectives = rt->caps.collectives;
+    info.reduce_ops = rt->caps.reduce_ops;
+    info.timeout_ms = rt->launch.timeout_ms;
+    write_output(info, out, "out");
+    return BPL_OK;
+  });
+}
+
+bpl_status bpl_select_backend(const bpl_init_options* options, bpl_selection* out) {
+  return guarded("bpl_select_backend", [&] {
+    require(out != nullptr, "out is NULL");
+    bpl_init_options opts = read_input(options, kDefaultInitOptions, "options");
+    EnvLookup env = process_environment();
+    Selection selection = select_backend(opts.backend, env, probe_machine());
+    std::vector<std::string> dirs = plugin_search_dirs(env);
+    bpl_selection result{};
+    result.struct_size = sizeof(result);
+    std::string skipped;
+    for (const Candidate& candidate : selection.candidates) {
+      copy_text(result.backend, sizeof(result.backend), candidate.backend);
+      copy_text(result.reason, sizeof(result.reason), candidate.reason + skipped);
+      try {
+        copy_text(result.plugin_path, sizeof(result.plugin_path), find_plugin(candidate.backend, dirs));
+        write_output(result, out, "out");
+        return BPL_OK;
+      } catch (const Error& e) {
+        if (selection.explicit_choice || &candidate == &selection.candidates.back()) {
+          write_output(result, out, "out");
+          throw;
+        }
+        skipped += "; skipped " + candidate.backend + ": " + e.what();
+      }
+    }
+    throw Error(BPL_ERR_INTERNAL, "no candidate backend");
+  });
+}
+
+bpl_status bpl_plugin_probe(const char* backend, bpl_plugin_info* out) {
+  return guarded("bpl_plugin_probe", [&] {
+    require(backend != nullptr && *backend != '\0', "backend is " + quoted(backend) + ": expected a name or a path");
+    require(out != nullptr, "out is NULL");
+    std::shared_ptr<Plugin> plugin = Plugin::load(find_plugin(backend, plugin_search_dirs(process_environment())));
+    bpl_plugin_info info{};
+    info.struct_size = sizeof(info);
+    copy_text(info.name, sizeof(info.name), plugin->api().name);
+    copy_text(info.version, sizeof(info.version), plugin->api().version);
+    copy_text(info.path, sizeof(info.path), plugin->path());
+    info.abi_major = plugin->api().abi_major;
+    info.abi_minor = plugin->api().abi_minor;
+    write_output(info, out, "out");
+    return BPL_OK;
+  });
+}
+
+/* ---- device ---- */
+
+bpl_status bpl_device_count(const bpl_runtime* runtime, int32_t* count) {
+  return guarded("bpl_device_count", [&] {
+    bpl_runtime* rt = check_runtime(runtime);
+    require(count != nullptr, "count is NULL");
+    auto fn = require_device_fn(rt, rt->api().device_count, "device_count");
+    return forward("bpl_device_count", rt, fn(rt->impl, count));
+  });
+}
+
+bpl_status bpl_device_get_properties(const bpl_runtime* runtime, int32_t device, bpl_device_properties* out) {
+  return guarded("bpl_device_get_properties", [&] {
+    bpl_runtime* rt = check_runtime(runtime);
+    require(out != nullptr, "out is NULL");
+    check_struct_size(out->struct_size, "out");
+    auto fn = require_device_fn(rt, rt->api().device_properties, "device_properties");
+    int32_t count = 0;
+    rt->api().device_count(rt->impl, &count);
+    require(device >= 0 && device < count,
+            "device = " + std::to_string(device) + ": expected 0.." + std::to_string(count - 1));
+    bpl_device_properties props{};
+    props.struct_size = sizeof(props);
+    bpl_status status = forward("bpl_device_get_properties", rt, fn(rt->impl, device, &props));
+    if (status == BPL_OK) write_output(props, out, "out");
+    return status;
+  });
+}
+
+bpl_status bpl_malloc(bpl_runtime* runtime, int32_t device, size_t bytes, void** ptr) {
+  return guarded("bpl_malloc", [&] {
+    bpl_runtime* rt = check_runtime(runtime);
+    require(ptr != nullptr, "ptr is NULL");
+    *ptr = nullptr;
+    auto fn = require_device_fn(rt, rt->api().mem_alloc, "malloc");
+    int32_t count = 0;
+    rt->api().device_count(rt->impl, &count);
+    require(device >= 0 && device < count,
+            "device = " + std::to_string(device) + ": expected 0.." + std::to_string(count - 1));
+    require(bytes <= static_cast<size_t>(std::numeric_limits<int64_t>::max()),
+            "bytes = " + std::to_string(bytes) + " exceeds the address space");
+    if (bytes == 0) return BPL_OK;
+    return forward("bpl_malloc", rt, fn(rt->impl, device, bytes, ptr));
+  });
+}
+
+bpl_status bpl_free(bpl_runtime* runtime, void* ptr) {
+  return guarded("bpl_free", [&] {
+    bpl_runtime* rt = check_runtime(runtime);
+    if (ptr == nullptr) return BPL_OK;
+    auto fn = require_device_fn(rt, rt->api().mem_free, "free");
+    return forward("bpl_free", rt, fn(rt->impl, ptr));
+  });
+}
+
+bpl_status bpl_memcpy(bpl_runtime* runtime, void* dst, const void* src, size_t bytes, bpl_memcpy_kind kind) {
+  return guarded("bpl_memcpy", [&] {
+    bpl_runtime* rt = check_runtime(runtime);
+    require(kind >= BPL_MEMCPY_HOST_TO_HOST && kind <= BPL_MEMCPY_DEVICE_TO_DEVICE,
+            "kind = " + std::to_string(kind) + ": expected BPL_MEMCPY_HOST_TO_HOST .. BPL_MEMCPY_DEVICE_TO_DEVICE");
+    check_buffer(dst, bytes, "dst");
+    check_buffer(src, bytes, "src");
+    require(!overlap(dst, bytes, src, bytes), "dst and src overlap");
+    if (bytes == 0) return BPL_OK;
+    auto fn = require_device_fn(rt, rt->api().mem_copy, "memcpy");
+    return forward("bpl_memcpy", rt, fn(rt->impl, dst, src, bytes, kind));
+  });
+}
+
+bpl_status bpl_synchronize(bpl_runtime* runtime, int32_t device) {
+  return guarded("bpl_synchronize", [&] {
+    bpl_runtime* rt = check_runtime(runtime);
+    int32_t count = 0;
+    if (rt->api().device_count != nullptr) rt->api().device_count(rt->impl, &count);
+    require(device >= 0 && device < count,
+            "device = " + std::to_string(device) + ": expected 0.." + std::to_string(count - 1));
+    if (rt->api().synchronize == nullptr) return BPL_OK;  // nothing queued on a synchronous backend
+    return forward("bpl_synchronize", rt, rt->api().synchronize(rt->impl, device));
+  });
+}
+
+/* ---- communicators ---- */
+
+bpl_status bpl_comm_world(bpl_runtime* runtime, bpl_comm** out) {
+  return guarded("bpl_comm_world", [&] {
+    bpl_runtime* rt = check_runtime(runtime);
+    require(out != nullptr, "out is NULL");
+    *out = rt->world;
+    return BPL_OK;
+  });
+}
+
+bpl_status bpl_comm_split(bpl_comm* parent, int32_t color, int32_t key, bpl_comm** out) {
+  return guarded("bpl_comm_split", [&] {
+    bpl_comm* comm = check_comm(parent);
+    require(out != nullptr, "out is NULL");
+    *out = nullptr;
+    require(color >= BPL_COLOR_UNDEFINED,
+            "color = " + std::to_string(color) + ": expected >= 0, or BPL_COLOR_UNDEFINED (-1)");
+    bpl_runtime* rt = comm->runtime;
+    auto fn = require_collective(comm, rt->api().comm_split, BPL_COLL_COMM_SPLIT);
+    bpl_plugin_comm* child = nullptr;
+    bpl_status status = fn(comm->impl, color, key, &child);
+    if (status != BPL_OK) return finish("bpl_comm_split", comm, status, nullptr, nullptr);
+    if (child == nullptr) return BPL_OK;  // BPL_COLOR_UNDEFINED
+    bpl_comm* wrapped = wrap_comm(rt, child, false);
+    {
+      std::lock_guard<std::mutex> lock(rt->mutex);
+      rt->split_comms.insert(wrapped);
+    }
+    *out = wrapped;
+    return BPL_OK;
+  });
+}
+
+bpl_status bpl_comm_destroy(bpl_comm* comm) {
+  return guarded("bpl_comm_destroy", [&] {
+    if (comm == nullptr) return BPL_OK;
+    check_comm(comm);
+    require(!comm->is_world, "comm is the world communicator, which the runtime owns: it ends with bpl_finalize");
+    {
+      std::lock_guard<std::mutex> lock(comm->runtime->mutex);
+      comm->runtime->split_comms.erase(comm);
+    }
+    destroy_comm(comm);
+    return BPL_OK;
+  });
+}
+
+bpl_status bpl_comm_rank(const bpl_comm* comm, int32_t* rank) {
+  return guarded("bpl_comm_rank", [&] {
+    const bpl_comm* c = check_comm(comm);
+    require(rank != nullptr, "rank is NULL");
+    *rank = c->rank;
+    return BPL_OK;
+  });
+}
+
+bpl_status bpl_comm_size(const bpl_comm* comm, int32_t* size) {
+  return guarded("bpl_comm_size", [&] {
+    const bpl_comm* c = check_comm(comm);
+    require(size != nullptr, "size is NULL");
+    *size = c->size;
+    return BPL_OK;
+  });
+}
+
+/* ---- collectives ---- */
+
+bpl_status bpl_allreduce(bpl_comm* comm, const void* send, void* recv, int64_t count, bpl_dtype dtype,
+                         bpl_reduce_op op, bpl_request** req) {
+  return guarded("bpl_allreduce", [&] {
+    bpl_comm* c = check_comm(comm);
+    auto fn = require_collective(c, c->runtime->api().allreduce, BPL_COLL_ALLREDUCE);
+    size_t bytes = check_count(count, check_dtype(c, dtype), 1, "count");
+    check_op(c, op);
+    check_buffer(send, bytes, "send");
+    check_buffer(recv, bytes, "recv");
+    require(send == recv || !overlap(send, bytes, recv, bytes), "send and recv overlap without being equal (in place)");
+    bpl_plugin_request* preq = nullptr;
+    return finish("bpl_allreduce", c, fn(c->impl, send, recv, count, dtype, op, req ? &preq : nullptr), preq, req);
+  });
+}
+
+bpl_status bpl_broadcast(bpl_comm* comm, void* buf, int64_t count, bpl_dtype dtype, int32_t root, bpl_request** req) {
+  return guarded("bpl_broadcast", [&] {
+    bpl_comm* c = check_comm(comm);
+    auto fn = require_collective(c, c->runtime->api().broadcast, BPL_COLL_BROADCAST);
+    size_t bytes = check_count(count, check_dtype(c, dtype), 1, "count");
+    check_buffer(buf, bytes, "buf");
+    check_rank(c, root, "root");
+    bpl_plugin_request* preq = nullptr;
+    return finish("bpl_broadcast", c, fn(c->impl, buf, count, dtype, root, req ? &preq : nullptr), preq, req);
+  });
+}
+
+bpl_status bpl_reduce(bpl_comm* comm, const void* send, void* recv, int64_t count, bpl_dtype dtype, bpl_reduce_op op,
+                      int32_t root, bpl_request** req) {
+  return guarded("bpl_reduce", [&] {
+    bpl_comm* c = check_comm(comm);
+    auto fn = require_collective(c, c->runtime->api().reduce, BPL_COLL_REDUCE);
+    size_t bytes = check_count(count, check_dtype(c, dtype), 1, "count");
+    check_op(c, op);
+    check_rank(c, root, "root");
+    check_buffer(send, bytes, "send");
+    if (c->rank == root) {
+      check_buffer(recv, bytes, "recv");
+      require(send == recv || !overlap(send, bytes, recv, bytes), "send and recv overlap without being equal (in place)");
+    }
+    bpl_plugin_request* preq = nullptr;
+    return finish("bpl_reduce", c, fn(c->impl, send, recv, count, dtype, op, root, req ? &preq : nullptr), preq, req);
+  });
+}
+
+bpl_status bpl_allgather(bpl_comm* comm, const void* send, void* recv, int64_t count, bpl_dtype dtype,
+                         bpl_request** req) {
+  return guarded("bpl_allgather", [&] {
+    bpl_comm* c = check_comm(comm);
+    auto fn = require_collective(c, c->runtime->api().allgather, BPL_COLL_ALLGATHER);
+    size_t element = check_dtype(c, dtype);
+    size_t total = check_count(count, element, c->size, "count");
+    size_t block = total / static_cast<size_t>(c->size);
+    check_buffer(send, block, "send");
+    check_buffer(recv, total, "recv");
+    const void* own_block = static_cast<const char*>(recv) + block * static_cast<size_t>(c->rank);
+    require(send == own_block || !overlap(send, block, recv, total),
+            "send overlaps recv but is not recv + rank*count elements (in place)");
+    bpl_plugin_request* preq = nullptr;
+    return finish("bpl_allgather", c, fn(c->impl, send, recv, count, dtype, req ? &preq : nullptr), preq, req);
+  });
+}
+
+bpl_status bpl_reduce_scatter(bpl_comm* comm, const void* send, void* recv, int64_t recvcount, bpl_dtype dtype,
+                              bpl_reduce_op op, bpl_request** req) {
+  return guarded("bpl_reduce_scatter", [&] {
+    bpl_comm* c = check_comm(comm);
+    auto fn = require_collective(c, c->runtime->api().reduce_scatter, BPL_COLL_REDUCE_SCATTER);
+    size_t element = check_dtype(c, dtype);
+    size_t total = check_count(recvcount, element, c->size, "recvcount");
+    size_t block = total / static_cast<size_t>(c->size);
+    check_op(c, op);
+    check_buffer(send, total, "send");
+    check_buffer(recv, block, "recv");
+    const void* own_block = static_cast<const char*>(send) + block * static_cast<size_t>(c->rank);
+    require(recv == own_block || !overlap(send, total, recv, block),
+            "recv overlaps send but is not send + rank*recvcount elements (in place)");
+    bpl_plugin_request* preq = nullptr;
+    return finish("bpl_reduce_scatter", c, fn(c->impl, send, recv, recvcount, dtype, op, req ? &preq : nullptr), preq,
+                  req);
+  });
+}
+
+bpl_status bpl_alltoall(bpl_comm* comm, const void* send, void* recv, int64_t count, bpl_dtype dtype,
+                        bpl_request** req) {
+  return guarded("bpl_alltoall", [&] {
+    bpl_comm* c = check_comm(comm);
+    auto fn = require_collective(c, c->runtime->api().alltoall, BPL_COLL_ALLTOALL);
+    size_t total = check_count(count, check_dtype(c, dtype), c->size, "count");
+    check_buffer(send, total, "send");
+    check_buffer(recv, total, "recv");
+    require(send == recv || !overlap(send, total, recv, total), "send and recv overlap without being equal (in place)");
+    bpl_plugin_request* preq = nullptr;
+    return finish("bpl_alltoall", c, fn(c->impl, send, recv, count, dtype, req ? &preq : nullptr), preq, req);
+  });
+}
+
+bpl_status bpl_barrier(bpl_comm* comm, bpl_request** req) {
+  return guarded("bpl_barrier", [&] {
+    bpl_comm* c = check_comm(comm);
+    auto fn = require_collective(c, c->runtime->api().barrier, BPL_COLL_BARRIER);
+    bpl_plugin_request* preq = nullptr;
+    return finish("bpl_barrier", c, fn(c->impl, req ? &preq : nullptr), preq, req);
+  });
+}
+
+namespace {
+// Checks shared by send and recv.
+void check_point_to_point(const bpl_comm* c, const void* buf, int64_t count, bpl_dtype dtype, int32_t peer,
+                          int32_t tag) {
+  size_t bytes = check_count(count, check_dtype(c, dtype), 1, "count");
+  check_buffer(buf, bytes, "buf");
+  check_rank(c, peer, "peer");
+  require(peer != c->rank, "peer = " + std::to_string(peer) + " is the calling rank itself");
+  require(tag >= 0, "tag = " + std::to_string(tag) + ": expected >= 0");
+}
+}  // namespace
+
+bpl_status bpl_send(bpl_comm* comm, const void* buf, int64_t count, bpl_dtype dtype, int32_t peer, int32_t tag,
+                    bpl_request** req) {
+  return guarded("bpl_send", [&] {
+    bpl_comm* c = check_comm(comm);
+    auto fn = require_collective(c, c->runtime->api().send, BPL_COLL_SEND);
+    check_point_to_point(c, buf, count, dtype, peer, tag);
+    bpl_plugin_request* preq = nullptr;
+    return finish("bpl_send", c, fn(c->impl, buf, count, dtype, peer, tag, req ? &preq : nullptr), preq, req);
+  });
+}
+
+bpl_status bpl_recv(bpl_comm* comm, void* buf, int64_t count, bpl_dtype dtype, int32_t peer, int32_t tag,
+                    bpl_request** req) {
+  return guarded("bpl_recv", [&] {
+    bpl_comm* c = check_comm(comm);
+    auto fn = require_collective(c, c->runtime->api().recv, BPL_COLL_RECV);
+    check_point_to_point(c, buf, count, dtype, peer, tag);
+    bpl_plugin_request* preq = nullptr;
+    return finish("bpl_recv", c, fn(c->impl, buf, count, dtype, peer, tag, req ? &preq : nullptr), preq, req);
+  });
+}
+
+/* ---- requests ---- */
+
+bpl_status bpl_request_test(bpl_request* req, int32_t* done) {
+  return guarded("bpl_request_test", [&] {
+    bpl_request* r = check_request(req);
+    require(done != nullptr, "done is NULL");
+    return finish("bpl_request_test", r->comm, r->comm->runtime->api().request_test(r->impl, done), nullptr, nullptr);
+  });
+}
+
+bpl_status bpl_request_wait(bpl_request* req, int64_t timeout_ms) {
+  return guarded("bpl_request_wait", [&] {
+    bpl_request* r = check_request(req);
+    require(timeout_ms >= BPL_TIMEOUT_DEFAULT,
+            "timeout_ms = " + std::to_string(timeout_ms) + ": expected >= 0, or BPL_TIMEOUT_DEFAULT (-1)");
+    const bpl_plugin_api& api = r->comm->runtime->api();
+    if (timeout_ms == 0) {
+      int32_t done = 0;
+      bpl_status status = api.request_test(r->impl, &done);
+      if (status != BPL_OK || done) return finish("bpl_request_wait", r->comm, status, nullptr, nullptr);
+      throw Error(BPL_ERR_TIMEOUT, "the operation has not ended (timeout_ms = 0)");
+    }
+    if (timeout_ms == BPL_TIMEOUT_DEFAULT) timeout_ms = r->comm->runtime->launch.timeout_ms;
+    return finish("bpl_request_wait", r->comm, api.request_wait(r->impl, timeout_ms), nullptr, nullptr);
+  });
+}
+
+bpl_status bpl_request_free(bpl_request* req) {
+  return guarded("bpl_request_free", [&] {
+    if (req == nullptr) return BPL_OK;
+    bpl_request* r = check_request(req);
+    bpl_status status = r->comm->runtime->api().request_free(r->impl);
+    r->magic = 0;
+    bpl_comm* comm = r->comm;
+    delete r;
+    return finish("bpl_request_free", comm, status, nullptr, nullptr);
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,57 @@
+// Reading and parsing the environment contract of DESIGN.md ("Selection and launch").
+//
+// Everything here reads variables through an EnvLookup so that tests can give any environment
+// without touching the process's.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "backplane/backplane.h"
+
+namespace backplane {
+
+// Returns the variable's value, or nullopt when unset. An empty value counts as unset.
+using EnvLookup = std::function<std::optional<std::string>(const std::string& name)>;
+
+// The process environment. Path-like variables (plugin and cache paths, BPL_BACKEND, which may be a
+// path) read through secure_getenv, so a setuid program never loads code a caller points it at.
+EnvLookup process_environment();
+
+// Parses a whole base-10 integer ("42", "-1"); nullopt for anything else ("", "4x", " 4", overflow).
+std::optional<int64_t> parse_integer(const std::string& text);
+
+// The integer value of variable `name`, or nullopt when unset. Throws Error(INVALID_ARGUMENT) naming
+// the variable, its value and the accepted range when it is not an integer in [min, max].
+std::optional<int64_t> env_integer(const EnvLookup& env, const std::string& name, int64_t min, int64_t max);
+
+// Splits "a:b::c" into {"a","b","c"} (empty items dropped).
+std::vector<std::string> split_path_list(const std::string& text);
+
+constexpr int64_t kDefaultTimeoutMs = 300000;
+
+// Where this process sits in the job, from explicit options and the launch environment, highest first:
+// options > torchrun (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE) > Open MPI (OMPI_COMM_WORLD_*) >
+// Slurm (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_TASKS_PER_NODE) > rank 0 of 1.
+struct LaunchInfo {
+  int32_t rank = 0;
+  int32_t world_size = 1;
+  int32_t local_rank = 0;
+  int32_t local_world_size = 1;
+  std::string master_addr;  // options > MASTER_ADDR; "" if unknown
+  int32_t master_port = -1; // options > MASTER_PORT; -1 if unknown
+  int64_t timeout_ms = kDefaultTimeoutMs; // options > BPL_TIMEOUT_MS > default
+  std::string launcher = "none"; // "options", "torchrun", "openmpi", "slurm", "none"
+};
+
+// Throws Error(INVALID_ARGUMENT) naming the variable or option when a value is malformed, out of
+// range, or inconsistent (a rank without a world size, rank >= world size).
+LaunchInfo resolve_launch(const bpl_init_options& options, const EnvLookup& env);
+
+// True when the environment shows an MPI launcher (mpirun/mpiexec of Open MPI, or a PMI/PMIx one).
+bool launched_by_mpi(const EnvLookup& env);
+
+}  // namespace backplane

@@ -1,0 +1,43 @@
+#include "log.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+
+#include "environment.h"
+
+namespace backplane {
+namespace {
+
+int32_t read_log_level() {
+  const char* text = std::getenv("BPL_LOG_LEVEL");
+  if (text == nullptr || *text == '\0') return BPL_LOG_WARN;
+  static const char* const names[] = {"error", "warn", "info", "debug"};
+  for (int32_t level = 0; level < 4; ++level) {
+    if (std::string(text) == names[level]) return level;
+  }
+  std::optional<int64_t> number = parse_integer(text);
+  if (number && *number >= 0 && *number <= 3) return static_cast<int32_t>(*number);
+  std::fprintf(stderr, "[backplane] WARN: BPL_LOG_LEVEL='%s' is not one of error, warn, info, debug, 0-3; using warn\n",
+               text);
+  return BPL_LOG_WARN;
+}
+
+}  // namespace
+
+int32_t log_level() {
+  static const int32_t level = read_log_level();
+  return level;
+}
+
+void log(int32_t level, const char* source, const std::string& message) {
+  if (level > log_level()) return;
+  static const char* const tags[] = {"ERROR", "WARN", "INFO", "DEBUG"};
+  static std::mutex mutex;
+  std::lock_guard<std::mutex> lock(mutex);
+  std::fprintf(stderr, "[backplane:%s] %s: %s\n", source != nullptr ? source : "core",
+               tags[level < 0 ? 0 : level > 3 ? 3 : level], message.c_str());
+}
+
+}  // namespace backplane

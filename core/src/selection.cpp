@@ -1,0 +1,138 @@
+#include "selection.h"
+
+#include <dlfcn.h>
+#include <glob.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+
+#include "error.h"
+
+#ifndef BPL_BUILD_PLUGIN_DIR
+#define BPL_BUILD_PLUGIN_DIR ""
+#endif
+#ifndef BPL_PLUGIN_SUBDIR
+#define BPL_PLUGIN_SUBDIR "backplane/plugins"
+#endif
+
+namespace backplane {
+
+const char* const kKnownBackends[3] = {"gloo", "mpi", "neuron"};
+
+namespace {
+
+std::string known_backends_text() {
+  return "known backends: gloo, mpi, neuron, or a path to a plugin .so";
+}
+
+bool is_regular_file(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+bool is_plain_name(const std::string& name) {
+  return !name.empty() && std::all_of(name.begin(), name.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' || c == '-';
+  });
+}
+
+// The folder libbackplane.so was loaded from, found through a symbol of its own.
+std::string library_dir() {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&library_dir), &info) == 0 || info.dli_fname == nullptr) return "";
+  std::string path = info.dli_fname;
+  std::string::size_type slash = path.rfind('/');
+  return slash == std::string::npos ? std::string(".") : path.substr(0, slash);
+}
+
+}  // namespace
+
+MachineProbe probe_machine() {
+  MachineProbe machine;
+  glob_t found{};
+  if (glob("/dev/neuron[0-9]*", 0, nullptr, &found) == 0) machine.neuron_device_present = found.gl_pathc > 0;
+  globfree(&found);
+  return machine;
+}
+
+Selection select_backend(const char* backend, const EnvLookup& env, const MachineProbe& machine) {
+  Selection selection;
+  selection.explicit_choice = true;
+  if (backend != nullptr && *backend != '\0') {
+    selection.candidates.push_back({backend, std::string("bpl_init option backend=") + backend});
+    return selection;
+  }
+  if (auto name = env("BPL_BACKEND")) {
+    selection.candidates.push_back({*name, "BPL_BACKEND=" + *name});
+    return selection;
+  }
+  if (auto cpu_mode = env("NXD_CPU_MODE")) {
+    std::optional<int64_t> value = parse_integer(*cpu_mode);
+    if (!value) {
+      throw Error(BPL_ERR_INVALID_ARGUMENT,
+                  "NXD_CPU_MODE='" + *cpu_mode + "' is not an integer (expected 1 for CPU mode, 0 for Neuron)");
+    }
+    if (*value > 0) {
+      selection.candidates.push_back({"gloo", "NXD_CPU_MODE=" + *cpu_mode});
+    } else {
+      selection.candidates.push_back({"neuron", "NXD_CPU_MODE=" + *cpu_mode});
+    }
+    return selection;
+  }
+
+  selection.explicit_choice = false;
+  if (machine.neuron_device_present) {
+    selection.candidates.push_back({"neuron", "auto: a Neuron device is present"});
+  }
+  std::string not_neuron = machine.neuron_device_present ? "" : "no Neuron device";
+  if (launched_by_mpi(env)) {
+    selection.candidates.push_back(
+        {"mpi", "auto: " + (not_neuron.empty() ? std::string() : not_neuron + ", ") + "launched by an MPI launcher"});
+  }
+  selection.candidates.push_back(
+      {"gloo", "auto: " + (not_neuron.empty() ? std::string() : not_neuron + ", ") +
+                   (launched_by_mpi(env) ? "CPU fallback" : "not launched by an MPI launcher")});
+  return selection;
+}
+
+std::string plugin_file_name(const std::string& name) { return "libbackplane-" + name + ".so"; }
+
+std::vector<std::string> plugin_search_dirs(const EnvLookup& env) {
+  std::vector<std::string> dirs;
+  auto add = [&dirs](const std::string& dir) {
+    if (!dir.empty() && std::find(dirs.begin(), dirs.end(), dir) == dirs.end()) dirs.push_back(dir);
+  };
+  if (auto path = env("BPL_PLUGIN_PATH")) {
+    for (const std::string& dir : split_path_list(*path)) add(dir);
+  }
+  std::string own_dir = library_dir();
+  if (!own_dir.empty()) add(own_dir + "/" + BPL_PLUGIN_SUBDIR);
+  add(BPL_BUILD_PLUGIN_DIR);
+  return dirs;
+}
+
+std::string find_plugin(const std::string& backend, const std::vector<std::string>& dirs) {
+  if (backend.find('/') != std::string::npos) {
+    if (is_regular_file(backend)) return backend;
+    throw Error(BPL_ERR_NOT_FOUND, "plugin file '" + backend + "' does not exist or is not a file");
+  }
+  if (!is_plain_name(backend)) {
+    throw Error(BPL_ERR_INVALID_ARGUMENT, "backend name '" + backend +
+                                              "' is not valid (expected lower-case letters, digits, '-' or '_'); " +
+                                              known_backends_text());
+  }
+  std::string tried;
+  for (const std::string& dir : dirs) {
+    std::string path = dir + "/" + plugin_file_name(backend);
+    if (is_regular_file(path)) return path;
+    tried += (tried.empty() ? "" : ", ") + path;
+  }
+  bool known = std::find_if(std::begin(kKnownBackends), std::end(kKnownBackends),
+                            [&](const char* k) { return backend == k; }) != std::end(kKnownBackends);
+  std::string what = known ? "plugin for backend '" + backend + "' not found"
+                           : "unknown backend '" + backend + "'";
+  throw Error(BPL_ERR_NOT_FOUND, what + " (tried: " + (tried.empty() ? "no folders" : tried) +
+                                     "; set BPL_PLUGIN_PATH to add folders); " + known_backends_text());
+}
+
+}  // namespace backplane

@@ -1,0 +1,158 @@
+// Element-type arithmetic shared by the CPU plugins: the reduction functions of every dtype × op, the
+// accumulation type that keeps f16/bf16 (and integer averages) exact, and conversions between them.
+//
+// Rule (backplane.h): f16/bf16 accumulate in f32 and round once at the end; integer AVG is the exact
+// sum divided by the group size, so i8/u8/i32 accumulate in i64 for it; integer SUM/PROD wrap.
+#pragma once
+
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include "backplane/backplane.h"
+
+namespace backplane::plugin {
+
+// Bytes per element (plugins do not link libbackplane, so this mirrors bpl_dtype_size).
+inline size_t dtype_size(bpl_dtype dtype) {
+  switch (dtype) {
+    case BPL_DTYPE_F64: case BPL_DTYPE_I64: return 8;
+    case BPL_DTYPE_F32: case BPL_DTYPE_I32: return 4;
+    case BPL_DTYPE_F16: case BPL_DTYPE_BF16: return 2;
+    default: return 1;
+  }
+}
+
+// Out[i] = a[i] op b[i] for n elements; out may alias a or b.
+using ReduceFn = void (*)(void* out, const void* a, const void* b, size_t n);
+
+// The dtype a reduction of `dtype` with `op` is carried out in.
+inline bpl_dtype accumulation_dtype(bpl_dtype dtype, bpl_reduce_op op) {
+  switch (dtype) {
+    case BPL_DTYPE_F16:
+    case BPL_DTYPE_BF16:
+      return BPL_DTYPE_F32;
+    case BPL_DTYPE_I8:
+    case BPL_DTYPE_U8:
+    case BPL_DTYPE_I32:
+      return op == BPL_OP_AVG ? BPL_DTYPE_I64 : dtype;
+    default:
+      return dtype;
+  }
+}
+
+namespace detail {
+
+// Integer sums and products wrap: compute in the unsigned type, where overflow is defined.
+template <typename T, bool = std::is_integral_v<T>>
+struct WrappingType { using type = T; };
+template <typename T>
+struct WrappingType<T, true> { using type = std::make_unsigned_t<T>; };
+template <typename T>
+using Wrapping = typename WrappingType<T>::type;
+
+template <typename T, typename Op>
+void apply(void* out, const void* a, const void* b, size_t n) {
+  T* o = static_cast<T*>(out);
+  const T* x = static_cast<const T*>(a);
+  const T* y = static_cast<const T*>(b);
+  for (size_t i = 0; i < n; ++i) o[i] = Op::template call<T>(x[i], y[i]);
+}
+
+struct Sum {
+  template <typename T> static T call(T x, T y) {
+    using W = Wrapping<T>;
+    return static_cast<T>(static_cast<W>(x) + static_cast<W>(y));
+  }
+};
+struct Prod {
+  template <typename T> static T call(T x, T y) {
+    using W = Wrapping<T>;
+    return static_cast<T>(static_cast<W>(x) * static_cast<W>(y));
+  }
+};
+struct Min {
+  template <typename T> static T call(T x, T y) { return y < x ? y : x; }
+};
+struct Max {
+  template <typename T> static T call(T x, T y) { return x < y ? y : x; }
+};
+
+template <typename T>
+ReduceFn for_op(bpl_reduce_op op) {
+  switch (op) {
+    case BPL_OP_SUM:
+    case BPL_OP_AVG:  // the division happens once, after the sum
+      return &apply<T, Sum>;
+    case BPL_OP_PROD: return &apply<T, Prod>;
+    case BPL_OP_MIN: return &apply<T, Min>;
+    case BPL_OP_MAX: return &apply<T, Max>;
+    default: return nullptr;
+  }
+}
+
+// Calls fn.template operator()<T>() with T the C++ type of `dtype`.
+template <typename Fn>
+decltype(auto) visit(bpl_dtype dtype, Fn&& fn) {
+  switch (dtype) {
+    case BPL_DTYPE_F32: return fn(float{});
+    case BPL_DTYPE_F64: return fn(double{});
+    case BPL_DTYPE_F16: return fn(c10::Half{});
+    case BPL_DTYPE_BF16: return fn(c10::BFloat16{});
+    case BPL_DTYPE_I8: return fn(int8_t{});
+    case BPL_DTYPE_U8: return fn(uint8_t{});
+    case BPL_DTYPE_I32: return fn(int32_t{});
+    default: return fn(int64_t{});
+  }
+}
+
+}  // namespace detail
+
+// The reduction for an accumulation dtype (never f16/bf16: those accumulate in f32).
+inline ReduceFn reduce_function(bpl_dtype accumulation, bpl_reduce_op op) {
+  return detail::visit(accumulation, [op](auto zero) -> ReduceFn {
+    using T = decltype(zero);
+    if constexpr (std::is_same_v<T, c10::Half> || std::is_same_v<T, c10::BFloat16>) {
+      return nullptr;
+    } else {
+      return detail::for_op<T>(op);
+    }
+  });
+}
+
+// dst[i] = (To) src[i], rounding to nearest even where the target is narrower.
+inline void convert(const void* src, bpl_dtype from, void* dst, bpl_dtype to, size_t n) {
+  detail::visit(from, [&](auto from_zero) {
+    using From = decltype(from_zero);
+    detail::visit(to, [&](auto to_zero) {
+      using To = decltype(to_zero);
+      const From* s = static_cast<const From*>(src);
+      To* d = static_cast<To*>(dst);
+      for (size_t i = 0; i < n; ++i) {
+        if constexpr (std::is_same_v<From, c10::Half> || std::is_same_v<From, c10::BFloat16>) {
+          d[i] = static_cast<To>(static_cast<float>(s[i]));
+        } else {
+          d[i] = static_cast<To>(s[i]);
+        }
+      }
+    });
+  });
+}
+
+// buf[i] /= divisor (integer types: truncation toward zero).
+inline void divide(void* buf, bpl_dtype dtype, size_t n, int64_t divisor) {
+  detail::visit(dtype, [&](auto zero) {
+    using T = decltype(zero);
+    T* b = static_cast<T*>(buf);
+    if constexpr (std::is_floating_point_v<T>) {
+      for (size_t i = 0; i < n; ++i) b[i] = b[i] / static_cast<T>(divisor);
+    } else if constexpr (std::is_integral_v<T>) {
+      for (size_t i = 0; i < n; ++i) b[i] = static_cast<T>(b[i] / static_cast<T>(divisor));
+    }
+  });
+}
+
+}  // namespace backplane::plugin

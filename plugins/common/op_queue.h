@@ -1,0 +1,168 @@
+// Runs a communicator's operations one at a time, in the order they were posted, on the caller's
+// thread when nothing is pending (a blocking call pays no thread hand-off) and on a worker thread for
+// asynchronous requests. Backends whose library calls block (Gloo) get the request model of
+// backplane.h from this; every wait here is bounded.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <tuple>
+
+#include "backplane/backplane.h"
+
+namespace backplane::plugin {
+
+// One posted operation and, once it ended, its result.
+class Operation {
+ public:
+  explicit Operation(std::function<void()> body) : body_(std::move(body)) {}
+
+  // Blocks until the operation ended or `timeout` passed; true if it ended.
+  bool wait_for(std::chrono::milliseconds timeout) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    return ended_cv_.wait_for(lock, timeout, [this] { return ended_; });
+  }
+  bool ended() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return ended_;
+  }
+  // Valid once ended(): the operation's status and message.
+  bpl_status status() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return status_;
+  }
+  std::string message() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return message_;
+  }
+
+  // Runs the body; `classify` turns what it throws into a status and message.
+  template <typename Classify>
+  void run(Classify&& classify) {
+    bpl_status status = BPL_OK;
+    std::string message;
+    try {
+      body_();
+    } catch (...) {
+      std::tie(status, message) = classify(std::current_exception());
+    }
+    body_ = nullptr;  // release captured buffers' owners before waking waiters
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      status_ = status;
+      message_ = std::move(message);
+      ended_ = true;
+    }
+    ended_cv_.notify_all();
+  }
+
+ private:
+  std::function<void()> body_;
+  mutable std::mutex mutex_;
+  std::condition_variable ended_cv_;
+  bool ended_ = false;
+  bpl_status status_ = BPL_OK;
+  std::string message_;
+};
+
+// Classifies an exception from an operation body into (status, message).
+using Classifier = std::function<std::pair<bpl_status, std::string>(std::exception_ptr)>;
+
+class OpQueue {
+ public:
+  // `op_timeout` bounds one operation; a caller queued behind others waits at most that per operation.
+  OpQueue(Classifier classify, std::chrono::milliseconds op_timeout)
+      : classify_(std::move(classify)), op_timeout_(op_timeout) {}
+  ~OpQueue() { shut_down(); }
+  OpQueue(const OpQueue&) = delete;
+  OpQueue& operator=(const OpQueue&) = delete;
+
+  // Posts `body` to run after everything posted before it; returns at once.
+  std::shared_ptr<Operation> post(std::function<void()> body) {
+    auto op = std::make_shared<Operation>(std::move(body));
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!worker_.joinable()) worker_ = std::thread([this] { work(); });
+    pending_.push_back(op);
+    changed_.notify_all();
+    return op;
+  }
+
+  // Runs `body` after everything posted before it and returns when it ended. When the queue is idle
+  // it runs right here on the caller's thread. Throws what `body` threw.
+  void run(const std::function<void()>& body) {
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      if (!pending_.empty() || busy_) {
+        const auto ahead = static_cast<int64_t>(pending_.size()) + 1;
+        lock.unlock();
+        std::shared_ptr<Operation> op = post(body);
+        if (!op->wait_for(op_timeout_ * (ahead + 1) + std::chrono::seconds(1))) {
+          throw QueuedFailure{BPL_ERR_TIMEOUT, "operation queued behind " + std::to_string(ahead) +
+                                                   " others did not end within their timeouts"};
+        }
+        if (op->status() != BPL_OK) throw QueuedFailure{op->status(), op->message()};
+        return;
+      }
+      busy_ = true;
+    }
+    struct Release {
+      OpQueue* queue;
+      ~Release() {
+        std::lock_guard<std::mutex> lock(queue->mutex_);
+        queue->busy_ = false;
+        queue->changed_.notify_all();
+      }
+    } release{this};
+    body();
+  }
+
+  // Thrown by run() when the body ran on the worker and failed there.
+  struct QueuedFailure {
+    bpl_status status;
+    std::string message;
+  };
+
+  // Lets queued operations finish (each bounded by its own timeout), then stops the worker.
+  void shut_down() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+      changed_.notify_all();
+    }
+    if (worker_.joinable()) worker_.join();
+  }
+
+ private:
+  void work() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (;;) {
+      changed_.wait(lock, [this] { return (!pending_.empty() && !busy_) || (stopping_ && pending_.empty()); });
+      if (pending_.empty()) return;  // stopping
+      std::shared_ptr<Operation> op = pending_.front();
+      pending_.pop_front();
+      busy_ = true;
+      lock.unlock();
+      op->run(classify_);
+      lock.lock();
+      busy_ = false;
+      changed_.notify_all();
+    }
+  }
+
+  Classifier classify_;
+  std::chrono::milliseconds op_timeout_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::deque<std::shared_ptr<Operation>> pending_;
+  bool busy_ = false;  // an operation is running (on the worker or inline)
+  bool stopping_ = false;
+  std::thread worker_;
+};
+
+}  // namespace backplane::plugin

@@ -1,0 +1,59 @@
+// What every plugin needs at its C boundary: an exception carrying a bpl_status, and a guard that
+// turns any exception into a status plus a message through the host's set_error (plugin.h contract).
+#pragma once
+
+#include <new>
+#include <stdexcept>
+#include <string>
+
+#include "backplane/plugin.h"
+
+namespace backplane::plugin {
+
+class Error : public std::runtime_error {
+ public:
+  Error(bpl_status status, const std::string& message) : std::runtime_error(message), status_(status) {}
+  bpl_status status() const { return status_; }
+
+ private:
+  bpl_status status_;
+};
+
+// Set by the plugin's bpl_plugin_open_v1; valid while the plugin is loaded.
+inline const bpl_host_api*& host() {
+  static const bpl_host_api* api = nullptr;
+  return api;
+}
+
+inline void log(int32_t level, const char* source, const std::string& message) {
+  if (host() != nullptr && level <= host()->log_level) host()->log(level, source, message.c_str());
+}
+
+// Maps an exception the plugin's dependencies threw to a status; plugins pass their own classifier.
+using ExceptionClassifier = bpl_status (*)(const std::exception& e);
+
+// Runs `body` (returning bpl_status); an exception becomes a status, and "<backend>: <message>" is
+// handed to the host as the thread's last error.
+template <typename Body>
+bpl_status guarded(const char* backend, ExceptionClassifier classify, Body&& body) noexcept {
+  std::string message;
+  bpl_status status = BPL_ERR_INTERNAL;
+  try {
+    return body();
+  } catch (const Error& e) {
+    status = e.status();
+    message = e.what();
+  } catch (const std::bad_alloc&) {
+    status = BPL_ERR_OUT_OF_MEMORY;
+    message = "out of memory";
+  } catch (const std::exception& e) {
+    status = classify(e);
+    message = e.what();
+  } catch (...) {
+    message = "unknown exception";
+  }
+  if (host() != nullptr) host()->set_error((std::string(backend) + ": " + message).c_str());
+  return status;
+}
+
+}  // namespace backplane::plugin

@@ -1,0 +1,84 @@
+// A communicator of the Gloo plugin: one Gloo context (a full mesh of TCP pairs) plus the queue that
+// orders its operations. Collectives block in Gloo, so asynchronous requests run them on the queue's
+// worker; point-to-point transfers are posted at once and only their completion is waited for.
+#pragma once
+
+#include <gloo/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/device.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backplane/plugin.h"
+#include "op_queue.h"
+
+namespace backplane::gloo_plugin {
+
+// A request handed to the core as bpl_plugin_request*.
+class Request {
+ public:
+  virtual ~Request() = default;
+  virtual bpl_status test(int32_t* done) = 0;
+  virtual bpl_status wait(std::chrono::milliseconds timeout) = 0;
+  // Waits for the operation to end (bounded), so no buffer is touched after the request is freed.
+  virtual bpl_status finish() = 0;
+};
+
+// What every communicator of one runtime shares: the rendezvous store and the transport device.
+struct Shared {
+  std::shared_ptr<::gloo::rendezvous::Store> store;
+  std::shared_ptr<::gloo::transport::Device> device;
+  std::chrono::milliseconds timeout;
+};
+
+class GlooComm {
+ public:
+  // Connects the full mesh of `size` ranks whose store keys live under `uid`.
+  GlooComm(std::shared_ptr<Shared> shared, std::string uid, int rank, int size);
+  ~GlooComm();
+
+  int rank() const { return context_->rank; }
+  int size() const { return context_->size; }
+
+  // Runs `body` in this communicator's order: now (req == NULL) or as a request in *req.
+  void submit(std::function<void()> body, bpl_plugin_request** req);
+
+  // The operations themselves; they run inside submit's order and block until done.
+  void allreduce(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_reduce_op op);
+  void broadcast(void* buf, size_t count, bpl_dtype dtype, int root);
+  void reduce(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_reduce_op op, int root);
+  void allgather(const void* send, void* recv, size_t count, bpl_dtype dtype);
+  void reduce_scatter(const void* send, void* recv, size_t recvcount, bpl_dtype dtype, bpl_reduce_op op);
+  void alltoall(const void* send, void* recv, size_t count, bpl_dtype dtype);
+  void barrier();
+  std::unique_ptr<GlooComm> split(int color, int key);
+
+  // Point to point: posted now, in call order; completion waited for here (req == NULL) or by a request.
+  void send(const void* buf, size_t bytes, int peer, int tag, bpl_plugin_request** req);
+  void recv(void* buf, size_t bytes, int peer, int tag, bpl_plugin_request** req);
+
+ private:
+  uint32_t next_tag() { return next_tag_++; }
+  // A per-communicator scratch buffer, reused across operations (they never overlap in time).
+  char* scratch(size_t slot, size_t bytes);
+  void point_to_point(void* buf, size_t bytes, int peer, int tag, bool is_send, bpl_plugin_request** req);
+
+  std::shared_ptr<Shared> shared_;
+  std::string uid_;
+  std::shared_ptr<::gloo::Context> context_;
+  plugin::OpQueue queue_;
+  uint32_t next_tag_ = 0;
+  uint32_t splits_ = 0;
+  std::vector<std::vector<char>> scratch_;
+};
+
+// Maps what Gloo, LibTorch or the plugin threw to a status: Gloo's timeouts to TIMEOUT, its I/O
+// errors (a peer closed or reset the connection) to REMOTE.
+bpl_status classify_exception(const std::exception& e);
+
+}  // namespace backplane::gloo_plugin

@@ -1,0 +1,298 @@
+// libbackplane-gloo.so: CPU mode. Collectives on Gloo over TCP, rendezvous through LibTorch's
+// TCPStore, one host device. This file is the C boundary: it unwraps handles and converts exceptions.
+#include <gloo/config.h>
+
+#include <unistd.h>
+
+#include <cstddef>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <string>
+
+#include "backplane/plugin.h"
+#include "dtypes.h"
+#include "gloo_comm.h"
+#include "plugin_support.h"
+#include "rendezvous.h"
+
+#ifndef BPL_VERSION
+#define BPL_VERSION "0.0.0"
+#endif
+
+struct bpl_plugin_runtime {
+  std::shared_ptr<backplane::gloo_plugin::Shared> shared;
+  std::unique_ptr<backplane::gloo_plugin::GlooComm> world;
+  std::string details;
+};
+
+namespace backplane::gloo_plugin {
+namespace {
+
+constexpr const char* kName = "gloo";
+constexpr size_t kHostAlignment = 64;
+
+template <typename Body>
+bpl_status guarded(Body&& body) noexcept {
+  return plugin::guarded(kName, classify_exception, std::forward<Body>(body));
+}
+
+GlooComm* unwrap(bpl_plugin_comm* comm) { return reinterpret_cast<GlooComm*>(comm); }
+bpl_plugin_comm* wrap(GlooComm* comm) { return reinterpret_cast<bpl_plugin_comm*>(comm); }
+Request* unwrap(bpl_plugin_request* req) { return reinterpret_cast<Request*>(req); }
+
+size_t bytes_of(int64_t count, bpl_dtype dtype) { return static_cast<size_t>(count) * plugin::dtype_size(dtype); }
+
+bpl_status runtime_create(const bpl_launch_info* launch, bpl_plugin_runtime** out) {
+  return guarded([&] {
+    auto runtime = std::make_unique<bpl_plugin_runtime>();
+    Rendezvous joined = rendezvous(*launch);
+    runtime->shared = std::make_shared<Shared>(
+        Shared{joined.store, joined.device, std::chrono::milliseconds(launch->timeout_ms)});
+    runtime->world = std::make_unique<GlooComm>(runtime->shared, "world", launch->rank, launch->world_size);
+    runtime->details = "gloo=" + std::to_string(GLOO_VERSION_MAJOR) + "." + std::to_string(GLOO_VERSION_MINOR) + "." +
+                       std::to_string(GLOO_VERSION_PATCH) + "; " + joined.description;
+    *out = runtime.release();
+    return BPL_OK;
+  });
+}
+
+bpl_status runtime_destroy(bpl_plugin_runtime* rt) {
+  return guarded([&] {
+    std::unique_ptr<bpl_plugin_runtime> runtime(rt);
+    // Rank 0 hosts the store: leave together, so that no rank still needs it when it goes away.
+    // A failing barrier (a peer already gone) must not stop the local cleanup.
+    try {
+      runtime->world->submit([&] { runtime->world->barrier(); }, nullptr);
+    } catch (const std::exception& e) {
+      plugin::log(BPL_LOG_INFO, kName, std::string("barrier at finalize failed: ") + e.what());
+    }
+    return BPL_OK;
+  });
+}
+
+bpl_status runtime_describe(bpl_plugin_runtime* rt, bpl_plugin_caps* out) {
+  out->collectives = BPL_BIT(BPL_COLL_ALLREDUCE) | BPL_BIT(BPL_COLL_BROADCAST) | BPL_BIT(BPL_COLL_REDUCE) |
+                     BPL_BIT(BPL_COLL_ALLGATHER) | BPL_BIT(BPL_COLL_REDUCE_SCATTER) | BPL_BIT(BPL_COLL_ALLTOALL) |
+                     BPL_BIT(BPL_COLL_BARRIER) | BPL_BIT(BPL_COLL_SEND) | BPL_BIT(BPL_COLL_RECV) |
+                     BPL_BIT(BPL_COLL_COMM_SPLIT);
+  out->dtypes = 0;
+  for (bpl_dtype d = BPL_DTYPE_F32; d <= BPL_DTYPE_I64; ++d) out->dtypes |= static_cast<uint32_t>(BPL_BIT(d));
+  out->reduce_ops = 0;
+  for (bpl_reduce_op op = BPL_OP_SUM; op <= BPL_OP_AVG; ++op) out->reduce_ops |= static_cast<uint32_t>(BPL_BIT(op));
+  out->details = rt->details.c_str();
+  return BPL_OK;
+}
+
+/* ---- device: one host device; host pointers are device pointers ---- */
+
+bpl_status device_count(bpl_plugin_runtime*, int32_t* count) {
+  *count = 1;
+  return BPL_OK;
+}
+
+bpl_status device_properties(bpl_plugin_runtime*, int32_t device, bpl_device_properties* out) {
+  std::strncpy(out->name, "cpu", sizeof(out->name) - 1);
+  out->kind = BPL_DEVICE_HOST;
+  out->index = device;
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long available = sysconf(_SC_AVPHYS_PAGES);
+  const long page_size = sysconf(_SC_PAGE_SIZE);
+  out->total_memory = pages > 0 && page_size > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_size) : 0;
+  out->free_memory = available > 0 && page_size > 0 ? static_cast<uint64_t>(available) * static_cast<uint64_t>(page_size) : 0;
+  return BPL_OK;
+}
+
+bpl_status mem_alloc(bpl_plugin_runtime*, int32_t, size_t bytes, void** ptr) {
+  return guarded([&] {
+    const size_t rounded = (bytes + kHostAlignment - 1) / kHostAlignment * kHostAlignment;
+    *ptr = std::aligned_alloc(kHostAlignment, rounded);
+    if (*ptr == nullptr) {
+      throw plugin::Error(BPL_ERR_OUT_OF_MEMORY, "cannot allocate " + std::to_string(bytes) + " bytes of host memory");
+    }
+    return BPL_OK;
+  });
+}
+
+bpl_status mem_free(bpl_plugin_runtime*, void* ptr) {
+  std::free(ptr);
+  return BPL_OK;
+}
+
+bpl_status mem_copy(bpl_plugin_runtime*, void* dst, const void* src, size_t bytes, bpl_memcpy_kind) {
+  std::memcpy(dst, src, bytes);
+  return BPL_OK;
+}
+
+/* ---- communicators ---- */
+
+bpl_status comm_world(bpl_plugin_runtime* rt, bpl_plugin_comm** out) {
+  *out = wrap(rt->world.get());
+  return BPL_OK;
+}
+
+bpl_status comm_split(bpl_plugin_comm* parent, int32_t color, int32_t key, bpl_plugin_comm** out) {
+  return guarded([&] {
+    GlooComm* comm = unwrap(parent);
+    std::unique_ptr<GlooComm> child;
+    comm->submit([&] { child = comm->split(color, key); }, nullptr);
+    *out = wrap(child.release());
+    return BPL_OK;
+  });
+}
+
+bpl_status comm_destroy(bpl_plugin_comm* comm) {
+  return guarded([&] {
+    delete unwrap(comm);
+    return BPL_OK;
+  });
+}
+
+bpl_status comm_rank_size(bpl_plugin_comm* comm, int32_t* rank, int32_t* size) {
+  *rank = unwrap(comm)->rank();
+  *size = unwrap(comm)->size();
+  return BPL_OK;
+}
+
+/* ---- collectives: bound into a body that runs in the communicator's order ---- */
+
+bpl_status allreduce(bpl_plugin_comm* c, const void* send, void* recv, int64_t count, bpl_dtype dtype,
+                     bpl_reduce_op op, bpl_plugin_request** req) {
+  return guarded([&] {
+    GlooComm* comm = unwrap(c);
+    comm->submit([=] { comm->allreduce(send, recv, static_cast<size_t>(count), dtype, op); }, req);
+    return BPL_OK;
+  });
+}
+
+bpl_status broadcast(bpl_plugin_comm* c, void* buf, int64_t count, bpl_dtype dtype, int32_t root,
+                     bpl_plugin_request** req) {
+  return guarded([&] {
+    GlooComm* comm = unwrap(c);
+    comm->submit([=] { comm->broadcast(buf, static_cast<size_t>(count), dtype, root); }, req);
+    return BPL_OK;
+  });
+}
+
+bpl_status reduce(bpl_plugin_comm* c, const void* send, void* recv, int64_t count, bpl_dtype dtype, bpl_reduce_op op,
+                  int32_t root, bpl_plugin_request** req) {
+  return guarded([&] {
+    GlooComm* comm = unwrap(c);
+    comm->submit([=] { comm->reduce(send, recv, static_cast<size_t>(count), dtype, op, root); }, req);
+    return BPL_OK;
+  });
+}
+
+bpl_status allgather(bpl_plugin_comm* c, const void* send, void* recv, int64_t count, bpl_dtype dtype,
+                     bpl_plugin_request** req) {
+  return guarded([&] {
+    GlooComm* comm = unwrap(c);
+    comm->submit([=] { comm->allgather(send, recv, static_cast<size_t>(count), dtype); }, req);
+    return BPL_OK;
+  });
+}
+
+bpl_status reduce_scatter(bpl_plugin_comm* c, const void* send, void* recv, int64_t recvcount, bpl_dtype dtype,
+                          bpl_reduce_op op, bpl_plugin_request** req) {
+  return guarded([&] {
+    GlooComm* comm = unwrap(c);
+    comm->submit([=] { comm->reduce_scatter(send, recv, static_cast<size_t>(recvcount), dtype, op); }, req);
+    return BPL_OK;
+  });
+}
+
+bpl_status alltoall(bpl_plugin_comm* c, const void* send, void* recv, int64_t count, bpl_dtype dtype,
+                    bpl_plugin_request** req) {
+  return guarded([&] {
+    GlooComm* comm = unwrap(c);
+    comm->submit([=] { comm->alltoall(send, recv, static_cast<size_t>(count), dtype); }, req);
+    return BPL_OK;
+  });
+}
+
+bpl_status barrier(bpl_plugin_comm* c, bpl_plugin_request** req) {
+  return guarded([&] {
+    GlooComm* comm = unwrap(c);
+    comm->submit([=] { comm->barrier(); }, req);
+    return BPL_OK;
+  });
+}
+
+bpl_status send(bpl_plugin_comm* c, const void* buf, int64_t count, bpl_dtype dtype, int32_t peer, int32_t tag,
+                bpl_plugin_request** req) {
+  return guarded([&] {
+    unwrap(c)->send(buf, bytes_of(count, dtype), peer, tag, req);
+    return BPL_OK;
+  });
+}
+
+bpl_status recv(bpl_plugin_comm* c, void* buf, int64_t count, bpl_dtype dtype, int32_t peer, int32_t tag,
+                bpl_plugin_request** req) {
+  return guarded([&] {
+    unwrap(c)->recv(buf, bytes_of(count, dtype), peer, tag, req);
+    return BPL_OK;
+  });
+}
+
+/* ---- requests ---- */
+
+bpl_status request_test(bpl_plugin_request* req, int32_t* done) {
+  return guarded([&] { return unwrap(req)->test(done); });
+}
+
+bpl_status request_wait(bpl_plugin_request* req, int64_t timeout_ms) {
+  return guarded([&] { return unwrap(req)->wait(std::chrono::milliseconds(timeout_ms)); });
+}
+
+bpl_status request_free(bpl_plugin_request* req) {
+  return guarded([&] {
+    std::unique_ptr<Request> request(unwrap(req));
+    return request->finish();
+  });
+}
+
+const bpl_plugin_api kApi = {
+    sizeof(bpl_plugin_api),
+    BPL_ABI_MAJOR,
+    BPL_ABI_MINOR,
+    kName,
+    BPL_VERSION,
+    runtime_create,
+    runtime_destroy,
+    runtime_describe,
+    device_count,
+    device_properties,
+    mem_alloc,
+    mem_free,
+    mem_copy,
+    nullptr,  // synchronize: every operation is complete when it returns
+    comm_world,
+    comm_split,
+    comm_destroy,
+    comm_rank_size,
+    allreduce,
+    broadcast,
+    reduce,
+    allgather,
+    reduce_scatter,
+    alltoall,
+    barrier,
+    send,
+    recv,
+    request_test,
+    request_wait,
+    request_free,
+};
+
+}  // namespace
+}  // namespace backplane::gloo_plugin
+
+extern "C" bpl_status bpl_plugin_open_v1(const bpl_host_api* host, const bpl_plugin_api** out) {
+  if (host == nullptr || out == nullptr || host->struct_size < offsetof(bpl_host_api, set_error) + sizeof(host->set_error)) {
+    return BPL_ERR_INVALID_ARGUMENT;
+  }
+  backplane::plugin::host() = host;
+  *out = &backplane::gloo_plugin::kApi;
+  return BPL_OK;
+}

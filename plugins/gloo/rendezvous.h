@@ -1,0 +1,29 @@
+// How the ranks of a Gloo runtime find each other: a key-value store at MASTER_ADDR:MASTER_PORT
+// (LibTorch's c10d::TCPStore, so a real torchrun's agent store works too) and a Gloo TCP device.
+// This is the plugin's only translation unit that includes LibTorch headers.
+#pragma once
+
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/device.h>
+
+#include <memory>
+#include <string>
+
+#include "backplane/plugin.h"
+
+namespace backplane::gloo_plugin {
+
+struct Rendezvous {
+  std::shared_ptr<::gloo::rendezvous::Store> store;    // every key under this job's prefix
+  std::shared_ptr<::gloo::transport::Device> device;   // TCP device on the interface peers can reach
+  std::string description;                             // "store=host:port (server|client); transport=tcp iface"
+};
+
+// Joins (rank 0 hosts the store unless a torchrun agent does) or, for a world of one, uses an
+// in-process store. Throws on an unreachable store or port in use, naming host:port.
+Rendezvous rendezvous(const bpl_launch_info& launch);
+
+// True for exceptions LibTorch's store throws that mean a timeout.
+bool is_store_timeout(const std::exception& e);
+
+}  // namespace backplane::gloo_plugin

@@ -1,0 +1,78 @@
+/* bpl-info: which backend plugins are installed (path, version, ABI), which one the current
+ * environment selects and why, and with --init, what the selected runtime reports once started.
+ * Written in C against backplane.h alone, like any embedder. */
+#include <backplane/backplane.h>
+#include <stdio.h>
+#include <string.h>
+
+static const char* const known_backends[] = {"gloo", "mpi", "neuron"};
+
+static void print_mask(const char* label, uint64_t mask, const char* (*name)(int32_t), int32_t first, int32_t last) {
+  printf("  %-12s", label);
+  for (int32_t v = first; v <= last; ++v) {
+    if (mask & BPL_BIT(v)) printf(" %s", name(v));
+  }
+  printf("\n");
+}
+
+static int describe_runtime(void) {
+  bpl_runtime* runtime = NULL;
+  bpl_status status = bpl_init(NULL, &runtime);
+  if (status != BPL_OK) {
+    fprintf(stderr, "bpl-info: bpl_init failed: %s: %s\n", bpl_status_name(status), bpl_last_error());
+    return 1;
+  }
+  bpl_runtime_info info = BPL_RUNTIME_INFO_INIT;
+  bpl_runtime_describe(runtime, &info);
+  printf("\nRuntime (rank %d of %d, local %d of %d, from %s):\n", info.rank, info.world_size, info.local_rank,
+         info.local_world_size, info.launcher);
+  printf("  backend      %s %s (ABI %d.%d)\n", info.backend, info.plugin_version, info.plugin_abi_major,
+         info.plugin_abi_minor);
+  printf("  plugin       %s\n", info.plugin_path);
+  printf("  selected by  %s\n", info.selection_reason);
+  printf("  details      %s\n", info.details);
+  printf("  devices      %d\n", info.device_count);
+  printf("  timeout      %lld ms\n", (long long)info.timeout_ms);
+  print_mask("collectives", info.collectives, bpl_collective_name, BPL_COLL_ALLREDUCE, BPL_COLL_COMM_SPLIT);
+  print_mask("dtypes", info.dtypes, bpl_dtype_name, BPL_DTYPE_F32, BPL_DTYPE_I64);
+  print_mask("reduce ops", info.reduce_ops, bpl_reduce_op_name, BPL_OP_SUM, BPL_OP_AVG);
+  return bpl_finalize(runtime) == BPL_OK ? 0 : 1;
+}
+
+int main(int argc, char** argv) {
+  int init = 0;
+  for (int i = 1; i < argc; ++i) {
+    if (strcmp(argv[i], "--init") == 0) {
+      init = 1;
+    } else {
+      fprintf(stderr, "usage: bpl-info [--init]\n"
+                      "  lists the backend plugins found and the backend this environment selects;\n"
+                      "  --init also starts that backend (a collective step under a launcher) and describes it\n");
+      return strcmp(argv[i], "--help") == 0 ? 0 : 2;
+    }
+  }
+
+  int32_t major = 0, minor = 0;
+  bpl_abi_version(&major, &minor);
+  printf("backplane ABI %d.%d\n\nPlugins:\n", major, minor);
+  for (size_t i = 0; i < sizeof(known_backends) / sizeof(known_backends[0]); ++i) {
+    bpl_plugin_info plugin = BPL_PLUGIN_INFO_INIT;
+    if (bpl_plugin_probe(known_backends[i], &plugin) == BPL_OK) {
+      printf("  %-7s %-8s ABI %d.%d  %s\n", plugin.name, plugin.version, plugin.abi_major, plugin.abi_minor,
+             plugin.path);
+    } else {
+      printf("  %-7s not available: %s\n", known_backends[i], bpl_last_error());
+    }
+  }
+
+  bpl_selection selection = BPL_SELECTION_INIT;
+  bpl_status status = bpl_select_backend(NULL, &selection);
+  printf("\nSelection for this environment:\n  backend      %s\n  because      %s\n", selection.backend,
+         selection.reason);
+  if (status != BPL_OK) {
+    printf("  plugin       none: %s\n", bpl_last_error());
+    return 1;
+  }
+  printf("  plugin       %s\n", selection.plugin_path);
+  return init ? describe_runtime() : 0;
+}
