@@ -566,7 +566,8 @@ bpl_status bpl_allreduce(bpl_comm* comm, const void* send, void* recv, int64_t c
     check_buffer(recv, bytes, "recv");
     require(send == recv || !overlap(send, bytes, recv, bytes), "send and recv overlap without being equal (in place)");
     bpl_plugin_request* preq = nullptr;
-    return finish("bpl_allreduce", c, fn(c->impl, send, recv, count, dtype, op, req ? &preq : nullptr), preq, req);
+    const bpl_status status = fn(c->impl, send, recv, count, dtype, op, req ? &preq : nullptr);
+    return finish("bpl_allreduce", c, status, preq, req);
   });
 }
 
@@ -578,7 +579,8 @@ bpl_status bpl_broadcast(bpl_comm* comm, void* buf, int64_t count, bpl_dtype dty
     check_buffer(buf, bytes, "buf");
     check_rank(c, root, "root");
     bpl_plugin_request* preq = nullptr;
-    return finish("bpl_broadcast", c, fn(c->impl, buf, count, dtype, root, req ? &preq : nullptr), preq, req);
+    const bpl_status status = fn(c->impl, buf, count, dtype, root, req ? &preq : nullptr);
+    return finish("bpl_broadcast", c, status, preq, req);
   });
 }
 
@@ -596,7 +598,8 @@ bpl_status bpl_reduce(bpl_comm* comm, const void* send, void* recv, int64_t coun
       require(send == recv || !overlap(send, bytes, recv, bytes), "send and recv overlap without being equal (in place)");
     }
     bpl_plugin_request* preq = nullptr;
-    return finish("bpl_reduce", c, fn(c->impl, send, recv, count, dtype, op, root, req ? &preq : nullptr), preq, req);
+    const bpl_status status = fn(c->impl, send, recv, count, dtype, op, root, req ? &preq : nullptr);
+    return finish("bpl_reduce", c, status, preq, req);
   });
 }
 
@@ -614,7 +617,8 @@ bpl_status bpl_allgather(bpl_comm* comm, const void* send, void* recv, int64_t c
     require(send == own_block || !overlap(send, block, recv, total),
             "send overlaps recv but is not recv + rank*count elements (in place)");
     bpl_plugin_request* preq = nullptr;
-    return finish("bpl_allgather", c, fn(c->impl, send, recv, count, dtype, req ? &preq : nullptr), preq, req);
+    const bpl_status status = fn(c->impl, send, recv, count, dtype, req ? &preq : nullptr);
+    return finish("bpl_allgather", c, status, preq, req);
   });
 }
 
@@ -633,8 +637,8 @@ bpl_status bpl_reduce_scatter(bpl_comm* comm, const void* send, void* recv, int6
     require(recv == own_block || !overlap(send, total, recv, block),
             "recv overlaps send but is not send + rank*recvcount elements (in place)");
     bpl_plugin_request* preq = nullptr;
-    return finish("bpl_reduce_scatter", c, fn(c->impl, send, recv, recvcount, dtype, op, req ? &preq : nullptr), preq,
-                  req);
+    const bpl_status status = fn(c->impl, send, recv, recvcount, dtype, op, req ? &preq : nullptr);
+    return finish("bpl_reduce_scatter", c, status, preq, req);
   });
 }
 
@@ -648,7 +652,8 @@ bpl_status bpl_alltoall(bpl_comm* comm, const void* send, void* recv, int64_t co
     check_buffer(recv, total, "recv");
     require(send == recv || !overlap(send, total, recv, total), "send and recv overlap without being equal (in place)");
     bpl_plugin_request* preq = nullptr;
-    return finish("bpl_alltoall", c, fn(c->impl, send, recv, count, dtype, req ? &preq : nullptr), preq, req);
+    const bpl_status status = fn(c->impl, send, recv, count, dtype, req ? &preq : nullptr);
+    return finish("bpl_alltoall", c, status, preq, req);
   });
 }
 
@@ -657,7 +662,8 @@ bpl_status bpl_barrier(bpl_comm* comm, bpl_request** req) {
     bpl_comm* c = check_comm(comm);
     auto fn = require_collective(c, c->runtime->api().barrier, BPL_COLL_BARRIER);
     bpl_plugin_request* preq = nullptr;
-    return finish("bpl_barrier", c, fn(c->impl, req ? &preq : nullptr), preq, req);
+    const bpl_status status = fn(c->impl, req ? &preq : nullptr);
+    return finish("bpl_barrier", c, status, preq, req);
   });
 }
 
@@ -680,7 +686,8 @@ bpl_status bpl_send(bpl_comm* comm, const void* buf, int64_t count, bpl_dtype dt
     auto fn = require_collective(c, c->runtime->api().send, BPL_COLL_SEND);
     check_point_to_point(c, buf, count, dtype, peer, tag);
     bpl_plugin_request* preq = nullptr;
-    return finish("bpl_send", c, fn(c->impl, buf, count, dtype, peer, tag, req ? &preq : nullptr), preq, req);
+    const bpl_status status = fn(c->impl, buf, count, dtype, peer, tag, req ? &preq : nullptr);
+    return finish("bpl_send", c, status, preq, req);
   });
 }
 
@@ -691,7 +698,8 @@ bpl_status bpl_recv(bpl_comm* comm, void* buf, int64_t count, bpl_dtype dtype, i
     auto fn = require_collective(c, c->runtime->api().recv, BPL_COLL_RECV);
     check_point_to_point(c, buf, count, dtype, peer, tag);
     bpl_plugin_request* preq = nullptr;
-    return finish("bpl_recv", c, fn(c->impl, buf, count, dtype, peer, tag, req ? &preq : nullptr), preq, req);
+    const bpl_status status = fn(c->impl, buf, count, dtype, peer, tag, req ? &preq : nullptr);
+    return finish("bpl_recv", c, status, preq, req);
   });
 }
 

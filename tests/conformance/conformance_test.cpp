@@ -1,0 +1,482 @@
+// The plugin conformance suite: every collective × dtype × reduce op × size, in place and async,
+// point to point and comm_split, checked against values computed locally. It runs unchanged against
+// any backend, as real processes under a launcher:
+//
+//   bpl-run --nproc-per-node 3 bpl-conformance --backend=gloo
+//   mpirun -np 3 bpl-conformance --backend=mpi
+//
+// Every rank runs every test in the same order; a test never returns between collectives, so one
+// rank's failed check cannot desynchronise the others. Without --backend the environment selects.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "backplane/backplane.h"
+#include "support/values.h"
+
+namespace backplane::test {
+namespace {
+
+struct World {
+  bpl_runtime* runtime = nullptr;
+  bpl_comm* comm = nullptr;
+  int rank = 0;
+  int size = 1;
+  bpl_runtime_info info = BPL_RUNTIME_INFO_INIT;
+};
+World world;
+
+// 1 MiB and a bit for any dtype, and odd.
+size_t large_count(bpl_dtype dtype) { return (1u << 20) / bpl_dtype_size(dtype) + 3; }
+
+std::vector<size_t> sizes_for(bpl_dtype dtype) { return {0, 1, 37, large_count(dtype)}; }
+
+// Skips (with the reason) what the backend reports it does not provide.
+#define SKIP_UNLESS_SUPPORTED(coll, dtype, op)                                                                   \
+  do {                                                                                                          \
+    if (!(world.info.collectives & BPL_BIT(coll))) GTEST_SKIP() << world.info.backend << " lacks " << bpl_collective_name(coll); \
+    if ((dtype) && !(world.info.dtypes & BPL_BIT(dtype))) GTEST_SKIP() << world.info.backend << " lacks dtype " << bpl_dtype_name(dtype); \
+    if ((op) && !(world.info.reduce_ops & BPL_BIT(op))) GTEST_SKIP() << world.info.backend << " lacks op " << bpl_reduce_op_name(op); \
+  } while (0)
+
+#define EXPECT_OK(call) EXPECT_EQ((call), BPL_OK) << bpl_last_error()
+
+struct Case {
+  bpl_dtype dtype;
+  bpl_reduce_op op;  // 0 for collectives without one
+  size_t count;
+};
+
+std::string case_name(const ::testing::TestParamInfo<Case>& info) {
+  std::string name = bpl_dtype_name(info.param.dtype);
+  if (info.param.op) name += std::string("_") + bpl_reduce_op_name(info.param.op);
+  return name + "_" + std::to_string(info.param.count);
+}
+
+std::vector<Case> reduction_cases() {
+  std::vector<Case> cases;
+  for (bpl_dtype dtype : kAllDtypes)
+    for (bpl_reduce_op op : kAllOps)
+      for (size_t count : sizes_for(dtype)) cases.push_back({dtype, op, count});
+  return cases;
+}
+
+std::vector<Case> data_cases() {
+  std::vector<Case> cases;
+  for (bpl_dtype dtype : kAllDtypes)
+    for (size_t count : sizes_for(dtype)) cases.push_back({dtype, 0, count});
+  return cases;
+}
+
+Buffer input(const Case& c, int rank, size_t blocks = 1) {
+  Buffer buffer(c.dtype, c.count * blocks);
+  for (size_t i = 0; i < c.count * blocks; ++i) buffer.set(i, input_value(c.dtype, c.op, rank, i));
+  return buffer;
+}
+
+/* ---- reductions ---- */
+
+class Reduction : public ::testing::TestWithParam<Case> {};
+
+TEST_P(Reduction, Allreduce) {
+  const Case c = GetParam();
+  SKIP_UNLESS_SUPPORTED(BPL_COLL_ALLREDUCE, c.dtype, c.op);
+  Buffer send = input(c, world.rank);
+  Buffer recv(c.dtype, c.count);
+  EXPECT_OK(bpl_allreduce(world.comm, send.data(), recv.data(), c.count, c.dtype, c.op, nullptr));
+  EXPECT_TRUE(elements_match(recv, 0, c.count, [&](size_t i) { return reduced_value(c.dtype, c.op, world.size, i); }));
+  EXPECT_TRUE(elements_match(send, 0, c.count, [&](size_t i) { return input_value(c.dtype, c.op, world.rank, i); }))
+      << "the send buffer changed";
+  EXPECT_TRUE(recv.canary_intact());
+}
+
+TEST_P(Reduction, AllreduceInPlace) {
+  const Case c = GetParam();
+  SKIP_UNLESS_SUPPORTED(BPL_COLL_ALLREDUCE, c.dtype, c.op);
+  Buffer buf = input(c, world.rank);
+  EXPECT_OK(bpl_allreduce(world.comm, buf.data(), buf.data(), c.count, c.dtype, c.op, nullptr));
+  EXPECT_TRUE(elements_match(buf, 0, c.count, [&](size_t i) { return reduced_value(c.dtype, c.op, world.size, i); }));
+  EXPECT_TRUE(buf.canary_intact());
+}
+
+TEST_P(Reduction, Reduce) {
+  const Case c = GetParam();
+  SKIP_UNLESS_SUPPORTED(BPL_COLL_REDUCE, c.dtype, c.op);
+  const int root = world.size - 1;  // not rank 0, to catch root confusion
+  Buffer send = input(c, world.rank);
+  Buffer recv(c.dtype, c.count);
+  const std::vector<unsigned char> untouched = recv.bytes;
+  EXPECT_OK(bpl_reduce(world.comm, send.data(), recv.data(), c.count, c.dtype, c.op, root, nullptr));
+  if (world.rank == root) {
+    EXPECT_TRUE(elements_match(recv, 0, c.count, [&](size_t i) { return reduced_value(c.dtype, c.op, world.size, i); }));
+  } else {
+    EXPECT_EQ(recv.bytes, untouched) << "reduce wrote into recv on a non-root rank";
+  }
+  EXPECT_TRUE(recv.canary_intact());
+}
+
+TEST_P(Reduction, ReduceScatter) {
+  const Case c = GetParam();
+  SKIP_UNLESS_SUPPORTED(BPL_COLL_REDUCE_SCATTER, c.dtype, c.op);
+  Buffer send = input(c, world.rank, world.size);
+  Buffer recv(c.dtype, c.count);
+  EXPECT_OK(bpl_reduce_scatter(world.comm, send.data(), recv.data(), c.count, c.dtype, c.op, nullptr));
+  const size_t first = c.count * world.rank;
+  EXPECT_TRUE(elements_match(recv, 0, c.count, [&](size_t i) { return reduced_value(c.dtype, c.op, world.size, first + i); }));
+  EXPECT_TRUE(recv.canary_intact());
+}
+
+INSTANTIATE_TEST_SUITE_P(All, Reduction, ::testing::ValuesIn(reduction_cases()), case_name);
+
+/* ---- data movement ---- */
+
+class Movement : public ::testing::TestWithParam<Case> {};
+
+TEST_P(Movement, Broadcast) {
+  const Case c = GetParam();
+  SKIP_UNLESS_SUPPORTED(BPL_COLL_BROADCAST, c.dtype, 0);
+  const int root = 1 % world.size;
+  Buffer buf = input(c, world.rank);
+  EXPECT_OK(bpl_broadcast(world.comm, buf.data(), c.count, c.dtype, root, nullptr));
+  EXPECT_TRUE(elements_match(buf, 0, c.count, [&](size_t i) { return input_value(c.dtype, 0, root, i); }));
+  EXPECT_TRUE(buf.canary_intact());
+}
+
+TEST_P(Movement, Allgather) {
+  const Case c = GetParam();
+  SKIP_UNLESS_SUPPORTED(BPL_COLL_ALLGATHER, c.dtype, 0);
+  Buffer send = input(c, world.rank);
+  Buffer recv(c.dtype, c.count * world.size);
+  EXPECT_OK(bpl_allgather(world.comm, send.data(), recv.data(), c.count, c.dtype, nullptr));
+  for (int r = 0; r < world.size; ++r) {
+    EXPECT_TRUE(elements_match(recv, c.count * r, c.count, [&](size_t i) { return input_value(c.dtype, 0, r, i); }))
+        << "block of rank " << r;
+  }
+  EXPECT_TRUE(recv.canary_intact());
+}
+
+TEST_P(Movement, AllgatherInPlace) {
+  const Case c = GetParam();
+  SKIP_UNLESS_SUPPORTED(BPL_COLL_ALLGATHER, c.dtype, 0);
+  Buffer buf(c.dtype, c.count * world.size);
+  for (size_t i = 0; i < c.count; ++i) buf.set(c.count * world.rank + i, input_value(c.dtype, 0, world.rank, i));
+  char* own = static_cast<char*>(buf.data()) + c.count * world.rank * bpl_dtype_size(c.dtype);
+  EXPECT_OK(bpl_allgather(world.comm, own, buf.data(), c.count, c.dtype, nullptr));
+  for (int r = 0; r < world.size; ++r) {
+    EXPECT_TRUE(elements_match(buf, c.count * r, c.count, [&](size_t i) { return input_value(c.dtype, 0, r, i); }))
+        << "block of rank " << r;
+  }
+}
+
+TEST_P(Movement, Alltoall) {
+  const Case c = GetParam();
+  SKIP_UNLESS_SUPPORTED(BPL_COLL_ALLTOALL, c.dtype, 0);
+  // Block b of rank r's send holds input_value(r * size + b, …): rank r receives block r of everyone.
+  Buffer send(c.dtype, c.count * world.size);
+  for (int b = 0; b < world.size; ++b)
+    for (size_t i = 0; i < c.count; ++i) send.set(c.count * b + i, input_value(c.dtype, 0, world.rank * world.size + b, i));
+  Buffer recv(c.dtype, c.count * world.size);
+  EXPECT_OK(bpl_alltoall(world.comm, send.data(), recv.data(), c.count, c.dtype, nullptr));
+  for (int r = 0; r < world.size; ++r) {
+    EXPECT_TRUE(elements_match(recv, c.count * r, c.count,
+                               [&](size_t i) { return input_value(c.dtype, 0, r * world.size + world.rank, i); }))
+        << "block from rank " << r;
+  }
+  EXPECT_TRUE(recv.canary_intact());
+}
+
+TEST_P(Movement, SendRecvRing) {
+  const Case c = GetParam();
+  SKIP_UNLESS_SUPPORTED(BPL_COLL_SEND, c.dtype, 0);
+  if (world.size < 2) GTEST_SKIP() << "needs 2 ranks";
+  // Everyone sends to the right and receives from the left at once: needs the async path.
+  const int right = (world.rank + 1) % world.size;
+  const int left = (world.rank + world.size - 1) % world.size;
+  Buffer send = input(c, world.rank);
+  Buffer recv(c.dtype, c.count);
+  bpl_request* receiving = nullptr;
+  bpl_request* sending = nullptr;
+  EXPECT_OK(bpl_recv(world.comm, recv.data(), c.count, c.dtype, left, 7, &receiving));
+  EXPECT_OK(bpl_send(world.comm, send.data(), c.count, c.dtype, right, 7, &sending));
+  EXPECT_OK(bpl_request_wait(sending, BPL_TIMEOUT_DEFAULT));
+  EXPECT_OK(bpl_request_wait(receiving, BPL_TIMEOUT_DEFAULT));
+  EXPECT_OK(bpl_request_free(sending));
+  EXPECT_OK(bpl_request_free(receiving));
+  EXPECT_TRUE(elements_match(recv, 0, c.count, [&](size_t i) { return input_value(c.dtype, 0, left, i); }));
+  EXPECT_TRUE(recv.canary_intact());
+}
+
+INSTANTIATE_TEST_SUITE_P(All, Movement, ::testing::ValuesIn(data_cases()), case_name);
+
+/* ---- the rest: in-place variants, async, point to point, barrier, split ---- */
+
+TEST(Collectives, ReduceScatterInPlace) {
+  SKIP_UNLESS_SUPPORTED(BPL_COLL_REDUCE_SCATTER, BPL_DTYPE_F32, BPL_OP_SUM);
+  const Case c{BPL_DTYPE_F32, BPL_OP_SUM, 1001};
+  Buffer buf = input(c, world.rank, world.size);
+  char* own = static_cast<char*>(buf.data()) + c.count * world.rank * sizeof(float);
+  EXPECT_OK(bpl_reduce_scatter(world.comm, buf.data(), own, c.count, c.dtype, c.op, nullptr));
+  EXPECT_TRUE(elements_match(buf, c.count * world.rank, c.count,
+                             [&](size_t i) { return reduced_value(c.dtype, c.op, world.size, c.count * world.rank + i); }));
+}
+
+TEST(Collectives, AlltoallInPlace) {
+  SKIP_UNLESS_SUPPORTED(BPL_COLL_ALLTOALL, BPL_DTYPE_I32, 0);
+  const size_t count = 513;
+  Buffer buf(BPL_DTYPE_I32, count * world.size);
+  for (int b = 0; b < world.size; ++b)
+    for (size_t i = 0; i < count; ++i) buf.set(count * b + i, 1000 * world.rank + 10 * b + static_cast<double>(i % 7));
+  EXPECT_OK(bpl_alltoall(world.comm, buf.data(), buf.data(), count, BPL_DTYPE_I32, nullptr));
+  for (int r = 0; r < world.size; ++r) {
+    EXPECT_TRUE(elements_match(buf, count * r, count,
+                               [&](size_t i) { return 1000 * r + 10 * world.rank + static_cast<double>(i % 7); }));
+  }
+}
+
+TEST(Collectives, AsyncRequestsCompleteInOrder) {
+  SKIP_UNLESS_SUPPORTED(BPL_COLL_ALLREDUCE, BPL_DTYPE_F64, BPL_OP_SUM);
+  // Several collectives in flight at once; each request gives its own result.
+  constexpr int kInFlight = 4;
+  const size_t count = 100003;
+  std::vector<Buffer> buffers;
+  for (int k = 0; k < kInFlight; ++k) {
+    buffers.emplace_back(BPL_DTYPE_F64, count);
+    for (size_t i = 0; i < count; ++i) buffers[k].set(i, (k + 1) * (world.rank + 1) + static_cast<double>(i % 13));
+  }
+  std::vector<bpl_request*> requests(kInFlight, nullptr);
+  for (int k = 0; k < kInFlight; ++k) {
+    EXPECT_OK(bpl_allreduce(world.comm, buffers[k].data(), buffers[k].data(), count, BPL_DTYPE_F64, BPL_OP_SUM,
+                            &requests[k]));
+  }
+  // Poll the first, wait for the rest.
+  int32_t done = 0;
+  for (int spins = 0; spins < 100000 && !done; ++spins) EXPECT_OK(bpl_request_test(requests[0], &done));
+  EXPECT_OK(bpl_request_wait(requests[0], BPL_TIMEOUT_DEFAULT));
+  for (int k = 1; k < kInFlight; ++k) EXPECT_OK(bpl_request_wait(requests[k], 60000));
+  for (int k = 0; k < kInFlight; ++k) {
+    EXPECT_OK(bpl_request_test(requests[k], &done));
+    EXPECT_EQ(done, 1);
+    EXPECT_OK(bpl_request_free(requests[k]));
+  }
+  const double rank_sum = world.size * (world.size + 1) / 2.0;
+  for (int k = 0; k < kInFlight; ++k) {
+    EXPECT_TRUE(elements_match(buffers[k], 0, count,
+                               [&](size_t i) { return (k + 1) * rank_sum + world.size * static_cast<double>(i % 13); }))
+        << "request " << k;
+  }
+}
+
+TEST(Collectives, AsyncThenBlockingKeepOrder) {
+  SKIP_UNLESS_SUPPORTED(BPL_COLL_BROADCAST, BPL_DTYPE_I64, 0);
+  // A blocking call posted after an async one runs after it on every rank.
+  int64_t first = world.rank == 0 ? 11 : -1;
+  int64_t second = world.rank == 0 ? 22 : -1;
+  bpl_request* request = nullptr;
+  EXPECT_OK(bpl_broadcast(world.comm, &first, 1, BPL_DTYPE_I64, 0, &request));
+  EXPECT_OK(bpl_broadcast(world.comm, &second, 1, BPL_DTYPE_I64, 0, nullptr));
+  EXPECT_OK(bpl_request_wait(request, BPL_TIMEOUT_DEFAULT));
+  EXPECT_OK(bpl_request_free(request));
+  EXPECT_EQ(first, 11);
+  EXPECT_EQ(second, 22);
+}
+
+TEST(Collectives, BarrierAndAsyncBarrier) {
+  SKIP_UNLESS_SUPPORTED(BPL_COLL_BARRIER, 0, 0);
+  EXPECT_OK(bpl_barrier(world.comm, nullptr));
+  bpl_request* request = nullptr;
+  EXPECT_OK(bpl_barrier(world.comm, &request));
+  EXPECT_OK(bpl_request_wait(request, BPL_TIMEOUT_DEFAULT));
+  EXPECT_OK(bpl_request_free(request));
+}
+
+TEST(PointToPoint, TagsMatchInOrder) {
+  SKIP_UNLESS_SUPPORTED(BPL_COLL_SEND, BPL_DTYPE_I32, 0);
+  if (world.size < 2) GTEST_SKIP() << "needs 2 ranks";
+  // Rank 0 sends two messages per tag to rank 1, tags interleaved; rank 1 receives tag 2 first.
+  if (world.rank == 0) {
+    int32_t values[4] = {10, 20, 11, 21};  // tag = value / 10
+    bpl_request* sends[4] = {};
+    for (int k = 0; k < 4; ++k) EXPECT_OK(bpl_send(world.comm, &values[k], 1, BPL_DTYPE_I32, 1, values[k] / 10, &sends[k]));
+    for (bpl_request* r : sends) {
+      EXPECT_OK(bpl_request_wait(r, BPL_TIMEOUT_DEFAULT));
+      EXPECT_OK(bpl_request_free(r));
+    }
+  } else if (world.rank == 1) {
+    int32_t got[4] = {0, 0, 0, 0};
+    bpl_request* reqs[4] = {};
+    EXPECT_OK(bpl_recv(world.comm, &got[0], 1, BPL_DTYPE_I32, 0, 2, &reqs[0]));
+    EXPECT_OK(bpl_recv(world.comm, &got[1], 1, BPL_DTYPE_I32, 0, 2, &reqs[1]));
+    EXPECT_OK(bpl_recv(world.comm, &got[2], 1, BPL_DTYPE_I32, 0, 1, &reqs[2]));
+    EXPECT_OK(bpl_recv(world.comm, &got[3], 1, BPL_DTYPE_I32, 0, 1, &reqs[3]));
+    for (bpl_request* r : reqs) {
+      EXPECT_OK(bpl_request_wait(r, BPL_TIMEOUT_DEFAULT));
+      EXPECT_OK(bpl_request_free(r));
+    }
+    EXPECT_EQ(got[0], 20);
+    EXPECT_EQ(got[1], 21);
+    EXPECT_EQ(got[2], 10);
+    EXPECT_EQ(got[3], 11);
+  }
+  EXPECT_OK(bpl_barrier(world.comm, nullptr));
+}
+
+TEST(PointToPoint, BlockingSendMeetsBlockingRecv) {
+  SKIP_UNLESS_SUPPORTED(BPL_COLL_SEND, BPL_DTYPE_U8, 0);
+  if (world.size < 2) GTEST_SKIP() << "needs 2 ranks";
+  std::vector<uint8_t> data(300000);
+  if (world.rank == 0) {
+    for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<uint8_t>(i * 31);
+    EXPECT_OK(bpl_send(world.comm, data.data(), data.size(), BPL_DTYPE_U8, world.size - 1, 0, nullptr));
+  } else if (world.rank == world.size - 1) {
+    EXPECT_OK(bpl_recv(world.comm, data.data(), data.size(), BPL_DTYPE_U8, 0, 0, nullptr));
+    size_t wrong = 0;
+    for (size_t i = 0; i < data.size(); ++i) wrong += data[i] != static_cast<uint8_t>(i * 31);
+    EXPECT_EQ(wrong, 0u);
+  }
+  EXPECT_OK(bpl_barrier(world.comm, nullptr));
+}
+
+TEST(CommSplit, ParityGroupsReduceWithinThemselves) {
+  SKIP_UNLESS_SUPPORTED(BPL_COLL_COMM_SPLIT, 0, 0);
+  bpl_comm* group = nullptr;
+  const int parity = world.rank % 2;
+  EXPECT_OK(bpl_comm_split(world.comm, parity, world.rank, &group));
+  ASSERT_NE(group, nullptr);
+  int32_t rank = -1, size = -1;
+  EXPECT_OK(bpl_comm_rank(group, &rank));
+  EXPECT_OK(bpl_comm_size(group, &size));
+  EXPECT_EQ(rank, world.rank / 2);
+  EXPECT_EQ(size, (world.size - parity + 1) / 2);
+  int64_t sum = world.rank;
+  EXPECT_OK(bpl_allreduce(group, &sum, &sum, 1, BPL_DTYPE_I64, BPL_OP_SUM, nullptr));
+  int64_t expected = 0;
+  for (int r = parity; r < world.size; r += 2) expected += r;
+  EXPECT_EQ(sum, expected);
+  EXPECT_OK(bpl_comm_destroy(group));
+}
+
+TEST(CommSplit, KeyOrdersRanksAndUndefinedColorGetsNoComm) {
+  SKIP_UNLESS_SUPPORTED(BPL_COLL_COMM_SPLIT, 0, 0);
+  // The last rank opts out; the others form one group ordered by descending world rank.
+  const bool opted_out = world.size > 1 && world.rank == world.size - 1;
+  bpl_comm* group = reinterpret_cast<bpl_comm*>(&world);  // must be overwritten
+  EXPECT_OK(bpl_comm_split(world.comm, opted_out ? BPL_COLOR_UNDEFINED : 5, -world.rank, &group));
+  if (opted_out) {
+    EXPECT_EQ(group, nullptr);
+  } else {
+    ASSERT_NE(group, nullptr);
+    const int members = world.size > 1 ? world.size - 1 : 1;
+    int32_t rank = -1;
+    EXPECT_OK(bpl_comm_rank(group, &rank));
+    EXPECT_EQ(rank, members - 1 - world.rank);
+    // Gather world ranks in group order: descending.
+    int32_t mine = world.rank;
+    std::vector<int32_t> all(members, -1);
+    EXPECT_OK(bpl_allgather(group, &mine, all.data(), 1, BPL_DTYPE_I32, nullptr));
+    for (int i = 0; i < members; ++i) EXPECT_EQ(all[i], members - 1 - i);
+    EXPECT_OK(bpl_comm_destroy(group));
+  }
+  EXPECT_OK(bpl_barrier(world.comm, nullptr));
+}
+
+TEST(CommSplit, NestedSplitAndConcurrentGroups) {
+  SKIP_UNLESS_SUPPORTED(BPL_COLL_COMM_SPLIT, 0, 0);
+  // Split the world into singletons of a split of the world: every level still works.
+  bpl_comm* all = nullptr;
+  EXPECT_OK(bpl_comm_split(world.comm, 0, 0, &all));
+  ASSERT_NE(all, nullptr);
+  bpl_comm* single = nullptr;
+  EXPECT_OK(bpl_comm_split(all, world.rank, 0, &single));
+  ASSERT_NE(single, nullptr);
+  int32_t size = 0;
+  EXPECT_OK(bpl_comm_size(single, &size));
+  EXPECT_EQ(size, 1);
+  float value = 2.5f;
+  EXPECT_OK(bpl_allreduce(single, &value, &value, 1, BPL_DTYPE_F32, BPL_OP_SUM, nullptr));
+  EXPECT_EQ(value, 2.5f);
+  int64_t n = 1;
+  EXPECT_OK(bpl_allreduce(all, &n, &n, 1, BPL_DTYPE_I64, BPL_OP_SUM, nullptr));
+  EXPECT_EQ(n, world.size);
+  EXPECT_OK(bpl_comm_destroy(single));
+  EXPECT_OK(bpl_comm_destroy(all));
+}
+
+TEST(Device, HostDeviceAllocCopy) {
+  int32_t count = 0;
+  EXPECT_OK(bpl_device_count(world.runtime, &count));
+  ASSERT_GE(count, 1);
+  bpl_device_properties props = BPL_DEVICE_PROPERTIES_INIT;
+  EXPECT_OK(bpl_device_get_properties(world.runtime, 0, &props));
+  EXPECT_GT(std::strlen(props.name), 0u);
+  void* device = nullptr;
+  EXPECT_OK(bpl_malloc(world.runtime, 0, 4096, &device));
+  ASSERT_NE(device, nullptr);
+  std::vector<uint8_t> in(4096), out(4096, 0);
+  for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<uint8_t>(i ^ 0x3c);
+  EXPECT_OK(bpl_memcpy(world.runtime, device, in.data(), in.size(), BPL_MEMCPY_HOST_TO_DEVICE));
+  EXPECT_OK(bpl_memcpy(world.runtime, out.data(), device, out.size(), BPL_MEMCPY_DEVICE_TO_HOST));
+  EXPECT_OK(bpl_synchronize(world.runtime, 0));
+  EXPECT_EQ(in, out);
+  EXPECT_OK(bpl_free(world.runtime, device));
+}
+
+// Prints failures on every rank but the full report only on rank 0, so the log stays readable.
+class RankFailurePrinter : public ::testing::EmptyTestEventListener {
+ public:
+  explicit RankFailurePrinter(int rank) : rank_(rank) {}
+  void OnTestPartResult(const ::testing::TestPartResult& result) override {
+    if (result.failed()) {
+      std::fprintf(stderr, "[rank %d] %s:%d: %s\n", rank_, result.file_name() ? result.file_name() : "?",
+                   result.line_number(), result.summary());
+    }
+  }
+
+ private:
+  int rank_;
+};
+
+}  // namespace
+}  // namespace backplane::test
+
+int main(int argc, char** argv) {
+  using backplane::test::world;
+  ::testing::InitGoogleTest(&argc, argv);
+  std::string backend;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strncmp(argv[i], "--backend=", 10) == 0) {
+      backend = argv[i] + 10;
+    } else {
+      std::fprintf(stderr, "usage: bpl-conformance [gtest flags] [--backend=NAME|PATH]\n");
+      return 2;
+    }
+  }
+  bpl_init_options options = BPL_INIT_OPTIONS_INIT;
+  options.backend = backend.empty() ? nullptr : backend.c_str();
+  bpl_status status = bpl_init(&options, &world.runtime);
+  if (status != BPL_OK) {
+    std::fprintf(stderr, "bpl-conformance: bpl_init failed: %s: %s\n", bpl_status_name(status), bpl_last_error());
+    return 1;
+  }
+  bpl_runtime_describe(world.runtime, &world.info);
+  bpl_comm_world(world.runtime, &world.comm);
+  world.rank = world.info.rank;
+  world.size = world.info.world_size;
+  if (world.rank == 0) {
+    std::printf("conformance: backend %s (%s) from %s, %d rank(s)\n", world.info.backend, world.info.details,
+                world.info.plugin_path, world.size);
+  } else {
+    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+    listeners.Append(new backplane::test::RankFailurePrinter(world.rank));
+  }
+  int result = RUN_ALL_TESTS();
+  status = bpl_finalize(world.runtime);
+  if (status != BPL_OK) {
+    std::fprintf(stderr, "rank %d: bpl_finalize failed: %s\n", world.rank, bpl_last_error());
+    result = 1;
+  }
+  return result;
+}

@@ -1,0 +1,215 @@
+// The environment contract of DESIGN.md, tested on given environments (no process variables).
+#include <gtest/gtest.h>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <string>
+
+#include "environment.h"
+#include "error.h"
+#include "selection.h"
+
+namespace backplane {
+namespace {
+
+EnvLookup env_of(std::map<std::string, std::string> vars) {
+  return [vars](const std::string& name) -> std::optional<std::string> {
+    auto it = vars.find(name);
+    if (it == vars.end() || it->second.empty()) return std::nullopt;
+    return it->second;
+  };
+}
+
+const bpl_init_options kNoOptions = BPL_INIT_OPTIONS_INIT;
+
+// Runs `body`, expecting an Error with `status` whose message contains every fragment.
+template <typename Body>
+void expect_error(Body&& body, bpl_status status, std::initializer_list<const char*> fragments) {
+  try {
+    body();
+    ADD_FAILURE() << "expected " << bpl_status_name(status);
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), status) << e.what();
+    for (const char* fragment : fragments) EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+  }
+}
+
+TEST(ParseInteger, AcceptsWholeIntegersOnly) {
+  EXPECT_EQ(parse_integer("42"), 42);
+  EXPECT_EQ(parse_integer("-1"), -1);
+  EXPECT_EQ(parse_integer("+7"), 7);
+  EXPECT_FALSE(parse_integer(""));
+  EXPECT_FALSE(parse_integer("4x"));
+  EXPECT_FALSE(parse_integer(" 4"));
+  EXPECT_FALSE(parse_integer("1.5"));
+  EXPECT_FALSE(parse_integer("99999999999999999999"));
+}
+
+TEST(Launch, SingleProcessWithoutLauncher) {
+  LaunchInfo info = resolve_launch(kNoOptions, env_of({}));
+  EXPECT_EQ(info.rank, 0);
+  EXPECT_EQ(info.world_size, 1);
+  EXPECT_EQ(info.launcher, "none");
+  EXPECT_EQ(info.timeout_ms, kDefaultTimeoutMs);
+  EXPECT_EQ(info.master_port, -1);
+}
+
+TEST(Launch, Torchrun) {
+  LaunchInfo info = resolve_launch(kNoOptions, env_of({{"RANK", "3"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"},
+                                                       {"LOCAL_WORLD_SIZE", "2"}, {"MASTER_ADDR", "node0"},
+                                                       {"MASTER_PORT", "29500"}, {"BPL_TIMEOUT_MS", "1500"}}));
+  EXPECT_EQ(info.launcher, "torchrun");
+  EXPECT_EQ(info.rank, 3);
+  EXPECT_EQ(info.world_size, 8);
+  EXPECT_EQ(info.local_rank, 1);
+  EXPECT_EQ(info.local_world_size, 2);
+  EXPECT_EQ(info.master_addr, "node0");
+  EXPECT_EQ(info.master_port, 29500);
+  EXPECT_EQ(info.timeout_ms, 1500);
+}
+
+TEST(Launch, PrecedenceOptionsThenTorchrunThenOpenMpiThenSlurm) {
+  auto all = env_of({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_RANK", "2"},
+                     {"OMPI_COMM_WORLD_SIZE", "4"}, {"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "6"}});
+  EXPECT_EQ(resolve_launch(kNoOptions, all).launcher, "torchrun");
+
+  bpl_init_options options = BPL_INIT_OPTIONS_INIT;
+  options.rank = 0;
+  options.world_size = 3;
+  LaunchInfo explicit_info = resolve_launch(options, all);
+  EXPECT_EQ(explicit_info.launcher, "options");
+  EXPECT_EQ(explicit_info.world_size, 3);
+
+  LaunchInfo mpi = resolve_launch(kNoOptions, env_of({{"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "4"},
+                                                      {"OMPI_COMM_WORLD_LOCAL_RANK", "0"},
+                                                      {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+                                                      {"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "6"}}));
+  EXPECT_EQ(mpi.launcher, "openmpi");
+  EXPECT_EQ(mpi.rank, 2);
+  EXPECT_EQ(mpi.local_world_size, 2);
+
+  LaunchInfo slurm = resolve_launch(kNoOptions, env_of({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "6"},
+                                                        {"SLURM_LOCALID", "1"}, {"SLURM_TASKS_PER_NODE", "2(x3)"}}));
+  EXPECT_EQ(slurm.launcher, "slurm");
+  EXPECT_EQ(slurm.rank, 5);
+  EXPECT_EQ(slurm.world_size, 6);
+  EXPECT_EQ(slurm.local_rank, 1);
+  EXPECT_EQ(slurm.local_world_size, 2);
+}
+
+TEST(Launch, ExplicitAddressAndTimeoutBeatTheEnvironment) {
+  bpl_init_options options = BPL_INIT_OPTIONS_INIT;
+  options.master_addr = "10.0.0.1";
+  options.master_port = 1234;
+  options.timeout_ms = 77;
+  LaunchInfo info = resolve_launch(options, env_of({{"MASTER_ADDR", "a"}, {"MASTER_PORT", "5"}, {"BPL_TIMEOUT_MS", "9"}}));
+  EXPECT_EQ(info.master_addr, "10.0.0.1");
+  EXPECT_EQ(info.master_port, 1234);
+  EXPECT_EQ(info.timeout_ms, 77);
+}
+
+TEST(Launch, BadValuesNameTheVariable) {
+  expect_error([] { resolve_launch(kNoOptions, env_of({{"RANK", "x"}, {"WORLD_SIZE", "2"}})); },
+               BPL_ERR_INVALID_ARGUMENT, {"RANK='x'"});
+  expect_error([] { resolve_launch(kNoOptions, env_of({{"RANK", "2"}, {"WORLD_SIZE", "2"}})); },
+               BPL_ERR_INVALID_ARGUMENT, {"rank 2", "world size 2"});
+  expect_error([] { resolve_launch(kNoOptions, env_of({{"RANK", "0"}})); }, BPL_ERR_INVALID_ARGUMENT,
+               {"RANK is set but WORLD_SIZE is not"});
+  expect_error([] { resolve_launch(kNoOptions, env_of({{"RANK", "0"}, {"WORLD_SIZE", "0"}})); },
+               BPL_ERR_INVALID_ARGUMENT, {"WORLD_SIZE='0'"});
+  expect_error([] { resolve_launch(kNoOptions, env_of({{"MASTER_PORT", "70000"}})); }, BPL_ERR_INVALID_ARGUMENT,
+               {"MASTER_PORT='70000'", "65535"});
+  expect_error([] { resolve_launch(kNoOptions, env_of({{"BPL_TIMEOUT_MS", "-5"}})); }, BPL_ERR_INVALID_ARGUMENT,
+               {"BPL_TIMEOUT_MS='-5'"});
+  bpl_init_options options = BPL_INIT_OPTIONS_INIT;
+  options.rank = 1;
+  expect_error([&] { resolve_launch(options, env_of({})); }, BPL_ERR_INVALID_ARGUMENT, {"options.world_size"});
+}
+
+TEST(Selection, PrecedenceOfBackendSources) {
+  MachineProbe no_neuron{false};
+  auto env = env_of({{"BPL_BACKEND", "mpi"}, {"NXD_CPU_MODE", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"}});
+  Selection chosen = select_backend("neuron", env, no_neuron);
+  ASSERT_EQ(chosen.candidates.size(), 1u);
+  EXPECT_TRUE(chosen.explicit_choice);
+  EXPECT_EQ(chosen.candidates[0].backend, "neuron");
+
+  chosen = select_backend(nullptr, env, no_neuron);
+  EXPECT_EQ(chosen.candidates[0].backend, "mpi");
+  EXPECT_EQ(chosen.candidates[0].reason, "BPL_BACKEND=mpi");
+
+  chosen = select_backend(nullptr, env_of({{"NXD_CPU_MODE", "1"}}), no_neuron);
+  EXPECT_EQ(chosen.candidates[0].backend, "gloo");
+  EXPECT_EQ(chosen.candidates[0].reason, "NXD_CPU_MODE=1");
+  chosen = select_backend(nullptr, env_of({{"NXD_CPU_MODE", "0"}}), no_neuron);
+  EXPECT_EQ(chosen.candidates[0].backend, "neuron");
+  EXPECT_TRUE(chosen.explicit_choice);
+}
+
+TEST(Selection, AutoPrefersNeuronThenMpiThenGloo) {
+  Selection chosen = select_backend(nullptr, env_of({{"OMPI_COMM_WORLD_SIZE", "2"}}), MachineProbe{true});
+  EXPECT_FALSE(chosen.explicit_choice);
+  ASSERT_EQ(chosen.candidates.size(), 3u);
+  EXPECT_EQ(chosen.candidates[0].backend, "neuron");
+  EXPECT_EQ(chosen.candidates[1].backend, "mpi");
+  EXPECT_EQ(chosen.candidates[2].backend, "gloo");
+
+  chosen = select_backend(nullptr, env_of({}), MachineProbe{false});
+  ASSERT_EQ(chosen.candidates.size(), 1u);
+  EXPECT_EQ(chosen.candidates[0].backend, "gloo");
+  EXPECT_NE(chosen.candidates[0].reason.find("no Neuron device"), std::string::npos);
+}
+
+TEST(Selection, NonIntegerCpuModeIsAnError) {
+  expect_error([] { select_backend(nullptr, env_of({{"NXD_CPU_MODE", "yes"}}), MachineProbe{}); },
+               BPL_ERR_INVALID_ARGUMENT, {"NXD_CPU_MODE='yes'"});
+}
+
+class PluginLookup : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char pattern[] = "/tmp/bpl-lookup-XXXXXX";
+    ASSERT_NE(mkdtemp(pattern), nullptr);
+    first_ = std::string(pattern) + "/first";
+    second_ = std::string(pattern) + "/second";
+    ASSERT_EQ(::mkdir(first_.c_str(), 0700), 0);
+    ASSERT_EQ(::mkdir(second_.c_str(), 0700), 0);
+    root_ = pattern;
+  }
+  void TearDown() override { std::system(("rm -rf '" + root_ + "'").c_str()); }
+  void touch(const std::string& path) { std::ofstream(path) << "x"; }
+  std::string root_, first_, second_;
+};
+
+TEST_F(PluginLookup, SearchesFoldersInOrder) {
+  touch(second_ + "/libbackplane-foo.so");
+  EXPECT_EQ(find_plugin("foo", {first_, second_}), second_ + "/libbackplane-foo.so");
+  touch(first_ + "/libbackplane-foo.so");
+  EXPECT_EQ(find_plugin("foo", {first_, second_}), first_ + "/libbackplane-foo.so");
+}
+
+TEST_F(PluginLookup, PathPluginPathAndDirsFromEnvironment) {
+  touch(first_ + "/libbackplane-x.so");
+  EXPECT_EQ(find_plugin(first_ + "/libbackplane-x.so", {}), first_ + "/libbackplane-x.so");
+  std::vector<std::string> dirs = plugin_search_dirs(env_of({{"BPL_PLUGIN_PATH", first_ + "::" + second_}}));
+  ASSERT_GE(dirs.size(), 2u);
+  EXPECT_EQ(dirs[0], first_);
+  EXPECT_EQ(dirs[1], second_);
+}
+
+TEST_F(PluginLookup, FailuresNameValuePathsAndAlternatives) {
+  expect_error([&] { find_plugin("nosuch", {first_, second_}); }, BPL_ERR_NOT_FOUND,
+               {"unknown backend 'nosuch'", "libbackplane-nosuch.so", "known backends: gloo, mpi, neuron"});
+  expect_error([&] { find_plugin("mpi", {first_}); }, BPL_ERR_NOT_FOUND,
+               {"plugin for backend 'mpi' not found", first_.c_str()});
+  expect_error([&] { find_plugin(first_ + "/missing.so", {}); }, BPL_ERR_NOT_FOUND, {"missing.so", "does not exist"});
+  expect_error([&] { find_plugin("Bad Name", {}); }, BPL_ERR_INVALID_ARGUMENT, {"'Bad Name'"});
+}
+
+}  // namespace
+}  // namespace backplane

@@ -1,0 +1,249 @@
+// Real processes: the launcher, the C embedder, failures a user sees from the command line, and a rank
+// killed in the middle of an allreduce. The binary doubles as the rank program (--worker=SCENARIO).
+#include <gtest/gtest.h>
+
+#include <signal.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backplane/backplane.h"
+#include "support/process.h"
+
+namespace {
+
+using backplane::test::ProcessResult;
+using backplane::test::run_process;
+
+std::string self_path;
+const std::string kBin = BPL_BIN_DIR;
+const std::string bpl_run = kBin + "/bpl-run";
+const std::string embed = kBin + "/embed";
+
+std::string describe(const ProcessResult& r) {
+  return "exit " + std::to_string(r.exit_code) + ", signal " + std::to_string(r.signal) +
+         (r.timed_out ? ", TIMED OUT" : "") + ", output:\n" + r.output;
+}
+
+size_t count_of(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+/* ---- worker scenarios, run as ranks ---- */
+
+int fail(const char* what, bpl_status status) {
+  std::printf("worker: %s failed: %s: %s\n", what, bpl_status_name(status), bpl_last_error());
+  return 2;
+}
+
+// Allreduces 64 MiB repeatedly; rank 1 SIGKILLs itself 30 ms into the second one. Survivors print
+// how long the failing call took and exit 3.
+int kill_mid_allreduce() {
+  bpl_runtime* runtime = nullptr;
+  if (bpl_status s = bpl_init(nullptr, &runtime)) return fail("bpl_init", s);
+  bpl_runtime_info info = BPL_RUNTIME_INFO_INIT;
+  bpl_runtime_describe(runtime, &info);
+  bpl_comm* world = nullptr;
+  bpl_comm_world(runtime, &world);
+  std::vector<float> data(16u << 20, 1.0f);
+  for (int iteration = 0; iteration < 20; ++iteration) {
+    if (info.rank == 1 && iteration == 1) {
+      std::thread([] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(30));
+        raise(SIGKILL);
+      }).detach();
+    }
+    auto start = std::chrono::steady_clock::now();
+    bpl_status status = bpl_allreduce(world, data.data(), data.data(), data.size(), BPL_DTYPE_F32, BPL_OP_SUM, nullptr);
+    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count();
+    if (status != BPL_OK) {
+      std::printf("rank %d: %s after %lld ms: %s\n", info.rank, bpl_status_name(status), static_cast<long long>(ms),
+                  bpl_last_error());
+      std::fflush(stdout);
+      std::_Exit(3);  // the runtime is poisoned; finalize would only wait for the dead peer again
+    }
+  }
+  std::printf("rank %d: every allreduce succeeded\n", info.rank);
+  bpl_finalize(runtime);
+  return 0;
+}
+
+// Rank 1 exits with code 7 at once; the others wait in a barrier.
+int rank_one_exits() {
+  bpl_runtime* runtime = nullptr;
+  if (bpl_status s = bpl_init(nullptr, &runtime)) return fail("bpl_init", s);
+  bpl_runtime_info info = BPL_RUNTIME_INFO_INIT;
+  bpl_runtime_describe(runtime, &info);
+  if (info.rank == 1) std::_Exit(7);
+  bpl_comm* world = nullptr;
+  bpl_comm_world(runtime, &world);
+  bpl_barrier(world, nullptr);
+  return 0;
+}
+
+// Prints "ready" and sleeps: for signal forwarding.
+int sleeper() {
+  std::printf("ready %s\n", std::getenv("RANK") ? std::getenv("RANK") : "?");
+  std::fflush(stdout);
+  std::this_thread::sleep_for(std::chrono::seconds(60));
+  return 0;
+}
+
+// Prints the launch variables it was given.
+int print_env() {
+  const char* names[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR"};
+  std::string line = "env";
+  for (const char* name : names) line += std::string(" ") + name + "=" + (std::getenv(name) ? std::getenv(name) : "");
+  std::printf("%s\n", line.c_str());
+  return 0;
+}
+
+/* ---- the launcher ---- */
+
+TEST(BplRun, SetsTorchrunVariablesForEveryRank) {
+  ProcessResult r = run_process({bpl_run, "--nproc_per_node", "2", "--nnodes", "2", "--node-rank", "1",
+                                 "--master-port", "29999", self_path, "--worker=print_env"},
+                                {});
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_NE(r.output.find("env RANK=2 WORLD_SIZE=4 LOCAL_RANK=0 LOCAL_WORLD_SIZE=2 GROUP_RANK=1 MASTER_ADDR=127.0.0.1"),
+            std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("env RANK=3 WORLD_SIZE=4 LOCAL_RANK=1"), std::string::npos) << r.output;
+}
+
+TEST(BplRun, RejectsBadFlagsWithTheValue) {
+  ProcessResult r = run_process({bpl_run, "--nproc-per-node", "0", "true"}, {});
+  EXPECT_EQ(r.exit_code, 2) << describe(r);
+  EXPECT_NE(r.output.find("--nproc-per-node 0"), std::string::npos) << r.output;
+}
+
+TEST(BplRun, NamesTheRankThatExitedAndStopsTheOthers) {
+  ProcessResult r = run_process({bpl_run, "--nproc-per-node", "3", self_path, "--worker=rank_one_exits"},
+                                {{"BPL_TIMEOUT_MS", "30000"}}, std::chrono::seconds(25));
+  EXPECT_FALSE(r.timed_out) << describe(r);
+  EXPECT_EQ(r.exit_code, 7) << describe(r);
+  EXPECT_NE(r.output.find("rank 1 (pid"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("exited with code 7"), std::string::npos) << r.output;
+  // The survivors were waiting in a barrier with a 30 s timeout: bpl-run stopped them, not the timeout.
+  EXPECT_LT(r.seconds, 20.0);
+}
+
+TEST(BplRun, ForwardsSignalsToEveryRank) {
+  auto process = backplane::test::start_process({bpl_run, "--nproc-per-node", "2", self_path, "--worker=sleeper"}, {});
+  // Wait for both ranks to report, then signal the launcher alone.
+  std::string output;
+  char buffer[256];
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (count_of(output, "ready") < 2 && std::chrono::steady_clock::now() < deadline) {
+    ssize_t n = read(process.output_fd, buffer, sizeof(buffer));
+    if (n <= 0) break;
+    output.append(buffer, static_cast<size_t>(n));
+  }
+  ASSERT_EQ(count_of(output, "ready"), 2u) << output;
+  kill(process.pid, SIGTERM);
+  ProcessResult r = backplane::test::finish_process(process, std::chrono::seconds(15));
+  EXPECT_FALSE(r.timed_out);
+  EXPECT_EQ(r.exit_code, 128 + SIGTERM) << describe(r);
+  EXPECT_LT(r.seconds, 10.0) << "ranks were not stopped by the forwarded signal";
+}
+
+/* ---- the C embedder and its failures ---- */
+
+TEST(Embed, CpuModeTwoRanksAndGlooThreeRanksPrintCorrectResults) {
+  ProcessResult two = run_process({bpl_run, "--nproc-per-node", "2", embed}, {{"NXD_CPU_MODE", "1"}});
+  ASSERT_EQ(two.exit_code, 0) << describe(two);
+  EXPECT_NE(two.output.find("(NXD_CPU_MODE=1)"), std::string::npos) << two.output;
+  EXPECT_NE(two.output.find("rank 1: world sum = [3 6 9 12]; odd group rank 0/1"), std::string::npos) << two.output;
+  EXPECT_EQ(count_of(two.output, "  ok"), 2u) << two.output;
+
+  ProcessResult three = run_process({bpl_run, "--nproc-per-node", "3", embed}, {{"BPL_BACKEND", "gloo"}});
+  ASSERT_EQ(three.exit_code, 0) << describe(three);
+  EXPECT_NE(three.output.find("rank 2: world sum = [6 12 18 24]; even group rank 1/2, sum of group ranks = 2"),
+            std::string::npos) << three.output;
+  EXPECT_EQ(count_of(three.output, "  ok"), 3u) << three.output;
+}
+
+TEST(Embed, BadBackendsEndWithAClearMessageAndNonZeroExit) {
+  struct Case {
+    std::string backend;
+    std::vector<std::string> fragments;
+  };
+  const std::string wrong_abi = std::string(BPL_TEST_PLUGIN_DIR) + "/libbpl-test-wrong-abi.so";
+  const Case cases[] = {
+      {"nosuch", {"BPL_ERR_NOT_FOUND", "unknown backend 'nosuch'", "known backends: gloo, mpi, neuron"}},
+      {wrong_abi, {"BPL_ERR_ABI_MISMATCH", wrong_abi, "implements ABI 2.3", "ABI 1.0"}},
+      {"/nonexistent/libbackplane-gloo.so", {"BPL_ERR_NOT_FOUND", "/nonexistent/libbackplane-gloo.so", "does not exist"}},
+  };
+  for (const Case& c : cases) {
+    ProcessResult r = run_process({embed}, {{"BPL_BACKEND", c.backend}}, std::chrono::seconds(20));
+    EXPECT_FALSE(r.timed_out) << c.backend;
+    EXPECT_EQ(r.exit_code, 1) << describe(r);
+    for (const std::string& fragment : c.fragments) {
+      EXPECT_NE(r.output.find(fragment), std::string::npos) << "'" << fragment << "' missing from: " << r.output;
+    }
+  }
+}
+
+/* ---- a rank killed during an allreduce ---- */
+
+constexpr int kTimeoutMs = 3000;
+
+TEST(Fault, SurvivorsOfAKilledRankGetAnErrorWithinTheTimeout) {
+  const int port = backplane::test::free_port();
+  std::vector<backplane::test::Process> ranks;
+  for (int rank = 0; rank < 3; ++rank) {
+    auto env = backplane::test::rank_env(rank, 3, port);
+    env["BPL_BACKEND"] = "gloo";
+    env["BPL_TIMEOUT_MS"] = std::to_string(kTimeoutMs);
+    ranks.push_back(backplane::test::start_process({self_path, "--worker=kill_mid_allreduce"}, env));
+  }
+  std::vector<ProcessResult> results;
+  for (auto& rank : ranks) results.push_back(backplane::test::finish_process(rank, std::chrono::seconds(60)));
+
+  EXPECT_EQ(results[1].signal, SIGKILL) << describe(results[1]);
+  for (int rank : {0, 2}) {
+    const ProcessResult& r = results[rank];
+    ASSERT_FALSE(r.timed_out) << "rank " << rank << " hung: " << describe(r);
+    EXPECT_EQ(r.exit_code, 3) << describe(r);
+    std::smatch match;
+    ASSERT_TRUE(std::regex_search(r.output, match, std::regex("(BPL_ERR_[A-Z_]+) after ([0-9]+) ms"))) << r.output;
+    EXPECT_TRUE(match[1] == "BPL_ERR_REMOTE" || match[1] == "BPL_ERR_TIMEOUT") << r.output;
+    const int ms = std::stoi(match[2]);
+    EXPECT_LE(ms, kTimeoutMs + 1000) << r.output;
+    std::printf("rank %d: %s %d ms after the failing allreduce started\n", rank, match[1].str().c_str(), ms);
+  }
+}
+
+TEST(Fault, BplRunNamesTheKilledRank) {
+  ProcessResult r = run_process({bpl_run, "--nproc-per-node", "3", self_path, "--worker=kill_mid_allreduce"},
+                                {{"BPL_BACKEND", "gloo"}, {"BPL_TIMEOUT_MS", std::to_string(kTimeoutMs)}},
+                                std::chrono::seconds(60));
+  EXPECT_FALSE(r.timed_out) << describe(r);
+  EXPECT_NE(r.exit_code, 0) << describe(r);
+  EXPECT_NE(r.output.find("bpl-run: rank 1 (pid"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("was killed by SIGKILL"), std::string::npos) << r.output;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  char resolved[4096] = {};
+  self_path = realpath("/proc/self/exe", resolved) ? resolved : argv[0];
+  if (argc > 1 && std::strncmp(argv[1], "--worker=", 9) == 0) {
+    const std::string scenario = argv[1] + 9;
+    if (scenario == "kill_mid_allreduce") return kill_mid_allreduce();
+    if (scenario == "rank_one_exits") return rank_one_exits();
+    if (scenario == "sleeper") return sleeper();
+    if (scenario == "print_env") return print_env();
+    std::fprintf(stderr, "unknown worker scenario %s\n", scenario.c_str());
+    return 2;
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
