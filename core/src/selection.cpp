@@ -1,10 +1,10 @@
 #include "selection.h"
 
-#include <dlfcn.h>
 #include <glob.h>
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <boost/dll/runtime_symbol_info.hpp>
 
 #include "error.h"
 
@@ -36,13 +36,13 @@ bool is_plain_name(const std::string& name) {
   });
 }
 
-// The folder libbackplane.so was loaded from, found through a symbol of its own.
+// The folder libbackplane.so was loaded from, without "bin/../lib" detours.
 std::string library_dir() {
-  Dl_info info{};
-  if (dladdr(reinterpret_cast<void*>(&library_dir), &info) == 0 || info.dli_fname == nullptr) return "";
-  std::string path = info.dli_fname;
-  std::string::size_type slash = path.rfind('/');
-  return slash == std::string::npos ? std::string(".") : path.substr(0, slash);
+  boost::system::error_code error;
+  boost::dll::fs::path self = boost::dll::this_line_location(error);
+  if (error) return "";
+  boost::dll::fs::path canonical = boost::dll::fs::canonical(self, error);
+  return (error ? self : canonical).parent_path().string();
 }
 
 }  // namespace
