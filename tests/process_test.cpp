@@ -66,8 +66,12 @@ int kill_mid_allreduce() {
     if (status != BPL_OK) {
       std::printf("rank %d: %s after %lld ms: %s\n", info.rank, bpl_status_name(status), static_cast<long long>(ms),
                   bpl_last_error());
-      std::fflush(stdout);
-      std::_Exit(3);  // the runtime is poisoned; finalize would only wait for the dead peer again
+      // Leaving must not hang on the dead peer either.
+      start = std::chrono::steady_clock::now();
+      bpl_finalize(runtime);
+      ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count();
+      std::printf("rank %d: finalize took %lld ms\n", info.rank, static_cast<long long>(ms));
+      return 3;
     }
   }
   std::printf("rank %d: every allreduce succeeded\n", info.rank);
@@ -190,6 +194,19 @@ TEST(Embed, BadBackendsEndWithAClearMessageAndNonZeroExit) {
   }
 }
 
+TEST(Embed, ARankThatNeverArrivesFailsTheRendezvousAtTheTimeout) {
+  // Rank 0 of 2 alone: it hosts the store and waits for rank 1, which never comes.
+  auto env = backplane::test::rank_env(0, 2, backplane::test::free_port());
+  env["BPL_BACKEND"] = "gloo";
+  env["BPL_TIMEOUT_MS"] = "2000";
+  ProcessResult r = run_process({embed}, env, std::chrono::seconds(30));
+  EXPECT_FALSE(r.timed_out) << describe(r);
+  EXPECT_EQ(r.exit_code, 1) << describe(r);
+  EXPECT_NE(r.output.find("BPL_ERR_TIMEOUT"), std::string::npos) << r.output;
+  EXPECT_GE(r.seconds, 1.9);
+  EXPECT_LT(r.seconds, 12.0);
+}
+
 /* ---- a rank killed during an allreduce ---- */
 
 constexpr int kTimeoutMs = 3000;
@@ -217,6 +234,9 @@ TEST(Fault, SurvivorsOfAKilledRankGetAnErrorWithinTheTimeout) {
     const int ms = std::stoi(match[2]);
     EXPECT_LE(ms, kTimeoutMs + 1000) << r.output;
     std::printf("rank %d: %s %d ms after the failing allreduce started\n", rank, match[1].str().c_str(), ms);
+    ASSERT_TRUE(std::regex_search(r.output, match, std::regex("finalize took ([0-9]+) ms"))) << r.output;
+    EXPECT_LE(std::stoi(match[1]), kTimeoutMs + 1000) << r.output;
+    std::printf("rank %d: bpl_finalize afterwards took %s ms\n", rank, match[1].str().c_str());
   }
 }
 

@@ -208,6 +208,19 @@ bpl_status forward(const char* function, const bpl_runtime* runtime, bpl_status 
   return status;
 }
 
+int32_t device_count_of(const bpl_runtime* runtime) {
+  int32_t count = 0;
+  if (runtime->api().device_count != nullptr) runtime->api().device_count(runtime->impl, &count);
+  return count;
+}
+
+void check_device(const bpl_runtime* runtime, int32_t device) {
+  const int32_t count = device_count_of(runtime);
+  require(device >= 0 && device < count, "device = " + std::to_string(device) + ": expected 0.." +
+                                             std::to_string(count - 1) + " (" + runtime->backend() + " has " +
+                                             std::to_string(count) + " device(s))");
+}
+
 template <typename Fn>
 Fn require_device_fn(const bpl_runtime* runtime, Fn fn, const char* what) {
   if (fn == nullptr) {
@@ -349,8 +362,7 @@ bpl_status bpl_runtime_describe(const bpl_runtime* runtime, bpl_runtime_info* ou
     info.world_size = rt->launch.world_size;
     info.local_rank = rt->launch.local_rank;
     info.local_world_size = rt->launch.local_world_size;
-    info.device_count = 0;
-    if (rt->api().device_count != nullptr) rt->api().device_count(rt->impl, &info.device_count);
+    info.device_count = device_count_of(rt);
     info.dtypes = rt->caps.dtypes;
     info.collectives = rt->caps.collectives;
     info.reduce_ops = rt->caps.reduce_ops;
@@ -423,10 +435,7 @@ bpl_status bpl_device_get_properties(const bpl_runtime* runtime, int32_t device,
     require(out != nullptr, "out is NULL");
     check_struct_size(out->struct_size, "out");
     auto fn = require_device_fn(rt, rt->api().device_properties, "device_properties");
-    int32_t count = 0;
-    rt->api().device_count(rt->impl, &count);
-    require(device >= 0 && device < count,
-            "device = " + std::to_string(device) + ": expected 0.." + std::to_string(count - 1));
+    check_device(rt, device);
     bpl_device_properties props{};
     props.struct_size = sizeof(props);
     bpl_status status = forward("bpl_device_get_properties", rt, fn(rt->impl, device, &props));
@@ -441,10 +450,7 @@ bpl_status bpl_malloc(bpl_runtime* runtime, int32_t device, size_t bytes, void**
     require(ptr != nullptr, "ptr is NULL");
     *ptr = nullptr;
     auto fn = require_device_fn(rt, rt->api().mem_alloc, "malloc");
-    int32_t count = 0;
-    rt->api().device_count(rt->impl, &count);
-    require(device >= 0 && device < count,
-            "device = " + std::to_string(device) + ": expected 0.." + std::to_string(count - 1));
+    check_device(rt, device);
     require(bytes <= static_cast<size_t>(std::numeric_limits<int64_t>::max()),
             "bytes = " + std::to_string(bytes) + " exceeds the address space");
     if (bytes == 0) return BPL_OK;
@@ -478,10 +484,7 @@ bpl_status bpl_memcpy(bpl_runtime* runtime, void* dst, const void* src, size_t b
 bpl_status bpl_synchronize(bpl_runtime* runtime, int32_t device) {
   return guarded("bpl_synchronize", [&] {
     bpl_runtime* rt = check_runtime(runtime);
-    int32_t count = 0;
-    if (rt->api().device_count != nullptr) rt->api().device_count(rt->impl, &count);
-    require(device >= 0 && device < count,
-            "device = " + std::to_string(device) + ": expected 0.." + std::to_string(count - 1));
+    check_device(rt, device);
     if (rt->api().synchronize == nullptr) return BPL_OK;  // nothing queued on a synchronous backend
     return forward("bpl_synchronize", rt, rt->api().synchronize(rt->impl, device));
   });
@@ -511,7 +514,13 @@ bpl_status bpl_comm_split(bpl_comm* parent, int32_t color, int32_t key, bpl_comm
     bpl_status status = fn(comm->impl, color, key, &child);
     if (status != BPL_OK) return finish("bpl_comm_split", comm, status, nullptr, nullptr);
     if (child == nullptr) return BPL_OK;  // BPL_COLOR_UNDEFINED
-    bpl_comm* wrapped = wrap_comm(rt, child, false);
+    bpl_comm* wrapped = nullptr;
+    try {
+      wrapped = wrap_comm(rt, child, false);
+    } catch (...) {
+      rt->api().comm_destroy(child);
+      throw;
+    }
     {
       std::lock_guard<std::mutex> lock(rt->mutex);
       rt->split_comms.insert(wrapped);

@@ -28,6 +28,11 @@ class Operation {
     std::unique_lock<std::mutex> lock(mutex_);
     return ended_cv_.wait_for(lock, timeout, [this] { return ended_; });
   }
+  // Blocks until the operation ended or its deadline (set when it was queued) passed; true if it ended.
+  bool wait_for_deadline() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    return ended_cv_.wait_until(lock, deadline_, [this] { return ended_; });
+  }
   bool ended() const {
     std::lock_guard<std::mutex> lock(mutex_);
     return ended_;
@@ -63,7 +68,10 @@ class Operation {
   }
 
  private:
+  friend class OpQueue;
   std::function<void()> body_;
+  // The latest it can end: every operation ahead of it and itself each run within the queue's timeout.
+  std::chrono::steady_clock::time_point deadline_ = std::chrono::steady_clock::time_point::max();
   mutable std::mutex mutex_;
   std::condition_variable ended_cv_;
   bool ended_ = false;
@@ -87,6 +95,8 @@ class OpQueue {
   std::shared_ptr<Operation> post(std::function<void()> body) {
     auto op = std::make_shared<Operation>(std::move(body));
     std::lock_guard<std::mutex> lock(mutex_);
+    const auto ahead = static_cast<int64_t>(pending_.size()) + (busy_ ? 1 : 0);
+    op->deadline_ = std::chrono::steady_clock::now() + op_timeout_ * (ahead + 1) + std::chrono::seconds(1);
     if (!worker_.joinable()) worker_ = std::thread([this] { work(); });
     pending_.push_back(op);
     changed_.notify_all();
@@ -99,12 +109,10 @@ class OpQueue {
     {
       std::unique_lock<std::mutex> lock(mutex_);
       if (!pending_.empty() || busy_) {
-        const auto ahead = static_cast<int64_t>(pending_.size()) + 1;
         lock.unlock();
         std::shared_ptr<Operation> op = post(body);
-        if (!op->wait_for(op_timeout_ * (ahead + 1) + std::chrono::seconds(1))) {
-          throw QueuedFailure{BPL_ERR_TIMEOUT, "operation queued behind " + std::to_string(ahead) +
-                                                   " others did not end within their timeouts"};
+        if (!op->wait_for_deadline()) {
+          throw QueuedFailure{BPL_ERR_TIMEOUT, "the operation, queued behind others, did not end within their timeouts"};
         }
         if (op->status() != BPL_OK) throw QueuedFailure{op->status(), op->message()};
         return;

@@ -68,10 +68,9 @@ class QueuedRequest : public Request {
     return result();
   }
   bpl_status finish() override {
-    // The queue bounds each operation by the communicator's timeout; this only waits for it.
-    while (!op_->wait_for(std::chrono::hours(1))) {
-    }
-    return BPL_OK;
+    if (op_->wait_for_deadline()) return BPL_OK;
+    plugin::host()->set_error("gloo: the operation did not end within its timeout; its buffers may still be in use");
+    return BPL_ERR_TIMEOUT;
   }
 
  private:
