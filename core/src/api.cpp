@@ -63,12 +63,15 @@ constexpr size_t kMaxStructSize = 1 << 20;
 
 std::string quoted(const char* text) { return text == nullptr ? "NULL" : "'" + std::string(text) + "'"; }
 
-void require(bool condition, const std::string& message) {
-  if (!condition) throw Error(BPL_ERR_INVALID_ARGUMENT, message);
-}
+// Throws INVALID_ARGUMENT with `message`, which is only built when the check fails: these checks run
+// on every collective, and formatting numbers into strings would otherwise dominate a small call.
+#define REQUIRE(condition, message)                                        \
+  do {                                                                     \
+    if (!(condition)) throw ::backplane::Error(BPL_ERR_INVALID_ARGUMENT, message); \
+  } while (0)
 
 void check_struct_size(size_t struct_size, const char* param) {
-  require(struct_size >= sizeof(size_t) && struct_size <= kMaxStructSize,
+  REQUIRE(struct_size >= sizeof(size_t) && struct_size <= kMaxStructSize,
           std::string(param) + "->struct_size = " + std::to_string(struct_size) + ": expected sizeof(" + param +
               ") (at least " + std::to_string(sizeof(size_t)) + ")");
 }
@@ -87,7 +90,7 @@ T read_input(const T* in, const T& defaults, const char* param) {
 // An output struct: write only the fields the caller's struct_size holds.
 template <typename T>
 void write_output(const T& value, T* out, const char* param) {
-  require(out != nullptr, std::string(param) + " is NULL");
+  REQUIRE(out != nullptr, std::string(param) + " is NULL");
   check_struct_size(out->struct_size, param);
   size_t caller_size = out->struct_size;
   std::memcpy(static_cast<void*>(out), &value, std::min(caller_size, sizeof(T)));
@@ -101,20 +104,20 @@ void copy_text(char* dst, size_t capacity, const std::string& text) {
 }
 
 bpl_runtime* check_runtime(const bpl_runtime* runtime, const char* param = "runtime") {
-  require(runtime != nullptr, std::string(param) + " is NULL");
-  require(runtime->magic == kRuntimeMagic, std::string(param) + " is not a live bpl_runtime (finalized or foreign pointer)");
+  REQUIRE(runtime != nullptr, std::string(param) + " is NULL");
+  REQUIRE(runtime->magic == kRuntimeMagic, std::string(param) + " is not a live bpl_runtime (finalized or foreign pointer)");
   return const_cast<bpl_runtime*>(runtime);
 }
 
 bpl_comm* check_comm(const bpl_comm* comm) {
-  require(comm != nullptr, "comm is NULL");
-  require(comm->magic == kCommMagic, "comm is not a live bpl_comm (destroyed or foreign pointer)");
+  REQUIRE(comm != nullptr, "comm is NULL");
+  REQUIRE(comm->magic == kCommMagic, "comm is not a live bpl_comm (destroyed or foreign pointer)");
   return const_cast<bpl_comm*>(comm);
 }
 
 bpl_request* check_request(bpl_request* req) {
-  require(req != nullptr, "req is NULL");
-  require(req->magic == kRequestMagic, "req is not a live bpl_request (freed or foreign pointer)");
+  REQUIRE(req != nullptr, "req is NULL");
+  REQUIRE(req->magic == kRequestMagic, "req is not a live bpl_request (freed or foreign pointer)");
   return req;
 }
 
@@ -130,7 +133,7 @@ Fn require_collective(const bpl_comm* comm, Fn fn, bpl_collective op) {
 
 size_t check_dtype(const bpl_comm* comm, bpl_dtype dtype) {
   size_t size = bpl_dtype_size(dtype);
-  require(size != 0, "dtype = " + std::to_string(dtype) + " is not a bpl_dtype (expected BPL_DTYPE_F32 .. BPL_DTYPE_I64)");
+  REQUIRE(size != 0, "dtype = " + std::to_string(dtype) + " is not a bpl_dtype (expected BPL_DTYPE_F32 .. BPL_DTYPE_I64)");
   if ((comm->runtime->caps.dtypes & BPL_BIT(dtype)) == 0) {
     throw Error(BPL_ERR_UNSUPPORTED, std::string("backend '") + comm->runtime->backend() + "' does not support dtype " +
                                          bpl_dtype_name(dtype));
@@ -139,7 +142,7 @@ size_t check_dtype(const bpl_comm* comm, bpl_dtype dtype) {
 }
 
 void check_op(const bpl_comm* comm, bpl_reduce_op op) {
-  require(std::strcmp(bpl_reduce_op_name(op), "unknown") != 0,
+  REQUIRE(std::strcmp(bpl_reduce_op_name(op), "unknown") != 0,
           "op = " + std::to_string(op) + " is not a bpl_reduce_op (expected BPL_OP_SUM .. BPL_OP_AVG)");
   if ((comm->runtime->caps.reduce_ops & BPL_BIT(op)) == 0) {
     throw Error(BPL_ERR_UNSUPPORTED, std::string("backend '") + comm->runtime->backend() +
@@ -149,15 +152,15 @@ void check_op(const bpl_comm* comm, bpl_reduce_op op) {
 
 // Bytes of `count` elements times `blocks`, rejecting negative counts and sizes no memory can hold.
 size_t check_count(int64_t count, size_t element_size, int64_t blocks, const char* param) {
-  require(count >= 0, std::string(param) + " = " + std::to_string(count) + ": expected >= 0");
+  REQUIRE(count >= 0, std::string(param) + " = " + std::to_string(count) + ": expected >= 0");
   const int64_t limit = std::numeric_limits<int64_t>::max() / static_cast<int64_t>(element_size) / blocks;
-  require(count <= limit, std::string(param) + " = " + std::to_string(count) + ": " + std::to_string(blocks) +
+  REQUIRE(count <= limit, std::string(param) + " = " + std::to_string(count) + ": " + std::to_string(blocks) +
                               " block(s) of it exceed the address space (at most " + std::to_string(limit) + ")");
   return static_cast<size_t>(count) * element_size * static_cast<size_t>(blocks);
 }
 
 void check_buffer(const void* buffer, size_t bytes, const char* param) {
-  require(buffer != nullptr || bytes == 0, std::string(param) + " is NULL but holds " + std::to_string(bytes) + " bytes");
+  REQUIRE(buffer != nullptr || bytes == 0, std::string(param) + " is NULL but holds " + std::to_string(bytes) + " bytes");
 }
 
 bool overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
@@ -168,7 +171,7 @@ bool overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
 }
 
 void check_rank(const bpl_comm* comm, int32_t rank, const char* param) {
-  require(rank >= 0 && rank < comm->size, std::string(param) + " = " + std::to_string(rank) +
+  REQUIRE(rank >= 0 && rank < comm->size, std::string(param) + " = " + std::to_string(rank) +
                                               ": expected a rank of the communicator, 0.." +
                                               std::to_string(comm->size - 1));
 }
@@ -216,7 +219,7 @@ int32_t device_count_of(const bpl_runtime* runtime) {
 
 void check_device(const bpl_runtime* runtime, int32_t device) {
   const int32_t count = device_count_of(runtime);
-  require(device >= 0 && device < count, "device = " + std::to_string(device) + ": expected 0.." +
+  REQUIRE(device >= 0 && device < count, "device = " + std::to_string(device) + ": expected 0.." +
                                              std::to_string(count - 1) + " (" + runtime->backend() + " has " +
                                              std::to_string(count) + " device(s))");
 }
@@ -279,7 +282,7 @@ extern "C" {
 
 bpl_status bpl_init(const bpl_init_options* options, bpl_runtime** out) {
   return guarded("bpl_init", [&] {
-    require(out != nullptr, "out is NULL");
+    REQUIRE(out != nullptr, "out is NULL");
     *out = nullptr;
     bpl_init_options opts = read_input(options, kDefaultInitOptions, "options");
     EnvLookup env = process_environment();
@@ -374,7 +377,7 @@ bpl_status bpl_runtime_describe(const bpl_runtime* runtime, bpl_runtime_info* ou
 
 bpl_status bpl_select_backend(const bpl_init_options* options, bpl_selection* out) {
   return guarded("bpl_select_backend", [&] {
-    require(out != nullptr, "out is NULL");
+    REQUIRE(out != nullptr, "out is NULL");
     bpl_init_options opts = read_input(options, kDefaultInitOptions, "options");
     EnvLookup env = process_environment();
     Selection selection = select_backend(opts.backend, env, probe_machine());
@@ -403,8 +406,8 @@ bpl_status bpl_select_backend(const bpl_init_options* options, bpl_selection* ou
 
 bpl_status bpl_plugin_probe(const char* backend, bpl_plugin_info* out) {
   return guarded("bpl_plugin_probe", [&] {
-    require(backend != nullptr && *backend != '\0', "backend is " + quoted(backend) + ": expected a name or a path");
-    require(out != nullptr, "out is NULL");
+    REQUIRE(backend != nullptr && *backend != '\0', "backend is " + quoted(backend) + ": expected a name or a path");
+    REQUIRE(out != nullptr, "out is NULL");
     std::shared_ptr<Plugin> plugin = Plugin::load(find_plugin(backend, plugin_search_dirs(process_environment())));
     bpl_plugin_info info{};
     info.struct_size = sizeof(info);
@@ -423,7 +426,7 @@ bpl_status bpl_plugin_probe(const char* backend, bpl_plugin_info* out) {
 bpl_status bpl_device_count(const bpl_runtime* runtime, int32_t* count) {
   return guarded("bpl_device_count", [&] {
     bpl_runtime* rt = check_runtime(runtime);
-    require(count != nullptr, "count is NULL");
+    REQUIRE(count != nullptr, "count is NULL");
     auto fn = require_device_fn(rt, rt->api().device_count, "device_count");
     return forward("bpl_device_count", rt, fn(rt->impl, count));
   });
@@ -432,7 +435,7 @@ bpl_status bpl_device_count(const bpl_runtime* runtime, int32_t* count) {
 bpl_status bpl_device_get_properties(const bpl_runtime* runtime, int32_t device, bpl_device_properties* out) {
   return guarded("bpl_device_get_properties", [&] {
     bpl_runtime* rt = check_runtime(runtime);
-    require(out != nullptr, "out is NULL");
+    REQUIRE(out != nullptr, "out is NULL");
     check_struct_size(out->struct_size, "out");
     auto fn = require_device_fn(rt, rt->api().device_properties, "device_properties");
     check_device(rt, device);
@@ -447,11 +450,11 @@ bpl_status bpl_device_get_properties(const bpl_runtime* runtime, int32_t device,
 bpl_status bpl_malloc(bpl_runtime* runtime, int32_t device, size_t bytes, void** ptr) {
   return guarded("bpl_malloc", [&] {
     bpl_runtime* rt = check_runtime(runtime);
-    require(ptr != nullptr, "ptr is NULL");
+    REQUIRE(ptr != nullptr, "ptr is NULL");
     *ptr = nullptr;
     auto fn = require_device_fn(rt, rt->api().mem_alloc, "malloc");
     check_device(rt, device);
-    require(bytes <= static_cast<size_t>(std::numeric_limits<int64_t>::max()),
+    REQUIRE(bytes <= static_cast<size_t>(std::numeric_limits<int64_t>::max()),
             "bytes = " + std::to_string(bytes) + " exceeds the address space");
     if (bytes == 0) return BPL_OK;
     return forward("bpl_malloc", rt, fn(rt->impl, device, bytes, ptr));
@@ -470,11 +473,11 @@ bpl_status bpl_free(bpl_runtime* runtime, void* ptr) {
 bpl_status bpl_memcpy(bpl_runtime* runtime, void* dst, const void* src, size_t bytes, bpl_memcpy_kind kind) {
   return guarded("bpl_memcpy", [&] {
     bpl_runtime* rt = check_runtime(runtime);
-    require(kind >= BPL_MEMCPY_HOST_TO_HOST && kind <= BPL_MEMCPY_DEVICE_TO_DEVICE,
+    REQUIRE(kind >= BPL_MEMCPY_HOST_TO_HOST && kind <= BPL_MEMCPY_DEVICE_TO_DEVICE,
             "kind = " + std::to_string(kind) + ": expected BPL_MEMCPY_HOST_TO_HOST .. BPL_MEMCPY_DEVICE_TO_DEVICE");
     check_buffer(dst, bytes, "dst");
     check_buffer(src, bytes, "src");
-    require(!overlap(dst, bytes, src, bytes), "dst and src overlap");
+    REQUIRE(!overlap(dst, bytes, src, bytes), "dst and src overlap");
     if (bytes == 0) return BPL_OK;
     auto fn = require_device_fn(rt, rt->api().mem_copy, "memcpy");
     return forward("bpl_memcpy", rt, fn(rt->impl, dst, src, bytes, kind));
@@ -495,7 +498,7 @@ bpl_status bpl_synchronize(bpl_runtime* runtime, int32_t device) {
 bpl_status bpl_comm_world(bpl_runtime* runtime, bpl_comm** out) {
   return guarded("bpl_comm_world", [&] {
     bpl_runtime* rt = check_runtime(runtime);
-    require(out != nullptr, "out is NULL");
+    REQUIRE(out != nullptr, "out is NULL");
     *out = rt->world;
     return BPL_OK;
   });
@@ -504,9 +507,9 @@ bpl_status bpl_comm_world(bpl_runtime* runtime, bpl_comm** out) {
 bpl_status bpl_comm_split(bpl_comm* parent, int32_t color, int32_t key, bpl_comm** out) {
   return guarded("bpl_comm_split", [&] {
     bpl_comm* comm = check_comm(parent);
-    require(out != nullptr, "out is NULL");
+    REQUIRE(out != nullptr, "out is NULL");
     *out = nullptr;
-    require(color >= BPL_COLOR_UNDEFINED,
+    REQUIRE(color >= BPL_COLOR_UNDEFINED,
             "color = " + std::to_string(color) + ": expected >= 0, or BPL_COLOR_UNDEFINED (-1)");
     bpl_runtime* rt = comm->runtime;
     auto fn = require_collective(comm, rt->api().comm_split, BPL_COLL_COMM_SPLIT);
@@ -534,7 +537,7 @@ bpl_status bpl_comm_destroy(bpl_comm* comm) {
   return guarded("bpl_comm_destroy", [&] {
     if (comm == nullptr) return BPL_OK;
     check_comm(comm);
-    require(!comm->is_world, "comm is the world communicator, which the runtime owns: it ends with bpl_finalize");
+    REQUIRE(!comm->is_world, "comm is the world communicator, which the runtime owns: it ends with bpl_finalize");
     {
       std::lock_guard<std::mutex> lock(comm->runtime->mutex);
       comm->runtime->split_comms.erase(comm);
@@ -547,7 +550,7 @@ bpl_status bpl_comm_destroy(bpl_comm* comm) {
 bpl_status bpl_comm_rank(const bpl_comm* comm, int32_t* rank) {
   return guarded("bpl_comm_rank", [&] {
     const bpl_comm* c = check_comm(comm);
-    require(rank != nullptr, "rank is NULL");
+    REQUIRE(rank != nullptr, "rank is NULL");
     *rank = c->rank;
     return BPL_OK;
   });
@@ -556,7 +559,7 @@ bpl_status bpl_comm_rank(const bpl_comm* comm, int32_t* rank) {
 bpl_status bpl_comm_size(const bpl_comm* comm, int32_t* size) {
   return guarded("bpl_comm_size", [&] {
     const bpl_comm* c = check_comm(comm);
-    require(size != nullptr, "size is NULL");
+    REQUIRE(size != nullptr, "size is NULL");
     *size = c->size;
     return BPL_OK;
   });
@@ -573,7 +576,7 @@ bpl_status bpl_allreduce(bpl_comm* comm, const void* send, void* recv, int64_t c
     check_op(c, op);
     check_buffer(send, bytes, "send");
     check_buffer(recv, bytes, "recv");
-    require(send == recv || !overlap(send, bytes, recv, bytes), "send and recv overlap without being equal (in place)");
+    REQUIRE(send == recv || !overlap(send, bytes, recv, bytes), "send and recv overlap without being equal (in place)");
     bpl_plugin_request* preq = nullptr;
     const bpl_status status = fn(c->impl, send, recv, count, dtype, op, req ? &preq : nullptr);
     return finish("bpl_allreduce", c, status, preq, req);
@@ -604,7 +607,7 @@ bpl_status bpl_reduce(bpl_comm* comm, const void* send, void* recv, int64_t coun
     check_buffer(send, bytes, "send");
     if (c->rank == root) {
       check_buffer(recv, bytes, "recv");
-      require(send == recv || !overlap(send, bytes, recv, bytes), "send and recv overlap without being equal (in place)");
+      REQUIRE(send == recv || !overlap(send, bytes, recv, bytes), "send and recv overlap without being equal (in place)");
     }
     bpl_plugin_request* preq = nullptr;
     const bpl_status status = fn(c->impl, send, recv, count, dtype, op, root, req ? &preq : nullptr);
@@ -623,7 +626,7 @@ bpl_status bpl_allgather(bpl_comm* comm, const void* send, void* recv, int64_t c
     check_buffer(send, block, "send");
     check_buffer(recv, total, "recv");
     const void* own_block = static_cast<const char*>(recv) + block * static_cast<size_t>(c->rank);
-    require(send == own_block || !overlap(send, block, recv, total),
+    REQUIRE(send == own_block || !overlap(send, block, recv, total),
             "send overlaps recv but is not recv + rank*count elements (in place)");
     bpl_plugin_request* preq = nullptr;
     const bpl_status status = fn(c->impl, send, recv, count, dtype, req ? &preq : nullptr);
@@ -643,7 +646,7 @@ bpl_status bpl_reduce_scatter(bpl_comm* comm, const void* send, void* recv, int6
     check_buffer(send, total, "send");
     check_buffer(recv, block, "recv");
     const void* own_block = static_cast<const char*>(send) + block * static_cast<size_t>(c->rank);
-    require(recv == own_block || !overlap(send, total, recv, block),
+    REQUIRE(recv == own_block || !overlap(send, total, recv, block),
             "recv overlaps send but is not send + rank*recvcount elements (in place)");
     bpl_plugin_request* preq = nullptr;
     const bpl_status status = fn(c->impl, send, recv, recvcount, dtype, op, req ? &preq : nullptr);
@@ -659,7 +662,7 @@ bpl_status bpl_alltoall(bpl_comm* comm, const void* send, void* recv, int64_t co
     size_t total = check_count(count, check_dtype(c, dtype), c->size, "count");
     check_buffer(send, total, "send");
     check_buffer(recv, total, "recv");
-    require(send == recv || !overlap(send, total, recv, total), "send and recv overlap without being equal (in place)");
+    REQUIRE(send == recv || !overlap(send, total, recv, total), "send and recv overlap without being equal (in place)");
     bpl_plugin_request* preq = nullptr;
     const bpl_status status = fn(c->impl, send, recv, count, dtype, req ? &preq : nullptr);
     return finish("bpl_alltoall", c, status, preq, req);
@@ -683,8 +686,8 @@ void check_point_to_point(const bpl_comm* c, const void* buf, int64_t count, bpl
   size_t bytes = check_count(count, check_dtype(c, dtype), 1, "count");
   check_buffer(buf, bytes, "buf");
   check_rank(c, peer, "peer");
-  require(peer != c->rank, "peer = " + std::to_string(peer) + " is the calling rank itself");
-  require(tag >= 0, "tag = " + std::to_string(tag) + ": expected >= 0");
+  REQUIRE(peer != c->rank, "peer = " + std::to_string(peer) + " is the calling rank itself");
+  REQUIRE(tag >= 0, "tag = " + std::to_string(tag) + ": expected >= 0");
 }
 }  // namespace
 
@@ -717,7 +720,7 @@ bpl_status bpl_recv(bpl_comm* comm, void* buf, int64_t count, bpl_dtype dtype, i
 bpl_status bpl_request_test(bpl_request* req, int32_t* done) {
   return guarded("bpl_request_test", [&] {
     bpl_request* r = check_request(req);
-    require(done != nullptr, "done is NULL");
+    REQUIRE(done != nullptr, "done is NULL");
     return finish("bpl_request_test", r->comm, r->comm->runtime->api().request_test(r->impl, done), nullptr, nullptr);
   });
 }
@@ -725,7 +728,7 @@ bpl_status bpl_request_test(bpl_request* req, int32_t* done) {
 bpl_status bpl_request_wait(bpl_request* req, int64_t timeout_ms) {
   return guarded("bpl_request_wait", [&] {
     bpl_request* r = check_request(req);
-    require(timeout_ms >= BPL_TIMEOUT_DEFAULT,
+    REQUIRE(timeout_ms >= BPL_TIMEOUT_DEFAULT,
             "timeout_ms = " + std::to_string(timeout_ms) + ": expected >= 0, or BPL_TIMEOUT_DEFAULT (-1)");
     const bpl_plugin_api& api = r->comm->runtime->api();
     if (timeout_ms == 0) {
