@@ -276,6 +276,8 @@ BPL_API bpl_status bpl_comm_split(bpl_comm* parent, int32_t color, int32_t key, 
  * Errors: INVALID_ARGUMENT for the world communicator. */
 BPL_API bpl_status bpl_comm_destroy(bpl_comm* comm);
 
+/* The calling process's rank in `comm` (0 .. size-1), and the number of ranks in it. Local: no
+ * communication. Errors: INVALID_ARGUMENT (NULL or destroyed comm, NULL out-parameter). */
 BPL_API bpl_status bpl_comm_rank(const bpl_comm* comm, int32_t* rank);
 BPL_API bpl_status bpl_comm_size(const bpl_comm* comm, int32_t* size);
 
