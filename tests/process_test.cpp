@@ -7,7 +7,10 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <algorithm>
+#include <map>
 #include <regex>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -249,6 +252,74 @@ TEST(Fault, BplRunNamesTheKilledRank) {
   EXPECT_NE(r.output.find("bpl-run: rank 1 (pid"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("was killed by SIGKILL"), std::string::npos) << r.output;
 }
+
+/* ---- the MPI backend under a real mpirun ---- */
+
+#ifdef BPL_MPIEXEC
+std::vector<std::string> mpirun(int ranks, std::vector<std::string> program) {
+  std::vector<std::string> argv = {BPL_MPIEXEC, "--oversubscribe", "-np", std::to_string(ranks)};
+  argv.insert(argv.end(), program.begin(), program.end());
+  return argv;
+}
+
+// Open MPI refuses to start as root unless told; CI runs as root.
+const std::map<std::string, std::string> kMpiEnv = {{"OMPI_ALLOW_RUN_AS_ROOT", "1"},
+                                                    {"OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"}};
+
+std::map<std::string, std::string> mpi_env(std::map<std::string, std::string> extra) {
+  extra.insert(kMpiEnv.begin(), kMpiEnv.end());
+  return extra;
+}
+
+// The "rank N: …" lines, sorted: ranks print in order, but mpirun may forward them in any order.
+std::vector<std::string> rank_lines(const std::string& output) {
+  std::vector<std::string> lines;
+  std::istringstream stream(output);
+  for (std::string line; std::getline(stream, line);) {
+    if (line.rfind("rank ", 0) == 0) lines.push_back(line);
+  }
+  std::sort(lines.begin(), lines.end());
+  return lines;
+}
+
+TEST(Mpi, EmbedUnderMpirunPrintsWhatItPrintsOnGloo) {
+  ProcessResult mpi = run_process(mpirun(3, {embed}), mpi_env({{"BPL_BACKEND", "mpi"}}));
+  ASSERT_EQ(mpi.exit_code, 0) << describe(mpi);
+  EXPECT_NE(mpi.output.find("backend mpi"), std::string::npos) << mpi.output;
+  ProcessResult gloo = run_process({bpl_run, "--nproc-per-node", "3", embed}, {{"BPL_BACKEND", "gloo"}});
+  ASSERT_EQ(gloo.exit_code, 0) << describe(gloo);
+  EXPECT_EQ(rank_lines(mpi.output).size(), 3u) << mpi.output;
+  EXPECT_EQ(rank_lines(mpi.output), rank_lines(gloo.output));
+}
+
+TEST(Mpi, AutoSelectedUnderMpirunAndDescribedByBplInfo) {
+  ProcessResult r = run_process(mpirun(2, {kBin + "/bpl-info", "--init"}), mpi_env({}));
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_NE(r.output.find("auto: no Neuron device, launched by an MPI launcher"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("backend      mpi"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("library=Open MPI v"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("thread_level=MPI_THREAD_"), std::string::npos) << r.output;
+}
+
+TEST(Mpi, RefusesSeveralRanksWithoutAnMpiLauncher) {
+  ProcessResult r = run_process({bpl_run, "--nproc-per-node", "2", embed}, {{"BPL_BACKEND", "mpi"}});
+  EXPECT_NE(r.exit_code, 0) << describe(r);
+  EXPECT_NE(r.output.find("BPL_ERR_UNAVAILABLE"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("run `mpirun -np 2 <program>`"), std::string::npos) << r.output;
+}
+
+TEST(Mpi, AKilledRankEndsTheJobWithoutHanging) {
+  ProcessResult r = run_process(mpirun(3, {self_path, "--worker=kill_mid_allreduce"}),
+                                mpi_env({{"BPL_BACKEND", "mpi"}, {"BPL_TIMEOUT_MS", std::to_string(kTimeoutMs)}}),
+                                std::chrono::seconds(60));
+  EXPECT_FALSE(r.timed_out) << describe(r);
+  EXPECT_NE(r.exit_code, 0) << describe(r);
+  EXPECT_NE(r.output.find("process rank 1"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("signal 9"), std::string::npos) << r.output;
+  EXPECT_LT(r.seconds, kTimeoutMs / 1000.0 + 10) << r.output;
+  std::printf("mpirun ended the job %.1f s after it started\n", r.seconds);
+}
+#endif
 
 }  // namespace
 

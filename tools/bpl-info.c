@@ -15,13 +15,7 @@ static void print_mask(const char* label, uint64_t mask, const char* (*name)(int
   printf("\n");
 }
 
-static int describe_runtime(void) {
-  bpl_runtime* runtime = NULL;
-  bpl_status status = bpl_init(NULL, &runtime);
-  if (status != BPL_OK) {
-    fprintf(stderr, "bpl-info: bpl_init failed: %s: %s\n", bpl_status_name(status), bpl_last_error());
-    return 1;
-  }
+static void describe_runtime(bpl_runtime* runtime) {
   bpl_runtime_info info = BPL_RUNTIME_INFO_INIT;
   bpl_runtime_describe(runtime, &info);
   printf("\nRuntime (rank %d of %d, local %d of %d, from %s):\n", info.rank, info.world_size, info.local_rank,
@@ -36,7 +30,6 @@ static int describe_runtime(void) {
   print_mask("collectives", info.collectives, bpl_collective_name, BPL_COLL_ALLREDUCE, BPL_COLL_COMM_SPLIT);
   print_mask("dtypes", info.dtypes, bpl_dtype_name, BPL_DTYPE_F32, BPL_DTYPE_I64);
   print_mask("reduce ops", info.reduce_ops, bpl_reduce_op_name, BPL_OP_SUM, BPL_OP_AVG);
-  return bpl_finalize(runtime) == BPL_OK ? 0 : 1;
 }
 
 int main(int argc, char** argv) {
@@ -50,6 +43,19 @@ int main(int argc, char** argv) {
                       "  --init also starts that backend (a collective step under a launcher) and describes it\n");
       return strcmp(argv[i], "--help") == 0 ? 0 : 2;
     }
+  }
+
+  /* Under a launcher every rank starts the backend (it is collective) but only rank 0 reports. */
+  bpl_runtime* runtime = NULL;
+  if (init) {
+    bpl_status status = bpl_init(NULL, &runtime);
+    if (status != BPL_OK) {
+      fprintf(stderr, "bpl-info: bpl_init failed: %s: %s\n", bpl_status_name(status), bpl_last_error());
+      return 1;
+    }
+    bpl_runtime_info info = BPL_RUNTIME_INFO_INIT;
+    bpl_runtime_describe(runtime, &info);
+    if (info.rank != 0) return bpl_finalize(runtime) == BPL_OK ? 0 : 1;
   }
 
   int32_t major = 0, minor = 0;
@@ -71,8 +77,10 @@ int main(int argc, char** argv) {
          selection.reason);
   if (status != BPL_OK) {
     printf("  plugin       none: %s\n", bpl_last_error());
-    return 1;
+  } else {
+    printf("  plugin       %s\n", selection.plugin_path);
   }
-  printf("  plugin       %s\n", selection.plugin_path);
-  return init ? describe_runtime() : 0;
+  if (!init) return status == BPL_OK ? 0 : 1;
+  describe_runtime(runtime);
+  return bpl_finalize(runtime) == BPL_OK ? 0 : 1;
 }

@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "backplane/backplane.h"
@@ -153,6 +154,18 @@ inline void divide(void* buf, bpl_dtype dtype, size_t n, int64_t divisor) {
       for (size_t i = 0; i < n; ++i) b[i] = static_cast<T>(b[i] / static_cast<T>(divisor));
     }
   });
+}
+
+// The last step of a reduction carried out in `accumulation` over `group_size` ranks: divide for AVG,
+// then narrow into the caller's `out` of `dtype` (nothing to copy when `work` already is `out`).
+inline void finish_reduction(void* work, bpl_dtype accumulation, void* out, bpl_dtype dtype, size_t n,
+                             bpl_reduce_op op, int group_size) {
+  if (op == BPL_OP_AVG) divide(work, accumulation, n, group_size);
+  if (accumulation != dtype) {
+    convert(work, accumulation, out, dtype, n);
+  } else if (work != out) {
+    std::memcpy(out, work, n * dtype_size(dtype));
+  }
 }
 
 }  // namespace backplane::plugin

@@ -169,8 +169,7 @@ void GlooComm::allreduce(const void* send, void* recv, size_t count, bpl_dtype d
     options.setTimeout(shared_->timeout);
     ::gloo::allreduce(options);
   }
-  if (op == BPL_OP_AVG) plugin::divide(work, acc, count, size());
-  if (acc != dtype) plugin::convert(work, acc, recv, dtype, count);
+  plugin::finish_reduction(work, acc, recv, dtype, count, op, size());
 }
 
 void GlooComm::broadcast(void* buf, size_t count, bpl_dtype dtype, int root) {
@@ -203,9 +202,7 @@ void GlooComm::reduce(const void* send, void* recv, size_t count, bpl_dtype dtyp
     options.setTimeout(shared_->timeout);
     ::gloo::reduce(options);
   }
-  if (!is_root) return;
-  if (op == BPL_OP_AVG) plugin::divide(work, acc, count, size());
-  if (acc != dtype) plugin::convert(work, acc, recv, dtype, count);
+  if (is_root) plugin::finish_reduction(work, acc, recv, dtype, count, op, size());
 }
 
 void GlooComm::allgather(const void* send, void* recv, size_t count, bpl_dtype dtype) {
@@ -260,13 +257,7 @@ void GlooComm::reduce_scatter(const void* send, void* recv, size_t recvcount, bp
       reduce_fn(target, target, incoming, recvcount);
     }
   }
-  char* mine = work + block * static_cast<size_t>(me);
-  if (op == BPL_OP_AVG) plugin::divide(mine, acc, recvcount, n);
-  if (acc != dtype) {
-    plugin::convert(mine, acc, recv, dtype, recvcount);
-  } else {
-    std::memcpy(recv, mine, block);
-  }
+  plugin::finish_reduction(work + block * static_cast<size_t>(me), acc, recv, dtype, recvcount, op, n);
 }
 
 void GlooComm::alltoall(const void* send, void* recv, size_t count, bpl_dtype dtype) {

@@ -1,0 +1,105 @@
+// A communicator of the MPI plugin: an MPI communicator (with MPI_ERRORS_RETURN) whose operations are
+// MPI's non-blocking calls. A blocking bpl call posts the same request and waits for it with the
+// communicator's timeout, so no call can wait forever on a peer that never comes.
+#pragma once
+
+#include <mpi.h>
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "backplane/plugin.h"
+
+namespace backplane::mpi_plugin {
+
+// Process-wide MPI facts, fixed once MPI is initialised.
+struct MpiProcess {
+  int thread_level = MPI_THREAD_SINGLE;  // granted by MPI_Init_thread (or the embedder's init)
+  std::mutex* serialize = nullptr;       // held around MPI calls unless MPI_THREAD_MULTIPLE was granted
+  int tag_upper_bound = 32767;
+};
+
+class MpiComm;
+
+// One posted MPI operation and what to do once it completes (narrow a widened result, …).
+class Request {
+ public:
+  Request(MpiComm* comm, const char* op) : comm_(comm), op_(op) {}
+  ~Request();
+
+  MPI_Request* handle() { return &request_; }
+  MpiComm& comm() { return *comm_; }
+  std::vector<char>& buffer(size_t i) { return buffers_[i]; }  // staging owned by the request
+  void on_complete(std::function<void()> fn) { on_complete_ = std::move(fn); }
+
+  // *done = 1 once complete; returns the operation's status then (and on every later call).
+  bpl_status test(int32_t* done);
+  // Polls until complete or `timeout` passes (BPL_ERR_TIMEOUT; the request stays in flight).
+  bpl_status wait(std::chrono::milliseconds timeout);
+
+ private:
+  bpl_status complete(int mpi_error);
+  MpiComm* comm_;
+  const char* op_;
+  MPI_Request request_ = MPI_REQUEST_NULL;
+  std::vector<char> buffers_[2];
+  std::function<void()> on_complete_;
+  bool done_ = false;
+  bpl_status status_ = BPL_OK;
+  std::string message_;
+};
+
+class MpiComm {
+ public:
+  MpiComm(const MpiProcess& process, MPI_Comm comm, std::chrono::milliseconds timeout);
+  ~MpiComm();
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const MpiProcess& process() const { return process_; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+
+  // Each posts one MPI request; with req == NULL it also waits for it (bounded by the timeout).
+  void allreduce(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_reduce_op op, bpl_plugin_request** req);
+  void broadcast(void* buf, size_t count, bpl_dtype dtype, int root, bpl_plugin_request** req);
+  void reduce(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_reduce_op op, int root,
+              bpl_plugin_request** req);
+  void allgather(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_plugin_request** req);
+  void reduce_scatter(const void* send, void* recv, size_t recvcount, bpl_dtype dtype, bpl_reduce_op op,
+                      bpl_plugin_request** req);
+  void alltoall(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_plugin_request** req);
+  void barrier(bpl_plugin_request** req);
+  void send(const void* buf, size_t count, bpl_dtype dtype, int peer, int tag, bpl_plugin_request** req);
+  void recv(void* buf, size_t count, bpl_dtype dtype, int peer, int tag, bpl_plugin_request** req);
+  std::unique_ptr<MpiComm> split(int color, int key);
+
+  // Throws Error(MPI's own error string) unless `code` is MPI_SUCCESS.
+  void check(int code, const char* call) const;
+  // After a timed-out or failed operation the communicator is unusable: later calls fail at once.
+  void poison(const std::string& cause);
+  // Keeps a request MPI still owns alive after its caller gave up on it.
+  void abandon(std::unique_ptr<Request> request);
+
+ private:
+  // Posts through `post` (which fills the request's MPI handle), then either returns the request in
+  // *req or waits for it here.
+  void start(std::unique_ptr<Request> request, const std::function<int(Request&)>& post, bpl_plugin_request** req);
+  void require_usable() const;
+
+  const MpiProcess& process_;
+  MPI_Comm comm_;
+  std::chrono::milliseconds timeout_;
+  int rank_ = 0;
+  int size_ = 1;
+  std::string poisoned_;
+  std::vector<std::unique_ptr<Request>> abandoned_;
+};
+
+// MPI's text for an error code.
+std::string mpi_error_string(int code);
+
+}  // namespace backplane::mpi_plugin
