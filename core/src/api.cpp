@@ -3,6 +3,7 @@
 // Plugins may trust what reaches them (plugin.h): all range, dtype, op, NULL and overlap checks live
 // here, once, so every backend rejects bad input with the same message.
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -47,6 +48,7 @@ struct bpl_comm {
   int32_t rank = 0;
   int32_t size = 1;
   bool is_world = false;
+  std::atomic<int64_t> live_requests{0};  // a communicator outlives its requests
 };
 
 struct bpl_request {
@@ -195,6 +197,7 @@ bpl_status finish(const char* function, bpl_comm* comm, bpl_status status, bpl_p
     auto* request = new bpl_request;
     request->comm = comm;
     request->impl = preq;
+    comm->live_requests.fetch_add(1, std::memory_order_relaxed);
     *req = request;
   }
   return BPL_OK;
@@ -538,6 +541,9 @@ bpl_status bpl_comm_destroy(bpl_comm* comm) {
     if (comm == nullptr) return BPL_OK;
     check_comm(comm);
     REQUIRE(!comm->is_world, "comm is the world communicator, which the runtime owns: it ends with bpl_finalize");
+    const int64_t pending = comm->live_requests.load();
+    REQUIRE(pending == 0, "comm still has " + std::to_string(pending) +
+                              " request(s) that were not released: call bpl_request_free on them first");
     {
       std::lock_guard<std::mutex> lock(comm->runtime->mutex);
       comm->runtime->split_comms.erase(comm);
@@ -749,6 +755,7 @@ bpl_status bpl_request_free(bpl_request* req) {
     bpl_status status = r->comm->runtime->api().request_free(r->impl);
     r->magic = 0;
     bpl_comm* comm = r->comm;
+    comm->live_requests.fetch_sub(1, std::memory_order_relaxed);
     delete r;
     return finish("bpl_request_free", comm, status, nullptr, nullptr);
   });

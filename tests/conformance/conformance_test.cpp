@@ -382,6 +382,23 @@ TEST(CommSplit, KeyOrdersRanksAndUndefinedColorGetsNoComm) {
   EXPECT_OK(bpl_barrier(world.comm, nullptr));
 }
 
+TEST(CommSplit, DestroyWaitsUntilRequestsAreReleased) {
+  SKIP_UNLESS_SUPPORTED(BPL_COLL_COMM_SPLIT, BPL_DTYPE_I32, BPL_OP_SUM);
+  bpl_comm* group = nullptr;
+  EXPECT_OK(bpl_comm_split(world.comm, 0, world.rank, &group));
+  ASSERT_NE(group, nullptr);
+  int32_t value = 1;
+  bpl_request* request = nullptr;
+  EXPECT_OK(bpl_allreduce(group, &value, &value, 1, BPL_DTYPE_I32, BPL_OP_SUM, &request));
+  EXPECT_EQ(bpl_comm_destroy(group), BPL_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(bpl_last_error()).find("1 request(s) that were not released"), std::string::npos)
+      << bpl_last_error();
+  EXPECT_OK(bpl_request_wait(request, BPL_TIMEOUT_DEFAULT));
+  EXPECT_OK(bpl_request_free(request));
+  EXPECT_EQ(value, world.size);
+  EXPECT_OK(bpl_comm_destroy(group));
+}
+
 TEST(CommSplit, NestedSplitAndConcurrentGroups) {
   SKIP_UNLESS_SUPPORTED(BPL_COLL_COMM_SPLIT, 0, 0);
   // Split the world into singletons of a split of the world: every level still works.
