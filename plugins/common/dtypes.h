@@ -160,6 +160,7 @@ inline void divide(void* buf, bpl_dtype dtype, size_t n, int64_t divisor) {
 // then narrow into the caller's `out` of `dtype` (nothing to copy when `work` already is `out`).
 inline void finish_reduction(void* work, bpl_dtype accumulation, void* out, bpl_dtype dtype, size_t n,
                              bpl_reduce_op op, int group_size) {
+  if (n == 0) return;  // buffers of empty operations may be NULL
   if (op == BPL_OP_AVG) divide(work, accumulation, n, group_size);
   if (accumulation != dtype) {
     convert(work, accumulation, out, dtype, n);
