@@ -25,7 +25,7 @@ TEST(AbiLayout, bpl_init_options) {
 
 TEST(AbiLayout, bpl_runtime_info) {
   EXPECT_EQ(offsetof(bpl_runtime_info, struct_size), 0u);
-  EXPECT_EQ(sizeof(bpl_runtime_info), 112u);
+  EXPECT_EQ(sizeof(bpl_runtime_info), 120u);
   EXPECT_EQ(offsetof(bpl_runtime_info, backend), 8u);
   EXPECT_EQ(offsetof(bpl_runtime_info, plugin_path), 16u);
   EXPECT_EQ(offsetof(bpl_runtime_info, plugin_version), 24u);
@@ -42,9 +42,10 @@ TEST(AbiLayout, bpl_runtime_info) {
   EXPECT_EQ(offsetof(bpl_runtime_info, dtypes), 84u);
   EXPECT_EQ(offsetof(bpl_runtime_info, collectives), 88u);
   EXPECT_EQ(offsetof(bpl_runtime_info, reduce_ops), 96u);
-  EXPECT_EQ(offsetof(bpl_runtime_info, reserved0), 100u);
+  EXPECT_EQ(offsetof(bpl_runtime_info, kernels), 100u);
   EXPECT_EQ(offsetof(bpl_runtime_info, timeout_ms), 104u);
-  EXPECT_NO_TRAILING_PADDING(bpl_runtime_info, timeout_ms);
+  EXPECT_EQ(offsetof(bpl_runtime_info, program_formats), 112u);
+  EXPECT_NO_TRAILING_PADDING(bpl_runtime_info, program_formats);
 }
 
 TEST(AbiLayout, bpl_selection) {
@@ -78,6 +79,75 @@ TEST(AbiLayout, bpl_device_properties) {
   EXPECT_NO_TRAILING_PADDING(bpl_device_properties, free_memory);
 }
 
+TEST(AbiLayout, bpl_gemm_args) {
+  EXPECT_EQ(offsetof(bpl_gemm_args, struct_size), 0u);
+  EXPECT_EQ(sizeof(bpl_gemm_args), 112u);
+  EXPECT_EQ(offsetof(bpl_gemm_args, device), 8u);
+  EXPECT_EQ(offsetof(bpl_gemm_args, dtype), 12u);
+  EXPECT_EQ(offsetof(bpl_gemm_args, trans_a), 16u);
+  EXPECT_EQ(offsetof(bpl_gemm_args, trans_b), 20u);
+  EXPECT_EQ(offsetof(bpl_gemm_args, m), 24u);
+  EXPECT_EQ(offsetof(bpl_gemm_args, n), 32u);
+  EXPECT_EQ(offsetof(bpl_gemm_args, k), 40u);
+  EXPECT_EQ(offsetof(bpl_gemm_args, alpha), 48u);
+  EXPECT_EQ(offsetof(bpl_gemm_args, beta), 56u);
+  EXPECT_EQ(offsetof(bpl_gemm_args, a), 64u);
+  EXPECT_EQ(offsetof(bpl_gemm_args, lda), 72u);
+  EXPECT_EQ(offsetof(bpl_gemm_args, b), 80u);
+  EXPECT_EQ(offsetof(bpl_gemm_args, ldb), 88u);
+  EXPECT_EQ(offsetof(bpl_gemm_args, c), 96u);
+  EXPECT_EQ(offsetof(bpl_gemm_args, ldc), 104u);
+  EXPECT_NO_TRAILING_PADDING(bpl_gemm_args, ldc);
+}
+
+TEST(AbiLayout, bpl_elementwise_args) {
+  EXPECT_EQ(offsetof(bpl_elementwise_args, struct_size), 0u);
+  EXPECT_EQ(sizeof(bpl_elementwise_args), 64u);
+  EXPECT_EQ(offsetof(bpl_elementwise_args, device), 8u);
+  EXPECT_EQ(offsetof(bpl_elementwise_args, dtype), 12u);
+  EXPECT_EQ(offsetof(bpl_elementwise_args, count), 16u);
+  EXPECT_EQ(offsetof(bpl_elementwise_args, alpha), 24u);
+  EXPECT_EQ(offsetof(bpl_elementwise_args, beta), 32u);
+  EXPECT_EQ(offsetof(bpl_elementwise_args, x), 40u);
+  EXPECT_EQ(offsetof(bpl_elementwise_args, y), 48u);
+  EXPECT_EQ(offsetof(bpl_elementwise_args, out), 56u);
+  EXPECT_NO_TRAILING_PADDING(bpl_elementwise_args, out);
+}
+
+TEST(AbiLayout, bpl_cast_args) {
+  EXPECT_EQ(offsetof(bpl_cast_args, struct_size), 0u);
+  EXPECT_EQ(sizeof(bpl_cast_args), 48u);
+  EXPECT_EQ(offsetof(bpl_cast_args, device), 8u);
+  EXPECT_EQ(offsetof(bpl_cast_args, from), 12u);
+  EXPECT_EQ(offsetof(bpl_cast_args, to), 16u);
+  EXPECT_EQ(offsetof(bpl_cast_args, reserved0), 20u);
+  EXPECT_EQ(offsetof(bpl_cast_args, count), 24u);
+  EXPECT_EQ(offsetof(bpl_cast_args, src), 32u);
+  EXPECT_EQ(offsetof(bpl_cast_args, dst), 40u);
+  EXPECT_NO_TRAILING_PADDING(bpl_cast_args, dst);
+}
+
+TEST(AbiLayout, bpl_program_options) {
+  EXPECT_EQ(offsetof(bpl_program_options, struct_size), 0u);
+  EXPECT_EQ(sizeof(bpl_program_options), 40u);
+  EXPECT_EQ(offsetof(bpl_program_options, format), 8u);
+  EXPECT_EQ(offsetof(bpl_program_options, flags), 16u);
+  EXPECT_EQ(offsetof(bpl_program_options, entry), 24u);
+  EXPECT_EQ(offsetof(bpl_program_options, device), 32u);
+  EXPECT_EQ(offsetof(bpl_program_options, reserved0), 36u);
+  EXPECT_NO_TRAILING_PADDING(bpl_program_options, reserved0);
+}
+
+TEST(AbiLayout, bpl_tensor) {
+  EXPECT_EQ(offsetof(bpl_tensor, struct_size), 0u);
+  EXPECT_EQ(sizeof(bpl_tensor), 88u);
+  EXPECT_EQ(offsetof(bpl_tensor, data), 8u);
+  EXPECT_EQ(offsetof(bpl_tensor, dtype), 16u);
+  EXPECT_EQ(offsetof(bpl_tensor, ndim), 20u);
+  EXPECT_EQ(offsetof(bpl_tensor, shape), 24u);
+  EXPECT_NO_TRAILING_PADDING(bpl_tensor, shape);
+}
+
 TEST(AbiLayout, bpl_launch_info) {
   EXPECT_EQ(offsetof(bpl_launch_info, struct_size), 0u);
   EXPECT_EQ(sizeof(bpl_launch_info), 56u);
@@ -108,17 +178,20 @@ TEST(AbiLayout, bpl_host_api) {
 
 TEST(AbiLayout, bpl_plugin_caps) {
   EXPECT_EQ(offsetof(bpl_plugin_caps, struct_size), 0u);
-  EXPECT_EQ(sizeof(bpl_plugin_caps), 32u);
+  EXPECT_EQ(sizeof(bpl_plugin_caps), 48u);
   EXPECT_EQ(offsetof(bpl_plugin_caps, collectives), 8u);
   EXPECT_EQ(offsetof(bpl_plugin_caps, dtypes), 16u);
   EXPECT_EQ(offsetof(bpl_plugin_caps, reduce_ops), 20u);
   EXPECT_EQ(offsetof(bpl_plugin_caps, details), 24u);
-  EXPECT_NO_TRAILING_PADDING(bpl_plugin_caps, details);
+  EXPECT_EQ(offsetof(bpl_plugin_caps, kernels), 32u);
+  EXPECT_EQ(offsetof(bpl_plugin_caps, reserved0), 36u);
+  EXPECT_EQ(offsetof(bpl_plugin_caps, program_formats), 40u);
+  EXPECT_NO_TRAILING_PADDING(bpl_plugin_caps, program_formats);
 }
 
 TEST(AbiLayout, bpl_plugin_api) {
   EXPECT_EQ(offsetof(bpl_plugin_api, struct_size), 0u);
-  EXPECT_EQ(sizeof(bpl_plugin_api), 232u);
+  EXPECT_EQ(sizeof(bpl_plugin_api), 304u);
   EXPECT_EQ(offsetof(bpl_plugin_api, abi_major), 8u);
   EXPECT_EQ(offsetof(bpl_plugin_api, abi_minor), 12u);
   EXPECT_EQ(offsetof(bpl_plugin_api, name), 16u);
@@ -148,7 +221,16 @@ TEST(AbiLayout, bpl_plugin_api) {
   EXPECT_EQ(offsetof(bpl_plugin_api, request_test), 208u);
   EXPECT_EQ(offsetof(bpl_plugin_api, request_wait), 216u);
   EXPECT_EQ(offsetof(bpl_plugin_api, request_free), 224u);
-  EXPECT_NO_TRAILING_PADDING(bpl_plugin_api, request_free);
+  EXPECT_EQ(offsetof(bpl_plugin_api, gemm), 232u);
+  EXPECT_EQ(offsetof(bpl_plugin_api, elementwise), 240u);
+  EXPECT_EQ(offsetof(bpl_plugin_api, cast), 248u);
+  EXPECT_EQ(offsetof(bpl_plugin_api, program_compiler), 256u);
+  EXPECT_EQ(offsetof(bpl_plugin_api, program_compile), 264u);
+  EXPECT_EQ(offsetof(bpl_plugin_api, artifact_free), 272u);
+  EXPECT_EQ(offsetof(bpl_plugin_api, program_load), 280u);
+  EXPECT_EQ(offsetof(bpl_plugin_api, program_run), 288u);
+  EXPECT_EQ(offsetof(bpl_plugin_api, program_destroy), 296u);
+  EXPECT_NO_TRAILING_PADDING(bpl_plugin_api, program_destroy);
 }
 
 TEST(AbiLayout, FixedNumericValues) {

@@ -10,5 +10,11 @@ int bpl_header_check(void) {
   bpl_selection selection = BPL_SELECTION_INIT;
   bpl_plugin_info plugin = BPL_PLUGIN_INFO_INIT;
   bpl_device_properties props = BPL_DEVICE_PROPERTIES_INIT;
-  return (int)(options.struct_size + info.struct_size + selection.struct_size + plugin.struct_size + props.struct_size);
+  bpl_gemm_args gemm = BPL_GEMM_ARGS_INIT;
+  bpl_elementwise_args elementwise = BPL_ELEMENTWISE_ARGS_INIT;
+  bpl_cast_args cast = BPL_CAST_ARGS_INIT;
+  bpl_program_options program = BPL_PROGRAM_OPTIONS_INIT;
+  bpl_tensor tensor = BPL_TENSOR_INIT;
+  return (int)(options.struct_size + info.struct_size + selection.struct_size + plugin.struct_size + props.struct_size +
+               gemm.struct_size + elementwise.struct_size + cast.struct_size + program.struct_size + tensor.struct_size);
 }

@@ -9,10 +9,12 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <sstream>
 #include <string>
 
 #include "backplane/backplane.h"
 #include "backplane/plugin.h"
+#include "compile_cache.h"
 #include "environment.h"
 #include "error.h"
 #include "loader.h"
@@ -34,8 +36,9 @@ struct bpl_runtime {
   std::string selection_reason;
   bpl_plugin_caps caps{};
   bpl_comm* world = nullptr;
-  std::mutex mutex;            // guards split_comms
-  std::set<bpl_comm*> split_comms;  // destroyed at finalize if the caller forgot
+  std::mutex mutex;                  // guards split_comms and programs
+  std::set<bpl_comm*> split_comms;   // destroyed at finalize if the caller forgot
+  std::set<bpl_program*> programs;   // likewise
 
   const bpl_plugin_api& api() const { return plugin->api(); }
   const char* backend() const { return plugin->api().name; }
@@ -49,6 +52,14 @@ struct bpl_comm {
   int32_t size = 1;
   bool is_world = false;
   std::atomic<int64_t> live_requests{0};  // a communicator outlives its requests
+};
+
+constexpr uint64_t kProgramMagic = 0x62706c2d70726f67ull;  // "bpl-prog"
+
+struct bpl_program {
+  uint64_t magic = kProgramMagic;
+  bpl_runtime* runtime = nullptr;
+  bpl_plugin_program* impl = nullptr;
 };
 
 struct bpl_request {
@@ -276,6 +287,102 @@ std::shared_ptr<Plugin> load_selected(const Selection& selection, const std::vec
 
 const bpl_init_options kDefaultInitOptions = BPL_INIT_OPTIONS_INIT;
 
+// Fails with UNSUPPORTED unless the plugin provides `kernel`.
+template <typename Fn>
+Fn require_kernel(const bpl_runtime* rt, Fn bpl_plugin_api::*field, bpl_kernel kernel, const char* what) {
+  Fn fn = rt->plugin->optional(field);
+  if (fn == nullptr || (rt->caps.kernels & BPL_BIT(kernel)) == 0) {
+    throw Error(BPL_ERR_UNSUPPORTED, std::string("backend '") + rt->backend() + "' does not provide the " + what + " kernel");
+  }
+  return fn;
+}
+
+size_t check_known_dtype(bpl_dtype dtype, const char* field) {
+  const size_t size = bpl_dtype_size(dtype);
+  REQUIRE(size != 0, std::string(field) + " = " + std::to_string(dtype) +
+                         " is not a bpl_dtype (expected BPL_DTYPE_F32 .. BPL_DTYPE_I64)");
+  return size;
+}
+
+bool is_floating(bpl_dtype dtype) { return dtype >= BPL_DTYPE_F32 && dtype <= BPL_DTYPE_BF16; }
+
+// A rows×cols row-major matrix with leading dimension `ld`: checks the sizes and returns its bytes.
+size_t check_matrix(const void* data, int64_t rows, int64_t cols, int64_t ld, size_t element, const char* name,
+                    const char* ld_name) {
+  REQUIRE(ld >= std::max<int64_t>(1, cols), std::string(ld_name) + " = " + std::to_string(ld) + ": expected >= " +
+                                                std::to_string(std::max<int64_t>(1, cols)) + " (the row length of " +
+                                                name + ")");
+  if (rows == 0 || cols == 0) return 0;
+  REQUIRE(rows <= std::numeric_limits<int64_t>::max() / ld / static_cast<int64_t>(element),
+          std::string(name) + " of " + std::to_string(rows) + " rows of " + std::to_string(ld) +
+              " elements exceeds the address space");
+  const size_t bytes = static_cast<size_t>((rows - 1) * ld + cols) * element;
+  REQUIRE(data != nullptr, std::string(name) + " is NULL but holds " + std::to_string(rows) + "x" +
+                               std::to_string(cols) + " elements");
+  return bytes;
+}
+
+bpl_program* check_program(bpl_program* program) {
+  REQUIRE(program != nullptr, "program is NULL");
+  REQUIRE(program->magic == kProgramMagic, "program is not a live bpl_program (destroyed or foreign pointer)");
+  return program;
+}
+
+bool lists(const std::string& formats, const std::string& format) {
+  std::istringstream words(formats);
+  for (std::string word; words >> word;) {
+    if (word == format) return true;
+  }
+  return false;
+}
+
+void check_tensors(const bpl_tensor* tensors, int32_t count, const char* name) {
+  REQUIRE(count >= 0, std::string("num_") + name + " = " + std::to_string(count) + ": expected >= 0");
+  REQUIRE(tensors != nullptr || count == 0, std::string(name) + " is NULL but num_" + name + " = " + std::to_string(count));
+  for (int32_t i = 0; i < count; ++i) {
+    const bpl_tensor& t = tensors[i];
+    const std::string label = std::string(name) + "[" + std::to_string(i) + "]";
+    check_struct_size(t.struct_size, label.c_str());
+    REQUIRE(t.struct_size >= sizeof(bpl_tensor), label + ".struct_size = " + std::to_string(t.struct_size) +
+                                                     ": expected sizeof(bpl_tensor) = " + std::to_string(sizeof(bpl_tensor)));
+    const size_t element = check_known_dtype(t.dtype, (label + ".dtype").c_str());
+    REQUIRE(t.ndim >= 0 && t.ndim <= BPL_MAX_DIMS,
+            label + ".ndim = " + std::to_string(t.ndim) + ": expected 0.." + std::to_string(BPL_MAX_DIMS));
+    int64_t elements = 1;
+    for (int32_t d = 0; d < t.ndim; ++d) {
+      REQUIRE(t.shape[d] >= 0, label + ".shape[" + std::to_string(d) + "] = " + std::to_string(t.shape[d]) + ": expected >= 0");
+      REQUIRE(t.shape[d] == 0 || elements <= std::numeric_limits<int64_t>::max() / static_cast<int64_t>(element) / t.shape[d],
+              label + " has more elements than the address space holds");
+      elements *= t.shape[d];
+    }
+    check_buffer(t.data, static_cast<size_t>(elements) * element, (label + ".data").c_str());
+  }
+}
+
+bpl_status elementwise(const char* function, bpl_runtime* runtime, const bpl_elementwise_args* args, bpl_kernel kernel) {
+  bpl_runtime* rt = check_runtime(runtime);
+  REQUIRE(args != nullptr, "args is NULL");
+  const bpl_elementwise_args defaults = BPL_ELEMENTWISE_ARGS_INIT;
+  const bpl_elementwise_args e = read_input(args, defaults, "args");
+  auto fn = require_kernel(rt, &bpl_plugin_api::elementwise, kernel, function + 4);
+  check_device(rt, e.device);
+  const size_t element = check_known_dtype(e.dtype, "args->dtype");
+  if (kernel != BPL_KERNEL_ADD && !is_floating(e.dtype)) {
+    throw Error(BPL_ERR_UNSUPPORTED, std::string(function + 4) + " of dtype " + bpl_dtype_name(e.dtype) +
+                                         " is not provided (floating dtypes only)");
+  }
+  const size_t bytes = check_count(e.count, element, 1, "args->count");
+  check_buffer(e.x, bytes, "args->x");
+  check_buffer(e.out, bytes, "args->out");
+  REQUIRE(e.out == e.x || !overlap(e.out, bytes, e.x, bytes), "args->out overlaps args->x without being equal");
+  if (kernel != BPL_KERNEL_SCALE) {
+    check_buffer(e.y, bytes, "args->y");
+    REQUIRE(e.out == e.y || !overlap(e.out, bytes, e.y, bytes), "args->out overlaps args->y without being equal");
+  }
+  return forward(function, rt, fn(rt->impl, kernel, &e));
+}
+
+
 }  // namespace
 }  // namespace backplane
 
@@ -340,6 +447,16 @@ bpl_status bpl_finalize(bpl_runtime* runtime) {
       log(BPL_LOG_WARN, "core", std::to_string(leftover.size()) + " communicator(s) were not destroyed before bpl_finalize");
     }
     for (bpl_comm* comm : leftover) destroy_comm(comm);
+    std::set<bpl_program*> programs;
+    {
+      std::lock_guard<std::mutex> lock(runtime->mutex);
+      programs.swap(runtime->programs);
+    }
+    for (bpl_program* program : programs) {
+      runtime->api().program_destroy(program->impl);
+      program->magic = 0;
+      delete program;
+    }
     runtime->world->magic = 0;
     delete runtime->world;
     bpl_status status = runtime->api().runtime_destroy(runtime->impl);
@@ -373,6 +490,8 @@ bpl_status bpl_runtime_describe(const bpl_runtime* runtime, bpl_runtime_info* ou
     info.collectives = rt->caps.collectives;
     info.reduce_ops = rt->caps.reduce_ops;
     info.timeout_ms = rt->launch.timeout_ms;
+    info.kernels = rt->caps.kernels;
+    info.program_formats = rt->caps.program_formats != nullptr ? rt->caps.program_formats : "";
     write_output(info, out, "out");
     return BPL_OK;
   });
@@ -718,6 +837,159 @@ bpl_status bpl_recv(bpl_comm* comm, void* buf, int64_t count, bpl_dtype dtype, i
     bpl_plugin_request* preq = nullptr;
     const bpl_status status = fn(c->impl, buf, count, dtype, peer, tag, req ? &preq : nullptr);
     return finish("bpl_recv", c, status, preq, req);
+  });
+}
+
+/* ---- kernels ---- */
+
+bpl_status bpl_gemm(bpl_runtime* runtime, const bpl_gemm_args* args) {
+  return guarded("bpl_gemm", [&] {
+    bpl_runtime* rt = check_runtime(runtime);
+    REQUIRE(args != nullptr, "args is NULL");
+    const bpl_gemm_args defaults = BPL_GEMM_ARGS_INIT;
+    const bpl_gemm_args g = read_input(args, defaults, "args");
+    auto fn = require_kernel(rt, &bpl_plugin_api::gemm, BPL_KERNEL_GEMM, "gemm");
+    check_device(rt, g.device);
+    const size_t element = check_known_dtype(g.dtype, "args->dtype");
+    if (!is_floating(g.dtype)) {
+      throw Error(BPL_ERR_UNSUPPORTED, std::string("gemm of dtype ") + bpl_dtype_name(g.dtype) +
+                                           " is not provided (f32, f64, f16, bf16)");
+    }
+    REQUIRE(g.trans_a == 0 || g.trans_a == 1, "args->trans_a = " + std::to_string(g.trans_a) + ": expected 0 or 1");
+    REQUIRE(g.trans_b == 0 || g.trans_b == 1, "args->trans_b = " + std::to_string(g.trans_b) + ": expected 0 or 1");
+    REQUIRE(g.m >= 0, "args->m = " + std::to_string(g.m) + ": expected >= 0");
+    REQUIRE(g.n >= 0, "args->n = " + std::to_string(g.n) + ": expected >= 0");
+    REQUIRE(g.k >= 0, "args->k = " + std::to_string(g.k) + ": expected >= 0");
+    const size_t a_bytes = g.trans_a ? check_matrix(g.a, g.k, g.m, g.lda, element, "args->a", "args->lda")
+                                     : check_matrix(g.a, g.m, g.k, g.lda, element, "args->a", "args->lda");
+    const size_t b_bytes = g.trans_b ? check_matrix(g.b, g.n, g.k, g.ldb, element, "args->b", "args->ldb")
+                                     : check_matrix(g.b, g.k, g.n, g.ldb, element, "args->b", "args->ldb");
+    const size_t c_bytes = check_matrix(g.c, g.m, g.n, g.ldc, element, "args->c", "args->ldc");
+    REQUIRE(!overlap(g.c, c_bytes, g.a, a_bytes) && !overlap(g.c, c_bytes, g.b, b_bytes),
+            "args->c overlaps args->a or args->b");
+    return forward("bpl_gemm", rt, fn(rt->impl, &g));
+  });
+}
+
+bpl_status bpl_add(bpl_runtime* runtime, const bpl_elementwise_args* args) {
+  return guarded("bpl_add", [&] { return elementwise("bpl_add", runtime, args, BPL_KERNEL_ADD); });
+}
+
+bpl_status bpl_scale(bpl_runtime* runtime, const bpl_elementwise_args* args) {
+  return guarded("bpl_scale", [&] { return elementwise("bpl_scale", runtime, args, BPL_KERNEL_SCALE); });
+}
+
+bpl_status bpl_axpby(bpl_runtime* runtime, const bpl_elementwise_args* args) {
+  return guarded("bpl_axpby", [&] { return elementwise("bpl_axpby", runtime, args, BPL_KERNEL_AXPBY); });
+}
+
+bpl_status bpl_cast(bpl_runtime* runtime, const bpl_cast_args* args) {
+  return guarded("bpl_cast", [&] {
+    bpl_runtime* rt = check_runtime(runtime);
+    REQUIRE(args != nullptr, "args is NULL");
+    const bpl_cast_args defaults = BPL_CAST_ARGS_INIT;
+    const bpl_cast_args c = read_input(args, defaults, "args");
+    auto fn = require_kernel(rt, &bpl_plugin_api::cast, BPL_KERNEL_CAST, "cast");
+    check_device(rt, c.device);
+    const size_t from = check_known_dtype(c.from, "args->from");
+    const size_t to = check_known_dtype(c.to, "args->to");
+    if (!is_floating(c.from) || !is_floating(c.to)) {
+      throw Error(BPL_ERR_UNSUPPORTED, std::string("cast from ") + bpl_dtype_name(c.from) + " to " +
+                                           bpl_dtype_name(c.to) + " is not provided (floating dtypes only)");
+    }
+    const size_t src_bytes = check_count(c.count, from, 1, "args->count");
+    const size_t dst_bytes = check_count(c.count, to, 1, "args->count");
+    check_buffer(c.src, src_bytes, "args->src");
+    check_buffer(c.dst, dst_bytes, "args->dst");
+    REQUIRE(!overlap(c.src, src_bytes, c.dst, dst_bytes), "args->src and args->dst overlap");
+    return forward("bpl_cast", rt, fn(rt->impl, &c));
+  });
+}
+
+/* ---- programs ---- */
+
+bpl_status bpl_program_compile(bpl_runtime* runtime, const void* source, size_t source_size,
+                               const bpl_program_options* options, bpl_program** out) {
+  return guarded("bpl_program_compile", [&] {
+    bpl_runtime* rt = check_runtime(runtime);
+    REQUIRE(out != nullptr, "out is NULL");
+    *out = nullptr;
+    REQUIRE(source != nullptr && source_size > 0, "source is empty (source_size = " + std::to_string(source_size) + ")");
+    const bpl_program_options defaults = BPL_PROGRAM_OPTIONS_INIT;
+    const bpl_program_options opts = read_input(options, defaults, "options");
+    const Plugin& plugin = *rt->plugin;
+    auto compiler_of = plugin.optional(&bpl_plugin_api::program_compiler);
+    auto compile = plugin.optional(&bpl_plugin_api::program_compile);
+    auto artifact_free = plugin.optional(&bpl_plugin_api::artifact_free);
+    auto load = plugin.optional(&bpl_plugin_api::program_load);
+    const std::string formats = rt->caps.program_formats != nullptr ? rt->caps.program_formats : "";
+    if (!compiler_of || !compile || !artifact_free || !load || !plugin.optional(&bpl_plugin_api::program_run) ||
+        !plugin.optional(&bpl_plugin_api::program_destroy) || formats.empty()) {
+      throw Error(BPL_ERR_UNSUPPORTED, std::string("backend '") + rt->backend() + "' does not provide programs");
+    }
+    REQUIRE(opts.format != nullptr && lists(formats, opts.format),
+            "options->format = " + quoted(opts.format) + ": backend '" + rt->backend() + "' accepts: " + formats);
+    check_device(rt, opts.device);
+
+    const char* compiler = nullptr;
+    bpl_status status = compiler_of(rt->impl, opts.format, &compiler);
+    if (status != BPL_OK) return forward("bpl_program_compile", rt, status);
+    CacheConfig config = cache_config(rt->backend(), process_environment(), opts.flags != nullptr ? opts.flags : "");
+    CompileCache cache(config, std::chrono::milliseconds(rt->launch.timeout_ms));
+    std::vector<char> artifact = cache.get_or_compile(
+        {compiler, config.compiler_flags, source, source_size}, [&]() -> std::vector<char> {
+          void* bytes = nullptr;
+          size_t size = 0;
+          clear_last_error();
+          bpl_status compiled = compile(rt->impl, opts.format, source, source_size, config.compiler_flags.c_str(),
+                                        &bytes, &size);
+          if (compiled != BPL_OK) throw Error(compiled, last_error().empty() ? "compilation failed" : last_error());
+          std::vector<char> copy(static_cast<char*>(bytes), static_cast<char*>(bytes) + size);
+          artifact_free(bytes);
+          return copy;
+        });
+
+    bpl_plugin_program* impl = nullptr;
+    clear_last_error();
+    status = load(rt->impl, opts.format, artifact.data(), artifact.size(), &opts, &impl);
+    if (status != BPL_OK) return forward("bpl_program_compile", rt, status);
+    auto program = std::make_unique<bpl_program>();
+    program->runtime = rt;
+    program->impl = impl;
+    {
+      std::lock_guard<std::mutex> lock(rt->mutex);
+      rt->programs.insert(program.get());
+    }
+    *out = program.release();
+    return BPL_OK;
+  });
+}
+
+bpl_status bpl_program_run(bpl_program* program, const bpl_tensor* inputs, int32_t num_inputs, bpl_tensor* outputs,
+                           int32_t num_outputs) {
+  return guarded("bpl_program_run", [&] {
+    bpl_program* p = check_program(program);
+    check_tensors(inputs, num_inputs, "inputs");
+    check_tensors(outputs, num_outputs, "outputs");
+    bpl_runtime* rt = p->runtime;
+    return forward("bpl_program_run", rt,
+                   rt->plugin->optional(&bpl_plugin_api::program_run)(p->impl, inputs, num_inputs, outputs, num_outputs));
+  });
+}
+
+bpl_status bpl_program_destroy(bpl_program* program) {
+  return guarded("bpl_program_destroy", [&] {
+    if (program == nullptr) return BPL_OK;
+    bpl_program* p = check_program(program);
+    bpl_runtime* rt = p->runtime;
+    {
+      std::lock_guard<std::mutex> lock(rt->mutex);
+      rt->programs.erase(p);
+    }
+    bpl_status status = rt->plugin->optional(&bpl_plugin_api::program_destroy)(p->impl);
+    p->magic = 0;
+    delete p;
+    return forward("bpl_program_destroy", rt, status);
   });
 }
 

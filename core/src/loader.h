@@ -19,6 +19,15 @@ class Plugin {
   static std::shared_ptr<Plugin> load(const std::string& path);
 
   const bpl_plugin_api& api() const { return *api_; }
+
+  // A function of the table, or nullptr when it is NULL or the plugin was built against an older
+  // ABI 1.x whose table ends before it.
+  template <typename Fn>
+  Fn optional(Fn bpl_plugin_api::*field) const {
+    const size_t end = static_cast<size_t>(reinterpret_cast<const char*>(&(api_->*field)) -
+                                           reinterpret_cast<const char*>(api_)) + sizeof(Fn);
+    return end <= api_->struct_size ? api_->*field : nullptr;
+  }
   const std::string& path() const { return path_; }
 
   Plugin(boost::dll::shared_library library, const bpl_plugin_api* api, std::string path)

@@ -25,6 +25,12 @@ inline const bpl_host_api*& host() {
   return api;
 }
 
+// The plugin's backend name ("gloo", "mpi"), set by its bpl_plugin_open_v1; prefixes its messages.
+inline const char*& name() {
+  static const char* backend = "plugin";
+  return backend;
+}
+
 inline void log(int32_t level, const char* source, const std::string& message) {
   if (host() != nullptr && level <= host()->log_level) host()->log(level, source, message.c_str());
 }

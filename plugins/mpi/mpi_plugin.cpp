@@ -12,6 +12,7 @@
 #include <string>
 
 #include "backplane/plugin.h"
+#include "cpu_kernels.h"
 #include "dtypes.h"
 #include "mpi_comm.h"
 #include "plugin_support.h"
@@ -178,6 +179,8 @@ bpl_status runtime_describe(bpl_plugin_runtime* rt, bpl_plugin_caps* out) {
   out->reduce_ops = 0;
   for (bpl_reduce_op op = BPL_OP_SUM; op <= BPL_OP_AVG; ++op) out->reduce_ops |= static_cast<uint32_t>(BPL_BIT(op));
   out->details = rt->details.c_str();
+  out->kernels = cpu_kernels::kKernels;
+  out->program_formats = cpu_kernels::kProgramFormats;
   return BPL_OK;
 }
 
@@ -373,6 +376,15 @@ const bpl_plugin_api kApi = {
     request_test,
     request_wait,
     request_free,
+    cpu_kernels::gemm,
+    cpu_kernels::elementwise,
+    cpu_kernels::cast,
+    cpu_kernels::program_compiler,
+    cpu_kernels::program_compile,
+    cpu_kernels::artifact_free,
+    cpu_kernels::program_load,
+    cpu_kernels::program_run,
+    cpu_kernels::program_destroy,
 };
 
 }  // namespace
@@ -383,6 +395,7 @@ extern "C" bpl_status bpl_plugin_open_v1(const bpl_host_api* host, const bpl_plu
     return BPL_ERR_INVALID_ARGUMENT;
   }
   backplane::plugin::host() = host;
+  backplane::plugin::name() = backplane::mpi_plugin::kName;
   *out = &backplane::mpi_plugin::kApi;
   return BPL_OK;
 }

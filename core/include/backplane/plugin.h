@@ -28,6 +28,7 @@ extern "C" {
 typedef struct bpl_plugin_runtime bpl_plugin_runtime;
 typedef struct bpl_plugin_comm bpl_plugin_comm;
 typedef struct bpl_plugin_request bpl_plugin_request;
+typedef struct bpl_plugin_program bpl_plugin_program;
 
 #define BPL_LOG_ERROR 0
 #define BPL_LOG_WARN 1
@@ -71,6 +72,9 @@ typedef struct bpl_plugin_caps {
   uint32_t dtypes;      /* BPL_BIT(BPL_DTYPE_*) */
   uint32_t reduce_ops;  /* BPL_BIT(BPL_OP_*) */
   const char* details;  /* "key=value; …", shown by bpl-info */
+  uint32_t kernels;     /* BPL_BIT(BPL_KERNEL_*) */
+  int32_t reserved0;    /* zero */
+  const char* program_formats; /* space-separated, e.g. "torchscript"; "" if none */
 } bpl_plugin_caps;
 
 typedef struct bpl_plugin_api {
@@ -131,6 +135,27 @@ typedef struct bpl_plugin_api {
   bpl_status (*request_wait)(bpl_plugin_request* req, int64_t timeout_ms);
   /* Waits for an in-flight operation to end (bounded by the communicator's timeout), then frees. */
   bpl_status (*request_free)(bpl_plugin_request* req);
+
+  /* --- kernels (optional; arguments validated by the core) --- */
+  bpl_status (*gemm)(bpl_plugin_runtime* rt, const bpl_gemm_args* args);
+  /* kernel: BPL_KERNEL_ADD, BPL_KERNEL_SCALE or BPL_KERNEL_AXPBY */
+  bpl_status (*elementwise)(bpl_plugin_runtime* rt, bpl_kernel kernel, const bpl_elementwise_args* args);
+  bpl_status (*cast)(bpl_plugin_runtime* rt, const bpl_cast_args* args);
+
+  /* --- programs (optional). The core runs program_compile only on a compile-cache miss and hands
+   *     program_load either the fresh artifact or the cached one. --- */
+  /* Identifies the compiler of `format` for the cache key, e.g. "torchscript-1.13.1"; static storage. */
+  bpl_status (*program_compiler)(bpl_plugin_runtime* rt, const char* format, const char** compiler);
+  /* Compiles source into an artifact the plugin allocates; released with artifact_free. */
+  bpl_status (*program_compile)(bpl_plugin_runtime* rt, const char* format, const void* source, size_t source_size,
+                                const char* flags, void** artifact, size_t* artifact_size);
+  void (*artifact_free)(void* artifact);
+  /* Loads an artifact (copied as needed: the buffer is released after the call). */
+  bpl_status (*program_load)(bpl_plugin_runtime* rt, const char* format, const void* artifact, size_t artifact_size,
+                             const bpl_program_options* options, bpl_plugin_program** out);
+  bpl_status (*program_run)(bpl_plugin_program* program, const bpl_tensor* inputs, int32_t num_inputs,
+                            bpl_tensor* outputs, int32_t num_outputs);
+  bpl_status (*program_destroy)(bpl_plugin_program* program);
 } bpl_plugin_api;
 
 /* The one symbol a plugin exports. `host` stays valid while the plugin is loaded; *out must point to
