@@ -3,6 +3,7 @@
 // preallocated result, as bpl_gemm writes into the caller's C). Square sizes 256..4096, f32 and bf16.
 // Compare the medians: --benchmark_repetitions=5 --benchmark_report_aggregates_only=true.
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <benchmark/benchmark.h>
 
 #include <cstdio>

@@ -359,16 +359,18 @@ void check_tensors(const bpl_tensor* tensors, int32_t count, const char* name) {
   }
 }
 
-bpl_status elementwise(const char* function, bpl_runtime* runtime, const bpl_elementwise_args* args, bpl_kernel kernel) {
+// add, scale and axpby: `name` is the kernel's ("add"), `function` the API's ("bpl_add").
+bpl_status elementwise(const char* function, const char* name, bpl_runtime* runtime, const bpl_elementwise_args* args,
+                       bpl_kernel kernel) {
   bpl_runtime* rt = check_runtime(runtime);
   REQUIRE(args != nullptr, "args is NULL");
   const bpl_elementwise_args defaults = BPL_ELEMENTWISE_ARGS_INIT;
   const bpl_elementwise_args e = read_input(args, defaults, "args");
-  auto fn = require_kernel(rt, &bpl_plugin_api::elementwise, kernel, function + 4);
+  auto fn = require_kernel(rt, &bpl_plugin_api::elementwise, kernel, name);
   check_device(rt, e.device);
   const size_t element = check_known_dtype(e.dtype, "args->dtype");
   if (kernel != BPL_KERNEL_ADD && !is_floating(e.dtype)) {
-    throw Error(BPL_ERR_UNSUPPORTED, std::string(function + 4) + " of dtype " + bpl_dtype_name(e.dtype) +
+    throw Error(BPL_ERR_UNSUPPORTED, std::string(name) + " of dtype " + bpl_dtype_name(e.dtype) +
                                          " is not provided (floating dtypes only)");
   }
   const size_t bytes = check_count(e.count, element, 1, "args->count");
@@ -872,15 +874,15 @@ bpl_status bpl_gemm(bpl_runtime* runtime, const bpl_gemm_args* args) {
 }
 
 bpl_status bpl_add(bpl_runtime* runtime, const bpl_elementwise_args* args) {
-  return guarded("bpl_add", [&] { return elementwise("bpl_add", runtime, args, BPL_KERNEL_ADD); });
+  return guarded("bpl_add", [&] { return elementwise("bpl_add", "add", runtime, args, BPL_KERNEL_ADD); });
 }
 
 bpl_status bpl_scale(bpl_runtime* runtime, const bpl_elementwise_args* args) {
-  return guarded("bpl_scale", [&] { return elementwise("bpl_scale", runtime, args, BPL_KERNEL_SCALE); });
+  return guarded("bpl_scale", [&] { return elementwise("bpl_scale", "scale", runtime, args, BPL_KERNEL_SCALE); });
 }
 
 bpl_status bpl_axpby(bpl_runtime* runtime, const bpl_elementwise_args* args) {
-  return guarded("bpl_axpby", [&] { return elementwise("bpl_axpby", runtime, args, BPL_KERNEL_AXPBY); });
+  return guarded("bpl_axpby", [&] { return elementwise("bpl_axpby", "axpby", runtime, args, BPL_KERNEL_AXPBY); });
 }
 
 bpl_status bpl_cast(bpl_runtime* runtime, const bpl_cast_args* args) {

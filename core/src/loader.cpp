@@ -1,5 +1,7 @@
 #include "loader.h"
 
+#include <dlfcn.h>
+
 #include <cstddef>
 #include <cstdlib>
 
@@ -97,6 +99,11 @@ std::shared_ptr<Plugin> Plugin::load(const std::string& path) {
   if (missing != nullptr) {
     throw Error(BPL_ERR_INVALID_ARGUMENT, "plugin '" + path + "' leaves the required field '" + missing + "' NULL");
   }
+  // An accepted plugin stays mapped for the life of the process: the runtimes plugins link (LibTorch,
+  // MPI) register exit handlers and thread-local destructors and do not survive being unloaded, and
+  // leak checkers can only name frames of code still mapped at exit. Refused plugins are unloaded.
+  // Boost.DLL has no RTLD_NODELETE mode; glibc pins an already-loaded object with RTLD_NOLOAD.
+  dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD | RTLD_NODELETE);
   return std::make_shared<Plugin>(std::move(library), api, path);
 }
 
