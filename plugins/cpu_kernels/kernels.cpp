@@ -1,5 +1,6 @@
 #include <ATen/ATen.h>
 
+#include "aten_types.h"
 #include "cpu_kernels.h"
 #include "plugin_support.h"
 
@@ -11,19 +12,6 @@ bpl_status classify(const std::exception&) { return BPL_ERR_INTERNAL; }
 template <typename Body>
 bpl_status guarded(Body&& body) noexcept {
   return plugin::guarded(plugin::name(), classify, std::forward<Body>(body));
-}
-
-at::ScalarType scalar_type(bpl_dtype dtype) {
-  switch (dtype) {
-    case BPL_DTYPE_F32: return at::kFloat;
-    case BPL_DTYPE_F64: return at::kDouble;
-    case BPL_DTYPE_F16: return at::kHalf;
-    case BPL_DTYPE_BF16: return at::kBFloat16;
-    case BPL_DTYPE_I8: return at::kChar;
-    case BPL_DTYPE_U8: return at::kByte;
-    case BPL_DTYPE_I32: return at::kInt;
-    default: return at::kLong;
-  }
 }
 
 // A rows×cols row-major matrix at `data` whose rows are `ld` elements apart: the caller's memory.

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "aten_types.h"
 #include "cpu_kernels.h"
 #include "plugin_support.h"
 
@@ -38,19 +39,6 @@ void require_torchscript(const char* format) {
   if (std::strcmp(format, "torchscript") != 0) {
     throw Error(BPL_ERR_UNSUPPORTED, std::string("program format '") + format + "' is not supported (formats: " +
                                          kProgramFormats + ")");
-  }
-}
-
-at::ScalarType scalar_type(bpl_dtype dtype) {
-  switch (dtype) {
-    case BPL_DTYPE_F32: return at::kFloat;
-    case BPL_DTYPE_F64: return at::kDouble;
-    case BPL_DTYPE_F16: return at::kHalf;
-    case BPL_DTYPE_BF16: return at::kBFloat16;
-    case BPL_DTYPE_I8: return at::kChar;
-    case BPL_DTYPE_U8: return at::kByte;
-    case BPL_DTYPE_I32: return at::kInt;
-    default: return at::kLong;
   }
 }
 

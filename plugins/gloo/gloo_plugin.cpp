@@ -2,19 +2,14 @@
 // TCPStore, one host device. This file is the C boundary: it unwraps handles and converts exceptions.
 #include <gloo/config.h>
 
-#include <unistd.h>
-
-#include <cstddef>
-#include <cstdlib>
-#include <cstring>
 #include <memory>
-#include <new>
 #include <string>
 
 #include "backplane/plugin.h"
 #include "cpu_kernels.h"
 #include "dtypes.h"
 #include "gloo_comm.h"
+#include "host_device.h"
 #include "plugin_support.h"
 #include "rendezvous.h"
 
@@ -32,7 +27,6 @@ namespace backplane::gloo_plugin {
 namespace {
 
 constexpr const char* kName = "gloo";
-constexpr size_t kHostAlignment = 64;
 
 template <typename Body>
 bpl_status guarded(Body&& body) noexcept {
@@ -74,57 +68,12 @@ bpl_status runtime_destroy(bpl_plugin_runtime* rt) {
 }
 
 bpl_status runtime_describe(bpl_plugin_runtime* rt, bpl_plugin_caps* out) {
-  out->collectives = BPL_BIT(BPL_COLL_ALLREDUCE) | BPL_BIT(BPL_COLL_BROADCAST) | BPL_BIT(BPL_COLL_REDUCE) |
-                     BPL_BIT(BPL_COLL_ALLGATHER) | BPL_BIT(BPL_COLL_REDUCE_SCATTER) | BPL_BIT(BPL_COLL_ALLTOALL) |
-                     BPL_BIT(BPL_COLL_BARRIER) | BPL_BIT(BPL_COLL_SEND) | BPL_BIT(BPL_COLL_RECV) |
-                     BPL_BIT(BPL_COLL_COMM_SPLIT);
-  out->dtypes = 0;
-  for (bpl_dtype d = BPL_DTYPE_F32; d <= BPL_DTYPE_I64; ++d) out->dtypes |= static_cast<uint32_t>(BPL_BIT(d));
-  out->reduce_ops = 0;
-  for (bpl_reduce_op op = BPL_OP_SUM; op <= BPL_OP_AVG; ++op) out->reduce_ops |= static_cast<uint32_t>(BPL_BIT(op));
+  out->collectives = plugin::kAllCollectives;
+  out->dtypes = plugin::kAllDtypes;
+  out->reduce_ops = plugin::kAllReduceOps;
   out->details = rt->details.c_str();
   out->kernels = cpu_kernels::kKernels;
   out->program_formats = cpu_kernels::kProgramFormats;
-  return BPL_OK;
-}
-
-/* ---- device: one host device; host pointers are device pointers ---- */
-
-bpl_status device_count(bpl_plugin_runtime*, int32_t* count) {
-  *count = 1;
-  return BPL_OK;
-}
-
-bpl_status device_properties(bpl_plugin_runtime*, int32_t device, bpl_device_properties* out) {
-  std::strncpy(out->name, "cpu", sizeof(out->name) - 1);
-  out->kind = BPL_DEVICE_HOST;
-  out->index = device;
-  const long pages = sysconf(_SC_PHYS_PAGES);
-  const long available = sysconf(_SC_AVPHYS_PAGES);
-  const long page_size = sysconf(_SC_PAGE_SIZE);
-  out->total_memory = pages > 0 && page_size > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_size) : 0;
-  out->free_memory = available > 0 && page_size > 0 ? static_cast<uint64_t>(available) * static_cast<uint64_t>(page_size) : 0;
-  return BPL_OK;
-}
-
-bpl_status mem_alloc(bpl_plugin_runtime*, int32_t, size_t bytes, void** ptr) {
-  return guarded([&] {
-    const size_t rounded = (bytes + kHostAlignment - 1) / kHostAlignment * kHostAlignment;
-    *ptr = std::aligned_alloc(kHostAlignment, rounded);
-    if (*ptr == nullptr) {
-      throw plugin::Error(BPL_ERR_OUT_OF_MEMORY, "cannot allocate " + std::to_string(bytes) + " bytes of host memory");
-    }
-    return BPL_OK;
-  });
-}
-
-bpl_status mem_free(bpl_plugin_runtime*, void* ptr) {
-  std::free(ptr);
-  return BPL_OK;
-}
-
-bpl_status mem_copy(bpl_plugin_runtime*, void* dst, const void* src, size_t bytes, bpl_memcpy_kind) {
-  std::memcpy(dst, src, bytes);
   return BPL_OK;
 }
 
@@ -264,11 +213,11 @@ const bpl_plugin_api kApi = {
     runtime_create,
     runtime_destroy,
     runtime_describe,
-    device_count,
-    device_properties,
-    mem_alloc,
-    mem_free,
-    mem_copy,
+    plugin::host_device::count,
+    plugin::host_device::properties,
+    plugin::host_device::alloc,
+    plugin::host_device::free,
+    plugin::host_device::copy,
     nullptr,  // synchronize: every operation is complete when it returns
     comm_world,
     comm_split,
@@ -301,11 +250,5 @@ const bpl_plugin_api kApi = {
 }  // namespace backplane::gloo_plugin
 
 extern "C" bpl_status bpl_plugin_open_v1(const bpl_host_api* host, const bpl_plugin_api** out) {
-  if (host == nullptr || out == nullptr || host->struct_size < offsetof(bpl_host_api, set_error) + sizeof(host->set_error)) {
-    return BPL_ERR_INVALID_ARGUMENT;
-  }
-  backplane::plugin::host() = host;
-  backplane::plugin::name() = backplane::gloo_plugin::kName;
-  *out = &backplane::gloo_plugin::kApi;
-  return BPL_OK;
+  return backplane::plugin::open_plugin(host, backplane::gloo_plugin::kName, &backplane::gloo_plugin::kApi, out);
 }
