@@ -289,21 +289,22 @@ void MpiComm::barrier(bpl_plugin_request** req) {
   start(std::make_unique<Request>(this, "barrier"), [&](Request& r) { return MPI_Ibarrier(comm_, r.handle()); }, req);
 }
 
-void MpiComm::send(const void* buf, size_t count, bpl_dtype dtype, int peer, int tag, bpl_plugin_request** req) {
+void MpiComm::check_tag(int tag) const {
   if (tag > process_.tag_upper_bound) {
     throw Error(BPL_ERR_INVALID_ARGUMENT, "tag = " + std::to_string(tag) + " exceeds this MPI's MPI_TAG_UB (" +
                                               std::to_string(process_.tag_upper_bound) + ")");
   }
+}
+
+void MpiComm::send(const void* buf, size_t count, bpl_dtype dtype, int peer, int tag, bpl_plugin_request** req) {
+  check_tag(tag);
   const int n = mpi_count(count);
   start(std::make_unique<Request>(this, "send"),
         [&](Request& r) { return MPI_Isend(buf, n, mpi_type(dtype), peer, tag, comm_, r.handle()); }, req);
 }
 
 void MpiComm::recv(void* buf, size_t count, bpl_dtype dtype, int peer, int tag, bpl_plugin_request** req) {
-  if (tag > process_.tag_upper_bound) {
-    throw Error(BPL_ERR_INVALID_ARGUMENT, "tag = " + std::to_string(tag) + " exceeds this MPI's MPI_TAG_UB (" +
-                                              std::to_string(process_.tag_upper_bound) + ")");
-  }
+  check_tag(tag);
   const int n = mpi_count(count);
   start(std::make_unique<Request>(this, "recv"),
         [&](Request& r) { return MPI_Irecv(buf, n, mpi_type(dtype), peer, tag, comm_, r.handle()); }, req);

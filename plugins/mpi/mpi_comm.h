@@ -89,6 +89,8 @@ class MpiComm {
   // *req or waits for it here.
   void start(std::unique_ptr<Request> request, const std::function<int(Request&)>& post, bpl_plugin_request** req);
   void require_usable() const;
+  // Tags above the MPI library's MPI_TAG_UB (at least 32767) are refused, naming the bound.
+  void check_tag(int tag) const;
 
   const MpiProcess& process_;
   MPI_Comm comm_;
