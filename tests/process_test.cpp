@@ -160,6 +160,16 @@ TEST(BplRun, ForwardsSignalsToEveryRank) {
   EXPECT_LT(r.seconds, 10.0) << "ranks were not stopped by the forwarded signal";
 }
 
+TEST(BplInfo, ListsPluginsSelectionAndCapabilities) {
+  ProcessResult r = run_process({kBin + "/bpl-info", "--init"}, {{"NXD_CPU_MODE", "1"}, {"BPL_BACKEND", ""}});
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_NE(r.output.find("libbackplane-gloo.so"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("because      NXD_CPU_MODE=1"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("kernels      gemm add scale axpby cast"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("programs     torchscript"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("dtypes       f32 f64 f16 bf16 i8 u8 i32 i64"), std::string::npos) << r.output;
+}
+
 /* ---- the C embedder and its failures ---- */
 
 TEST(Embed, CpuModeTwoRanksAndGlooThreeRanksPrintCorrectResults) {

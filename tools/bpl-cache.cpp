@@ -60,7 +60,7 @@ int main(int argc, char** argv) {
                                   std::chrono::seconds(0));
     const backplane::CacheConfig& config = cache.config();
     if (command == "list") {
-      std::printf("cache %s (limit %llu bytes, TTL %lld days)\n", config.root.c_str(),
+      std::printf("%s compile cache %s (limit %llu bytes, TTL %lld days)\n", backend.c_str(), config.root.c_str(),
                   static_cast<unsigned long long>(config.size_limit), static_cast<long long>(config.ttl_days));
       std::printf("%-22s %-42s %12s  %-19s %6s  %s\n", "COMPILER", "MODULE", "BYTES", "LAST USE", "HITS", "STATUS");
       uint64_t total = 0;

@@ -7,6 +7,11 @@
 
 static const char* const known_backends[] = {"gloo", "mpi", "neuron"};
 
+static const char* kernel_name(int32_t kernel) {
+  static const char* const names[] = {"?", "gemm", "add", "scale", "axpby", "cast"};
+  return kernel >= BPL_KERNEL_GEMM && kernel <= BPL_KERNEL_CAST ? names[kernel] : "?";
+}
+
 static void print_mask(const char* label, uint64_t mask, const char* (*name)(int32_t), int32_t first, int32_t last) {
   printf("  %-12s", label);
   for (int32_t v = first; v <= last; ++v) {
@@ -30,6 +35,8 @@ static void describe_runtime(bpl_runtime* runtime) {
   print_mask("collectives", info.collectives, bpl_collective_name, BPL_COLL_ALLREDUCE, BPL_COLL_COMM_SPLIT);
   print_mask("dtypes", info.dtypes, bpl_dtype_name, BPL_DTYPE_F32, BPL_DTYPE_I64);
   print_mask("reduce ops", info.reduce_ops, bpl_reduce_op_name, BPL_OP_SUM, BPL_OP_AVG);
+  print_mask("kernels", info.kernels, kernel_name, BPL_KERNEL_GEMM, BPL_KERNEL_CAST);
+  printf("  programs     %s\n", info.program_formats[0] ? info.program_formats : "none");
 }
 
 int main(int argc, char** argv) {
