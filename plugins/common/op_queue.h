@@ -150,6 +150,7 @@ class OpQueue {
   void work() {
     std::unique_lock<std::mutex> lock(mutex_);
     for (;;) {
+      // Idle, not waiting on a peer: post() and shut_down() wake it.
       changed_.wait(lock, [this] { return (!pending_.empty() && !busy_) || (stopping_ && pending_.empty()); });
       if (pending_.empty()) return;  // stopping
       std::shared_ptr<Operation> op = pending_.front();
