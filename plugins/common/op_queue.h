@@ -4,6 +4,8 @@
 // backplane.h from this; every wait here is bounded.
 #pragma once
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -18,6 +20,22 @@
 
 namespace backplane::plugin {
 
+// How long a thread spins before it sleeps when the event it waits for is typically a few
+// microseconds away (the other side of a hand-off): sleeping and waking again costs tens of
+// microseconds on a virtual machine.
+constexpr std::chrono::microseconds kHandOffSpin{50};
+
+// Spins on `ready()` for up to `limit`; true as soon as it holds.
+template <typename Ready>
+bool spin_until(Ready&& ready, std::chrono::microseconds limit) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  do {
+    if (ready()) return true;
+    std::this_thread::yield();
+  } while (std::chrono::steady_clock::now() < until);
+  return ready();
+}
+
 // One posted operation and, once it ended, its result.
 class Operation {
  public:
@@ -25,6 +43,10 @@ class Operation {
 
   // Blocks until the operation ended or `timeout` passed; true if it ended.
   bool wait_for(std::chrono::milliseconds timeout) {
+    if (spin_until([this] { return ended_flag_.load(std::memory_order_acquire); },
+                   std::min<std::chrono::microseconds>(kHandOffSpin, timeout))) {
+      return true;
+    }
     std::unique_lock<std::mutex> lock(mutex_);
     return ended_cv_.wait_for(lock, timeout, [this] { return ended_; });
   }
@@ -64,6 +86,7 @@ class Operation {
       message_ = std::move(message);
       ended_ = true;
     }
+    ended_flag_.store(true, std::memory_order_release);
     ended_cv_.notify_all();
   }
 
@@ -75,6 +98,7 @@ class Operation {
   mutable std::mutex mutex_;
   std::condition_variable ended_cv_;
   bool ended_ = false;
+  std::atomic<bool> ended_flag_{false};  // ended_, readable without the lock, for spinning waiters
   bpl_status status_ = BPL_OK;
   std::string message_;
 };
@@ -99,6 +123,7 @@ class OpQueue {
     op->deadline_ = std::chrono::steady_clock::now() + op_timeout_ * (ahead + 1) + std::chrono::seconds(1);
     if (!worker_.joinable()) worker_ = std::thread([this] { work(); });
     pending_.push_back(op);
+    queued_.fetch_add(1, std::memory_order_release);
     changed_.notify_all();
     return op;
   }
@@ -150,11 +175,19 @@ class OpQueue {
   void work() {
     std::unique_lock<std::mutex> lock(mutex_);
     for (;;) {
+      if (pending_.empty() && !stopping_) {
+        // A request posted right after the last one ended is common (a loop of async calls): look
+        // for it briefly before sleeping.
+        lock.unlock();
+        spin_until([this] { return queued_.load(std::memory_order_acquire) > 0; }, kHandOffSpin);
+        lock.lock();
+      }
       // Idle, not waiting on a peer: post() and shut_down() wake it.
       changed_.wait(lock, [this] { return (!pending_.empty() && !busy_) || (stopping_ && pending_.empty()); });
       if (pending_.empty()) return;  // stopping
       std::shared_ptr<Operation> op = pending_.front();
       pending_.pop_front();
+      queued_.fetch_sub(1, std::memory_order_release);
       busy_ = true;
       lock.unlock();
       op->run(classify_);
@@ -169,6 +202,7 @@ class OpQueue {
   std::mutex mutex_;
   std::condition_variable changed_;
   std::deque<std::shared_ptr<Operation>> pending_;
+  std::atomic<size_t> queued_{0};  // pending_.size(), readable without the lock, for the spinning worker
   bool busy_ = false;  // an operation is running (on the worker or inline)
   bool stopping_ = false;
   std::thread worker_;
