@@ -149,7 +149,7 @@ class OpQueue {
       ~Release() {
         std::lock_guard<std::mutex> lock(queue->mutex_);
         queue->busy_ = false;
-        queue->changed_.notify_all();
+        if (!queue->pending_.empty()) queue->changed_.notify_all();  // the worker waits for busy_ to clear
       }
     } release{this};
     body();
@@ -175,13 +175,6 @@ class OpQueue {
   void work() {
     std::unique_lock<std::mutex> lock(mutex_);
     for (;;) {
-      if (pending_.empty() && !stopping_) {
-        // A request posted right after the last one ended is common (a loop of async calls): look
-        // for it briefly before sleeping.
-        lock.unlock();
-        spin_until([this] { return queued_.load(std::memory_order_acquire) > 0; }, kHandOffSpin);
-        lock.lock();
-      }
       // Idle, not waiting on a peer: post() and shut_down() wake it.
       changed_.wait(lock, [this] { return (!pending_.empty() && !busy_) || (stopping_ && pending_.empty()); });
       if (pending_.empty()) return;  // stopping
@@ -193,7 +186,13 @@ class OpQueue {
       op->run(classify_);
       lock.lock();
       busy_ = false;
-      changed_.notify_all();
+      if (pending_.empty() && !stopping_) {
+        // A request posted right after the last one ended is common (a loop of async calls): look
+        // for it briefly before sleeping.
+        lock.unlock();
+        spin_until([this] { return queued_.load(std::memory_order_acquire) > 0; }, kHandOffSpin);
+        lock.lock();
+      }
     }
   }
 
