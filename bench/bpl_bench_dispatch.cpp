@@ -3,11 +3,11 @@
 // network time hides it. Issue-level comparisons with raw Gloo/MPI live in the collective benchmarks.
 #include <benchmark/benchmark.h>
 
-#include <cstdio>
 #include <cstring>
 #include <vector>
 
 #include "backplane/backplane.h"
+#include "bench_runtime.h"
 
 namespace {
 
@@ -47,14 +47,7 @@ BENCHMARK(BM_RejectedCall);
 
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
-  bpl_init_options options = BPL_INIT_OPTIONS_INIT;
-  options.backend = "gloo";
-  options.rank = 0;
-  options.world_size = 1;
-  if (bpl_init(&options, &runtime) != BPL_OK) {
-    std::fprintf(stderr, "bpl_init: %s\n", bpl_last_error());
-    return 1;
-  }
+  runtime = backplane::bench::start_world_of_one();
   bpl_comm_world(runtime, &world);
   benchmark::AddCustomContext("backend", "gloo (world of 1)");
   benchmark::RunSpecifiedBenchmarks();

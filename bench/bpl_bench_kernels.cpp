@@ -6,9 +6,9 @@
 #include <ATen/Parallel.h>
 #include <benchmark/benchmark.h>
 
-#include <cstdio>
 
 #include "backplane/backplane.h"
+#include "bench_runtime.h"
 
 namespace {
 
@@ -79,14 +79,7 @@ BENCHMARK_TEMPLATE(BM_GemmAtMmOut, BPL_DTYPE_BF16)->Apply(sizes);
 
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
-  bpl_init_options options = BPL_INIT_OPTIONS_INIT;
-  options.backend = "gloo";
-  options.rank = 0;
-  options.world_size = 1;
-  if (bpl_init(&options, &runtime) != BPL_OK) {
-    std::fprintf(stderr, "bpl_init: %s\n", bpl_last_error());
-    return 1;
-  }
+  runtime = backplane::bench::start_world_of_one();
   benchmark::AddCustomContext("backend", "gloo (LibTorch CPU kernels)");
   benchmark::AddCustomContext("torch_threads", std::to_string(at::get_num_threads()));
   benchmark::RunSpecifiedBenchmarks();
