@@ -5,6 +5,7 @@
 #include <signal.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <algorithm>
@@ -306,6 +307,27 @@ TEST(Mpi, EmbedUnderMpirunPrintsWhatItPrintsOnGloo) {
   ASSERT_EQ(gloo.exit_code, 0) << describe(gloo);
   EXPECT_EQ(rank_lines(mpi.output).size(), 3u) << mpi.output;
   EXPECT_EQ(rank_lines(mpi.output), rank_lines(gloo.output));
+}
+
+// The value of the first "Output sum is X" line, or NaN.
+double output_sum(const std::string& output) {
+  std::smatch match;
+  if (!std::regex_search(output, match, std::regex("Output sum is ([-0-9.e+]+)"))) return std::nan("");
+  return std::stod(match[1]);
+}
+
+TEST(TpMlp, CpuModeAndMpiPrintTheSumOfTheUnshardedMlp) {
+  const std::string tp_mlp = kBin + "/tp_mlp";
+  ProcessResult gloo = run_process({bpl_run, "--nproc-per-node", "2", tp_mlp, "--check"}, {{"NXD_CPU_MODE", "1"}});
+  ASSERT_EQ(gloo.exit_code, 0) << describe(gloo);
+  ProcessResult mpi = run_process(mpirun(2, {tp_mlp, "--check"}), mpi_env({}));
+  ASSERT_EQ(mpi.exit_code, 0) << describe(mpi);
+  for (const ProcessResult* r : {&gloo, &mpi}) {
+    EXPECT_EQ(count_of(r->output, "Output sum is "), 1u) << "printed on rank 0 only:\n" << r->output;
+    EXPECT_NE(r->output.find("(tp 2, max |difference| "), std::string::npos) << r->output;
+    EXPECT_NE(r->output.find("): match"), std::string::npos) << r->output;
+  }
+  EXPECT_NEAR(output_sum(gloo.output), output_sum(mpi.output), 1e-4) << gloo.output << mpi.output;
 }
 
 TEST(Mpi, AutoSelectedUnderMpirunAndDescribedByBplInfo) {

@@ -2,6 +2,7 @@
 #include "backplane/parallel/parallel_state.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <mutex>
 
@@ -62,7 +63,7 @@ struct ModelParallel {
 struct State {
   std::mutex mutex;
   std::shared_ptr<const ModelParallel> current;
-  bool fallback_warned = false;
+  std::atomic<bool> fallback_warned{false};
 };
 
 State& state() {
@@ -129,15 +130,11 @@ void destroy_model_parallel() {
 
 void ensure_model_parallel_initialized(const char* who) {
   if (model_parallel_is_initialized()) return;
-  {
-    std::lock_guard<std::mutex> lock(state().mutex);
-    if (!state().fallback_warned) {
-      state().fallback_warned = true;
-      std::fprintf(stderr,
-                   "%s warning: %s was built before initialize_model_parallel(); using tensor and pipeline "
-                   "parallel size 1%s\n",
-                   rank_prefix().c_str(), who, is_initialized() ? "" : " on a one-rank process group");
-    }
+  if (!state().fallback_warned.exchange(true)) {
+    std::fprintf(stderr,
+                 "%s warning: %s was built before initialize_model_parallel(); using tensor and pipeline "
+                 "parallel size 1%s\n",
+                 rank_prefix().c_str(), who, is_initialized() ? "" : " on a one-rank process group");
   }
   if (!is_initialized()) {
     InitOptions one_rank;

@@ -223,10 +223,11 @@ std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key) const {
 
 /* ---- all_reduce ---- */
 
+// `output` undefined: in place on `input`. Otherwise into `output` if it fits, else into a new tensor.
 ProcessGroup::Pending ProcessGroup::all_reduce_op(const at::Tensor& input, const at::Tensor& output,
                                                   ReduceOp op) const {
   at::Tensor send = backend_view(input, "all_reduce", "input");
-  at::Tensor recv = send;  // in place
+  at::Tensor recv = send;
   at::Tensor result = input;
   if (output.defined() && !output.is_same(input)) {
     const bool usable = output.is_contiguous() && output.sizes() == input.sizes() &&
@@ -245,6 +246,7 @@ ProcessGroup::Pending ProcessGroup::all_reduce_op(const at::Tensor& input, const
 void ProcessGroup::all_reduce(at::Tensor& tensor, ReduceOp op) const { start(all_reduce_op(tensor, {}, op), false); }
 
 void ProcessGroup::all_reduce(const at::Tensor& input, at::Tensor& output, ReduceOp op) const {
+  if (!output.defined()) output = at::empty(input.sizes(), input.options());
   output = start(all_reduce_op(input, output, op), false).output_;
 }
 

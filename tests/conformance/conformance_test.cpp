@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "backplane/backplane.h"
+#include "support/ranks.h"
 #include "support/values.h"
 
 namespace backplane::test {
@@ -440,21 +441,6 @@ TEST(Device, HostDeviceAllocCopy) {
   EXPECT_OK(bpl_free(world.runtime, device));
 }
 
-// Prints failures on every rank but the full report only on rank 0, so the log stays readable.
-class RankFailurePrinter : public ::testing::EmptyTestEventListener {
- public:
-  explicit RankFailurePrinter(int rank) : rank_(rank) {}
-  void OnTestPartResult(const ::testing::TestPartResult& result) override {
-    if (result.failed()) {
-      std::fprintf(stderr, "[rank %d] %s:%d: %s\n", rank_, result.file_name() ? result.file_name() : "?",
-                   result.line_number(), result.summary());
-    }
-  }
-
- private:
-  int rank_;
-};
-
 }  // namespace
 }  // namespace backplane::test
 
@@ -484,11 +470,8 @@ int main(int argc, char** argv) {
   if (world.rank == 0) {
     std::printf("conformance: backend %s (%s) from %s, %d rank(s)\n", world.info.backend, world.info.details,
                 world.info.plugin_path, world.size);
-  } else {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-    listeners.Append(new backplane::test::RankFailurePrinter(world.rank));
   }
+  backplane::test::report_failures_only_unless_rank_zero(world.rank);
   int result = RUN_ALL_TESTS();
   status = bpl_finalize(world.runtime);
   if (status != BPL_OK) {

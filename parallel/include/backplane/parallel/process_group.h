@@ -94,7 +94,8 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
 
   // tensor = op over the group's tensors, in place.
   void all_reduce(at::Tensor& tensor, ReduceOp op = ReduceOp::Sum) const;
-  // output = op over the group's inputs; output is resized to input's shape and dtype.
+  // output = op over the group's inputs; input is not modified. An undefined output, or one whose shape,
+  // dtype or layout does not fit, is replaced by a new tensor.
   void all_reduce(const at::Tensor& input, at::Tensor& output, ReduceOp op = ReduceOp::Sum) const;
   Work all_reduce_async(const at::Tensor& tensor, ReduceOp op = ReduceOp::Sum) const;
 

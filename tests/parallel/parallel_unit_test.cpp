@@ -1,0 +1,161 @@
+// The LibTorch frontend in one process: the group layout (computed without processes), CPU mode,
+// partitioning, the one-rank fallback of layers built before initialize_model_parallel, and errors.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "backplane/parallel.h"
+
+namespace bp = backplane::parallel;
+
+namespace backplane::test {
+namespace {
+
+std::string error_of(const std::function<void()>& call) {
+  try {
+    call();
+  } catch (const bp::Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+/* ---- the layout, against neuronx-distributed's tables (nxd-behaviour.md §2) ---- */
+
+TEST(GroupLayoutTest, World8Tp2Pp2) {
+  bp::GroupLayout layout = bp::compute_group_layout(8, 2, 2);
+  EXPECT_EQ(layout.data_parallel_size, 2);
+  EXPECT_EQ(layout.tensor_parallel, (bp::Groups{{0, 1}, {2, 3}, {4, 5}, {6, 7}}));
+  EXPECT_EQ(layout.data_parallel, (bp::Groups{{0, 2}, {1, 3}, {4, 6}, {5, 7}}));
+  EXPECT_EQ(layout.pipeline_parallel, (bp::Groups{{0, 4}, {1, 5}, {2, 6}, {3, 7}}));
+}
+
+TEST(GroupLayoutTest, World8Tp4Pp1) {
+  bp::GroupLayout layout = bp::compute_group_layout(8, 4, 1);
+  EXPECT_EQ(layout.data_parallel_size, 2);
+  EXPECT_EQ(layout.tensor_parallel, (bp::Groups{{0, 1, 2, 3}, {4, 5, 6, 7}}));
+  EXPECT_EQ(layout.data_parallel, (bp::Groups{{0, 4}, {1, 5}, {2, 6}, {3, 7}}));
+  EXPECT_EQ(layout.pipeline_parallel, (bp::Groups{{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}}));
+}
+
+TEST(GroupLayoutTest, World8Tp1Pp8) {
+  bp::GroupLayout layout = bp::compute_group_layout(8, 1, 8);
+  EXPECT_EQ(layout.data_parallel_size, 1);
+  EXPECT_EQ(layout.tensor_parallel, (bp::Groups{{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}}));
+  EXPECT_EQ(layout.data_parallel, (bp::Groups{{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}}));
+  EXPECT_EQ(layout.pipeline_parallel, (bp::Groups{{0, 1, 2, 3, 4, 5, 6, 7}}));
+}
+
+TEST(GroupLayoutTest, SizesAboveTheWorldAreClampedAndBadSizesAreErrors) {
+  bp::GroupLayout layout = bp::compute_group_layout(4, 16, 1);
+  EXPECT_EQ(layout.tensor_parallel_size, 4);
+  EXPECT_EQ(layout.tensor_parallel, (bp::Groups{{0, 1, 2, 3}}));
+  std::string message = error_of([] { bp::compute_group_layout(6, 4, 1); });
+  EXPECT_NE(message.find("invalid implied data parallel degree: world size 6 is not divisible by "
+                         "tensor_model_parallel_size (4) x pipeline_model_parallel_size (1)"),
+            std::string::npos)
+      << message;
+  EXPECT_NE(error_of([] { bp::compute_group_layout(8, 0, 1); }).find("tensor_model_parallel_size 0"), std::string::npos);
+  EXPECT_NE(error_of([] { bp::compute_group_layout(0, 1, 1); }).find("world size 0"), std::string::npos);
+}
+
+/* ---- CPU mode ---- */
+
+class CpuModeTest : public ::testing::Test {
+ protected:
+  void TearDown() override { unsetenv("NXD_CPU_MODE"); }
+};
+
+TEST_F(CpuModeTest, IsReadOnEveryCallAndNonIntegersAreErrors) {
+  unsetenv("NXD_CPU_MODE");
+  EXPECT_FALSE(bp::cpu_mode());
+  setenv("NXD_CPU_MODE", "1", 1);
+  EXPECT_TRUE(bp::cpu_mode());
+  setenv("NXD_CPU_MODE", "0", 1);
+  EXPECT_FALSE(bp::cpu_mode());
+  setenv("NXD_CPU_MODE", "2", 1);
+  EXPECT_TRUE(bp::cpu_mode());
+  for (const char* bad : {"yes", "1.5", "", "1 "}) {
+    setenv("NXD_CPU_MODE", bad, 1);
+    std::string message = error_of([] { bp::cpu_mode(); });
+    EXPECT_NE(message.find(std::string("NXD_CPU_MODE='") + bad + "' is not an integer"), std::string::npos) << message;
+  }
+  EXPECT_TRUE(bp::get_device().is_cpu());
+}
+
+/* ---- partitioning ---- */
+
+TEST(PartitionTest, LocalWeightsTakeInterleavedBlocksWithStride) {
+  at::Tensor full = at::arange(8, at::kFloat).reshape({8, 1});
+  // stride 1: contiguous blocks
+  EXPECT_TRUE(bp::create_local_weight(full, 0, 4, 1, 1, 2).flatten().equal(at::arange(4, 8, at::kFloat)));
+  // stride 2: blocks of 2, rank 1 takes blocks 1 and 3
+  EXPECT_TRUE(bp::create_local_weight(full, 0, 4, 2, 1, 2).flatten().equal(at::tensor({2.f, 3.f, 6.f, 7.f})));
+  EXPECT_NE(error_of([&] { bp::create_local_weight(full, 0, 4, 3, 0, 2); }).find("stride 3"), std::string::npos);
+  EXPECT_NE(error_of([&] { bp::split_along_dim(full, 0, 3, 0); }).find("has size 8, which does not divide into 3"),
+            std::string::npos);
+}
+
+/* ---- one process: the fallback state, world-1 groups, teardown ---- */
+
+class OneRankTest : public ::testing::Test {
+ protected:
+  void TearDown() override { bp::destroy_process_group(); }
+};
+
+TEST_F(OneRankTest, LayersBuiltBeforeInitializeFallBackToOneRankWithAWarning) {
+  ASSERT_FALSE(bp::is_initialized());
+  EXPECT_EQ(bp::rank_prefix(), "[rank_-1_pp-1_tp-1_dp-1_cp-1]");
+  ::testing::internal::CaptureStderr();
+  at::manual_seed(3);
+  bp::ColumnParallelLinear layer(bp::ColumnParallelLinearOptions(4, 6).keep_master_weight(true));
+  const std::string warning = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(warning.find("ColumnParallelLinear was built before initialize_model_parallel()"), std::string::npos)
+      << warning;
+  EXPECT_TRUE(bp::model_parallel_is_initialized());
+  EXPECT_EQ(bp::get_world_size(), 1);
+  EXPECT_EQ(bp::get_tensor_model_parallel_size(), 1);
+  EXPECT_EQ(bp::rank_prefix(), "[rank_0_pp0_tp0_dp0_cp0]");
+  EXPECT_EQ(bp::rmsg("hello"), "[rank_0_pp0_tp0_dp0_cp0] hello");
+
+  at::Tensor x = at::randn({2, 4});
+  EXPECT_TRUE(at::allclose(layer(x), at::linear(x, layer->master_weight, layer->bias)));
+  EXPECT_TRUE(layer->weight.equal(layer->master_weight)) << "one rank holds the whole master weight";
+}
+
+TEST_F(OneRankTest, UsageErrorsAreClear) {
+  EXPECT_NE(error_of([] { bp::get_world_group(); }).find("call init_process_group() first"), std::string::npos);
+  EXPECT_NE(error_of([] { bp::get_tensor_model_parallel_group(); }).find("call initialize_model_parallel() first"),
+            std::string::npos);
+  bp::init_process_group();
+  EXPECT_NE(error_of([] { bp::init_process_group(); }).find("already initialised"), std::string::npos);
+  bp::initialize_model_parallel(1);
+  EXPECT_NE(error_of([] { bp::initialize_model_parallel(1); }).find("destroy_model_parallel() first"), std::string::npos);
+  EXPECT_NE(error_of([] { bp::ColumnParallelLinear(bp::ColumnParallelLinearOptions(4, 6).sequence_parallel_enabled(true)); })
+                .find("sequence_parallel_enabled needs gather_output=false"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { bp::RowParallelLinear(bp::RowParallelLinearOptions(4, 6).sequence_parallel_enabled(true)); })
+                .find("needs input_is_parallel=true"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { bp::GQAQKVColumnParallelLinear(bp::GQAQKVColumnParallelLinearOptions(4, 8, 4).kv_size_multiplier(2)); })
+                .find("kv_size_multiplier 2 must be >= 1 and divide the tensor-parallel size 1"),
+            std::string::npos);
+
+  // A group a module still holds outlives destroy_process_group, and then says so when used.
+  bp::GroupPtr held = bp::get_tensor_model_parallel_group();
+  bp::destroy_process_group();
+  at::Tensor t = at::ones({2});
+  EXPECT_NE(error_of([&] { held->all_reduce(t); }).find("used after destroy_process_group()"), std::string::npos);
+}
+
+TEST_F(OneRankTest, MasterPrintPrintsOnRankZero) {
+  bp::init_process_group();
+  ::testing::internal::CaptureStdout();
+  bp::master_print("Output sum is 1.5");
+  EXPECT_EQ(::testing::internal::GetCapturedStdout(), "Output sum is 1.5\n");
+}
+
+}  // namespace
+}  // namespace backplane::test
