@@ -206,11 +206,16 @@ at::Tensor ParallelEmbeddingImpl::forward(const at::Tensor& input) {
   if (options_.shard_across_embedding()) {
     return gather_from_tensor_model_parallel_region(at::embedding(weight, input, padding), group_);
   }
-  if (group_->size() == 1) return at::embedding(weight, input, padding);
-  // Ids outside this rank's range look up row 0 and are zeroed; the all-reduce adds the owners' rows.
-  at::Tensor in_range = (input >= vocab_start_).logical_and(input < vocab_end_);
-  at::Tensor local_ids = (input - vocab_start_) * in_range;
-  at::Tensor output = at::embedding(weight, local_ids, padding) * in_range.unsqueeze(-1).to(weight.scalar_type());
+  at::Tensor output;
+  if (group_->size() == 1) {
+    output = at::embedding(weight, input, padding);
+  } else {
+    // Ids outside this rank's range look up row 0 and are zeroed; the reduction adds the owners' rows.
+    at::Tensor in_range = (input >= vocab_start_).logical_and(input < vocab_end_);
+    at::Tensor local_ids = (input - vocab_start_) * in_range;
+    output = at::embedding(weight, local_ids, padding) * in_range.unsqueeze(-1).to(weight.scalar_type());
+  }
+  // (batch, sequence, dim) -> (sequence / tp, batch, dim), whatever the TP degree.
   if (options_.sequence_parallel_enabled()) {
     return reduce_scatter_to_sequence_parallel_region(output.transpose(0, 1), 0, std::nullopt, group_);
   }

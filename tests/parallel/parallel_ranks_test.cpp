@@ -353,52 +353,87 @@ TEST_P(TensorParallelTest, ParallelEmbeddingMatchesAnUnshardedEmbedding) {
   }
 }
 
+TEST_P(TensorParallelTest, ParallelEmbeddingWithSequenceParallelismReduceScattersAlongTheSequence) {
+  at::manual_seed(35);
+  bp::ParallelEmbedding layer(bp::ParallelEmbeddingOptions(16, 4).sequence_parallel_enabled(true).keep_master_weight(true));
+  at::manual_seed(36);
+  at::Tensor ids = at::randint(0, 16, {2, 8}, at::kLong);  // (batch, sequence)
+  at::Tensor y = layer(ids);
+  ASSERT_EQ(y.sizes(), at::IntArrayRef({8 / tp_size, 2, 4})) << "(sequence / tp, batch, dim)";
+  at::Tensor g = shared_random({8, 2, 4}, 37);
+  (y * slice(g, 0)).sum().backward();
+
+  at::Tensor w_ref = leaf(layer->master_weight);
+  at::Tensor y_ref = at::embedding(w_ref, ids).transpose(0, 1);
+  (y_ref * g).sum().backward();
+  expect_close(gather(y, 0), y_ref, "output");
+  expect_close(gather(layer->weight.grad(), 0), w_ref.grad(), "weight gradient");
+}
+
 TEST_P(TensorParallelTest, GqaQkvLinearMatchesUnshardedProjectionsWithReplicatedKv) {
   const int64_t in = 6, q_out = 8, kv_out = 4;
   for (int64_t multiplier : {1, 2}) {
     if (tp_size % multiplier != 0) continue;
-    for (bool fused : {true, false}) {
-      SCOPED_TRACE("kv_size_multiplier " + std::to_string(multiplier) + (fused ? ", fused" : ", unfused"));
-      at::manual_seed(51);
-      bp::GQAQKVColumnParallelLinear layer(bp::GQAQKVColumnParallelLinearOptions(in, q_out, kv_out)
-                                               .kv_size_multiplier(multiplier)
-                                               .fuse_qkv(fused)
-                                               .keep_master_weight(true));
-      at::Tensor x = shared_random({2, 3, in}, 52).requires_grad_();
-      auto [q, k, v] = layer(x);
-      at::Tensor gq = shared_random({2, 3, q_out}, 53), gk = shared_random({2, 3, kv_out}, 54),
-                 gv = shared_random({2, 3, kv_out}, 55);
-      // Replicas of one head receive the same gradient, as they do when each serves its share of Q heads.
-      at::Tensor gk_replicated = gk.repeat({1, 1, multiplier}), gv_replicated = gv.repeat({1, 1, multiplier});
-      ((q * gq).sum() + (k * gk_replicated).sum() + (v * gv_replicated).sum()).backward();
+    for (bp::KvReplication replication : {bp::KvReplication::Repeat, bp::KvReplication::RepeatInterleave}) {
+      if (multiplier == 1 && replication == bp::KvReplication::RepeatInterleave) continue;
+      // K0..Kn,K0..Kn (trn1) or K0,K0,..,Kn,Kn (trn2) along the feature dim `dim`.
+      auto replicate = [&](const at::Tensor& t, int64_t dim) {
+        if (replication == bp::KvReplication::RepeatInterleave) return t.repeat_interleave(multiplier, dim);
+        std::vector<int64_t> repeats(static_cast<size_t>(t.dim()), 1);
+        repeats[static_cast<size_t>(dim < 0 ? dim + t.dim() : dim)] = multiplier;
+        return t.repeat(repeats);
+      };
+      // The original rows back from the replicated ones.
+      auto first_replica = [&](const at::Tensor& replicated) {
+        return replication == bp::KvReplication::Repeat ? replicated.narrow(0, 0, kv_out)
+                                                        : replicated.reshape({kv_out, multiplier}).select(1, 0);
+      };
+      for (bool fused : {true, false}) {
+        SCOPED_TRACE("kv_size_multiplier " + std::to_string(multiplier) +
+                     (replication == bp::KvReplication::Repeat ? ", repeat" : ", repeat_interleave") +
+                     (fused ? ", fused" : ", unfused"));
+        at::manual_seed(51);
+        bp::GQAQKVColumnParallelLinear layer(bp::GQAQKVColumnParallelLinearOptions(in, q_out, kv_out)
+                                                 .kv_size_multiplier(multiplier)
+                                                 .kv_replication(replication)
+                                                 .fuse_qkv(fused)
+                                                 .keep_master_weight(true));
+        at::Tensor x = shared_random({2, 3, in}, 52).requires_grad_();
+        auto [q, k, v] = layer(x);
+        at::Tensor gq = shared_random({2, 3, q_out}, 53), gk = shared_random({2, 3, kv_out}, 54),
+                   gv = shared_random({2, 3, kv_out}, 55);
+        // Replicas of one head receive the same gradient, as they do when each serves its share of Q heads.
+        ((q * gq).sum() + (k * replicate(gk, -1)).sum() + (v * replicate(gv, -1)).sum()).backward();
 
-      // The unsharded projections, with the full (unreplicated) biases gathered from the ranks.
-      at::Tensor x_ref = leaf(x);
-      at::Tensor wq = leaf(layer->master_weight_q), wk = leaf(layer->master_weight_k), wv = leaf(layer->master_weight_v);
-      at::Tensor bq = leaf(gather(layer->bias_q(), 0));
-      at::Tensor bk = leaf(gather(layer->bias_k(), 0).narrow(0, 0, kv_out));
-      at::Tensor bv = leaf(gather(layer->bias_v(), 0).narrow(0, 0, kv_out));
-      at::Tensor q_ref = at::linear(x_ref, wq, bq), k_ref = at::linear(x_ref, wk, bk), v_ref = at::linear(x_ref, wv, bv);
-      ((q_ref * gq).sum() + (k_ref * gk).sum() + (v_ref * gv).sum()).backward();
+        // The unsharded projections, with the full (unreplicated) biases gathered from the ranks.
+        at::Tensor x_ref = leaf(x);
+        at::Tensor wq = leaf(layer->master_weight_q), wk = leaf(layer->master_weight_k),
+                   wv = leaf(layer->master_weight_v);
+        at::Tensor bq = leaf(gather(layer->bias_q(), 0));
+        at::Tensor bk = leaf(first_replica(gather(layer->bias_k(), 0)));
+        at::Tensor bv = leaf(first_replica(gather(layer->bias_v(), 0)));
+        at::Tensor q_ref = at::linear(x_ref, wq, bq), k_ref = at::linear(x_ref, wk, bk), v_ref = at::linear(x_ref, wv, bv);
+        ((q_ref * gq).sum() + (k_ref * gk).sum() + (v_ref * gv).sum()).backward();
 
-      expect_close(q, q_ref, "q");
-      expect_close(k, k_ref.repeat({1, 1, multiplier}), "k");
-      expect_close(v, v_ref.repeat({1, 1, multiplier}), "v");
-      expect_close(x.grad(), x_ref.grad(), "input gradient (replicated KV heads counted once)");
+        expect_close(q, q_ref, "q");
+        expect_close(k, replicate(k_ref, -1), "k");
+        expect_close(v, replicate(v_ref, -1), "v");
+        expect_close(x.grad(), x_ref.grad(), "input gradient (replicated KV heads counted once)");
 
-      const int64_t q_local = q_out / tp_size, kv_local = kv_out * multiplier / tp_size;
-      auto params = layer->named_parameters();
-      at::Tensor grad_q, grad_k;
-      if (fused) {
-        at::Tensor fused_grad = params["weight_qkv"].grad();
-        grad_q = fused_grad.narrow(0, 0, q_local);
-        grad_k = fused_grad.narrow(0, q_local, kv_local);
-      } else {
-        grad_q = params["weight_q"].grad();
-        grad_k = params["weight_k"].grad();
+        const int64_t q_local = q_out / tp_size, kv_local = kv_out * multiplier / tp_size;
+        auto params = layer->named_parameters();
+        at::Tensor grad_q, grad_v;
+        if (fused) {
+          at::Tensor fused_grad = params["weight_qkv"].grad();
+          grad_q = fused_grad.narrow(0, 0, q_local);
+          grad_v = fused_grad.narrow(0, q_local + kv_local, kv_local);
+        } else {
+          grad_q = params["weight_q"].grad();
+          grad_v = params["weight_v"].grad();
+        }
+        expect_close(gather(grad_q.contiguous(), 0), wq.grad(), "q weight gradient");
+        expect_close(gather(grad_v.contiguous(), 0), replicate(wv.grad(), 0), "v weight gradient (per replica)");
       }
-      expect_close(gather(grad_q.contiguous(), 0), wq.grad(), "q weight gradient");
-      expect_close(gather(grad_k.contiguous(), 0), wk.grad().repeat({multiplier, 1}), "k weight gradient (per replica)");
     }
   }
 }
