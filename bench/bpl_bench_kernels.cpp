@@ -1,6 +1,9 @@
-// gemm through the C ABI (bpl_gemm on the gloo backend's LibTorch kernels) against LibTorch called
-// directly, in one run: at::mm (allocating its result, as users call it) and at::mm_out (into a
-// preallocated result, as bpl_gemm writes into the caller's C). Square sizes 256..4096, f32 and bf16.
+// Kernels through the C ABI (the gloo backend's LibTorch kernels) against LibTorch called directly, in
+// one run:
+//  - gemm: bpl_gemm vs at::mm (allocating its result, as users call it) and at::mm_out (into a
+//    preallocated result, as bpl_gemm writes into the caller's C); square sizes 256..4096, f32 and bf16;
+//  - elementwise: bpl_add / bpl_scale / bpl_axpby / bpl_cast vs at::add_out / at::mul_out /
+//    at::mul_out + add_ / Tensor::copy_, 4 Ki..16 Mi elements, f32 (cast: f32 -> bf16).
 // Compare the medians: --benchmark_repetitions=5 --benchmark_report_aggregates_only=true.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -74,6 +77,72 @@ BENCHMARK_TEMPLATE(BM_GemmAtMmOut, BPL_DTYPE_F32)->Apply(sizes);
 BENCHMARK_TEMPLATE(BM_GemmThroughAbi, BPL_DTYPE_BF16)->Apply(sizes);
 BENCHMARK_TEMPLATE(BM_GemmAtMm, BPL_DTYPE_BF16)->Apply(sizes);
 BENCHMARK_TEMPLATE(BM_GemmAtMmOut, BPL_DTYPE_BF16)->Apply(sizes);
+
+/* ---- elementwise ---- */
+
+enum class Elementwise { Add, Scale, Axpby, Cast };
+
+struct Vectors {
+  explicit Vectors(int64_t n) : x(at::rand({n})), y(at::rand({n})), out(at::empty({n})), out_bf16(at::empty({n}, at::kBFloat16)) {}
+  at::Tensor x, y, out, out_bf16;
+};
+
+void bytes_moved(benchmark::State& state, Elementwise kind) {
+  // Reads and writes of 4-byte elements (the cast writes 2 bytes).
+  const double n = static_cast<double>(state.range(0));
+  const double per_element = kind == Elementwise::Scale ? 8 : kind == Elementwise::Cast ? 6 : 12;
+  state.counters["bytes_per_second"] =
+      benchmark::Counter(n * per_element, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1024);
+}
+
+template <Elementwise Kind>
+void BM_ElementwiseThroughAbi(benchmark::State& state) {
+  Vectors v(state.range(0));
+  bpl_elementwise_args args = BPL_ELEMENTWISE_ARGS_INIT;
+  args.count = state.range(0);
+  args.alpha = 0.5;
+  args.beta = 2.0;
+  args.x = v.x.data_ptr(), args.y = v.y.data_ptr(), args.out = v.out.data_ptr();
+  bpl_cast_args cast = BPL_CAST_ARGS_INIT;
+  cast.count = state.range(0);
+  cast.src = v.x.data_ptr(), cast.dst = v.out_bf16.data_ptr();
+  for (auto _ : state) {
+    bpl_status status = Kind == Elementwise::Add     ? bpl_add(runtime, &args)
+                        : Kind == Elementwise::Scale ? bpl_scale(runtime, &args)
+                        : Kind == Elementwise::Axpby ? bpl_axpby(runtime, &args)
+                                                     : bpl_cast(runtime, &cast);
+    if (status != BPL_OK) state.SkipWithError(bpl_last_error());
+    benchmark::ClobberMemory();
+  }
+  bytes_moved(state, Kind);
+}
+
+template <Elementwise Kind>
+void BM_ElementwiseAten(benchmark::State& state) {
+  Vectors v(state.range(0));
+  for (auto _ : state) {
+    if (Kind == Elementwise::Add) at::add_out(v.out, v.x, v.y);
+    if (Kind == Elementwise::Scale) at::mul_out(v.out, v.x, 0.5);
+    if (Kind == Elementwise::Axpby) at::mul_out(v.out, v.x, 0.5).add_(v.y, 2.0);
+    if (Kind == Elementwise::Cast) v.out_bf16.copy_(v.x);
+    benchmark::ClobberMemory();
+  }
+  bytes_moved(state, Kind);
+}
+
+void lengths(benchmark::internal::Benchmark* b) {
+  for (int64_t n : {int64_t{1} << 12, int64_t{1} << 16, int64_t{1} << 20, int64_t{1} << 24}) b->Arg(n);
+  b->Unit(benchmark::kMicrosecond)->UseRealTime();
+}
+
+BENCHMARK_TEMPLATE(BM_ElementwiseThroughAbi, Elementwise::Add)->Apply(lengths);
+BENCHMARK_TEMPLATE(BM_ElementwiseAten, Elementwise::Add)->Apply(lengths);
+BENCHMARK_TEMPLATE(BM_ElementwiseThroughAbi, Elementwise::Scale)->Apply(lengths);
+BENCHMARK_TEMPLATE(BM_ElementwiseAten, Elementwise::Scale)->Apply(lengths);
+BENCHMARK_TEMPLATE(BM_ElementwiseThroughAbi, Elementwise::Axpby)->Apply(lengths);
+BENCHMARK_TEMPLATE(BM_ElementwiseAten, Elementwise::Axpby)->Apply(lengths);
+BENCHMARK_TEMPLATE(BM_ElementwiseThroughAbi, Elementwise::Cast)->Apply(lengths);
+BENCHMARK_TEMPLATE(BM_ElementwiseAten, Elementwise::Cast)->Apply(lengths);
 
 }  // namespace
 

@@ -49,7 +49,7 @@ bool is_store_timeout(const std::exception& e) {
   return std::strstr(what, "imed out") != nullptr || std::strstr(what, "imeout") != nullptr;
 }
 
-Rendezvous rendezvous(const bpl_launch_info& launch) {
+Rendezvous rendezvous(const bpl_launch_info& launch, const RendezvousOptions& rendezvous_options) {
   using backplane::plugin::Error;
   Rendezvous result;
   const std::string addr = launch.master_addr != nullptr ? launch.master_addr : "";
@@ -87,9 +87,10 @@ Rendezvous rendezvous(const bpl_launch_info& launch) {
   // A torchrun agent hosts the store itself and tells its workers so; otherwise rank 0 hosts it.
   const char* agent_store = env("TORCHELASTIC_USE_AGENT_STORE");
   const bool agent_hosts = agent_store != nullptr && std::string(agent_store) == "True";
+  const bool hosted_elsewhere = agent_hosts || rendezvous_options.store_hosted_elsewhere;
   c10d::TCPStoreOptions options;
   options.port = static_cast<uint16_t>(launch.master_port);
-  options.isServer = launch.rank == 0 && !agent_hosts;
+  options.isServer = launch.rank == 0 && !hosted_elsewhere;
   options.numWorkers = static_cast<size_t>(launch.world_size);
   options.waitWorkers = false;  // the full-mesh connect below waits for every rank, with the timeout
   options.timeout = timeout;
@@ -105,7 +106,7 @@ Rendezvous rendezvous(const bpl_launch_info& launch) {
   auto adapter = std::make_shared<c10d::ProcessGroupGloo::GlooStore>(tcp_store);
   // A restarted torchrun job reuses the agent's store: keep each attempt's keys apart.
   const char* restart = env("TORCHELASTIC_RESTART_COUNT");
-  result.store = std::make_shared<PrefixedStore>(adapter, std::string("backplane/") + (restart ? restart : "0"));
+  result.store = std::make_shared<PrefixedStore>(adapter, rendezvous_options.key_prefix + "/" + (restart ? restart : "0"));
   result.description = "store=" + addr + ":" + std::to_string(launch.master_port) +
                        (options.isServer ? " (server)" : agent_hosts ? " (torchrun agent)" : " (client)") +
                        "; transport=" + transport;

@@ -1,0 +1,342 @@
+// Collectives through backplane, and the same operations through the raw library underneath (Gloo for
+// gloo, MPI for mpi), side by side in one run. Run it as every rank of a job; the backend comes from
+// the environment:
+//
+//   NXD_CPU_MODE=1 bpl-run --nproc-per-node 2 bpl-bench-collectives
+//   mpirun -np 2 bpl-bench-collectives
+//
+// Sizes follow nccl-tests: the bytes of the whole buffer (allgather: the gathered output; reduce_scatter:
+// the input; alltoall: what each rank sends). Every (operation, dtype, size) runs a fixed number of
+// iterations decided from the size alone, so all ranks run the same counts without talking; rank 0
+// reports. Counters: algbw = bytes / time, busbw = algbw × nccl-tests' bus factor (GB/s). The console
+// adds "backplane/raw" after each pair: the abstraction's cost, measured in one run.
+//
+// Flags (before Google Benchmark's): --min-bytes=N (4), --max-bytes=N (64M), --step-factor=N (4),
+// --dtypes=f32,bf16, --ops=allreduce,allgather,reduce_scatter,broadcast,alltoall,pingpong,barrier,
+// --repetitions=N (5), --max-iterations=N (1000), --no-raw. Sizes take K, M and G suffixes (powers of 1024).
+#include <benchmark/benchmark.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backplane/backplane.h"
+#include "raw_library.h"
+
+namespace backplane::bench {
+namespace {
+
+struct Settings {
+  int64_t min_bytes = 4;
+  int64_t max_bytes = int64_t{64} << 20;
+  int64_t step_factor = 4;
+  std::vector<std::string> dtypes = {"f32", "bf16"};
+  std::vector<std::string> ops = {"allreduce", "allgather", "reduce_scatter", "broadcast", "alltoall", "pingpong",
+                                  "barrier"};
+  int repetitions = 5;
+  int64_t max_iterations = 1000;
+  bool raw = true;
+};
+
+struct Job {
+  bpl_runtime* runtime = nullptr;
+  bpl_comm* world = nullptr;
+  int rank = 0;
+  int size = 1;
+  std::unique_ptr<RawLibrary> raw;
+};
+Job job;
+
+[[noreturn]] void fail(const std::string& message) {
+  std::fprintf(stderr, "bpl-bench-collectives (rank %d): %s\n", job.rank, message.c_str());
+  std::exit(1);
+}
+
+int64_t parse_bytes(const std::string& flag, const std::string& text) {
+  size_t end = 0;
+  int64_t value = 0;
+  try {
+    value = std::stoll(text, &end);
+  } catch (const std::exception&) {
+    end = 0;
+  }
+  std::string suffix = text.substr(end);
+  int shift = suffix == "K" ? 10 : suffix == "M" ? 20 : suffix == "G" ? 30 : suffix.empty() ? 0 : -1;
+  if (end == 0 || shift < 0 || value < 1) fail(flag + "=" + text + ": expected a positive size such as 4, 64K or 64M");
+  return value << shift;
+}
+
+std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> items;
+  std::stringstream stream(text);
+  for (std::string item; std::getline(stream, item, ',');) items.push_back(item);
+  return items;
+}
+
+// Takes this program's flags out of argv, leaving Google Benchmark's.
+Settings parse_settings(int& argc, char** argv) {
+  Settings settings;
+  int kept = 1;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    auto value_of = [&](const char* flag) -> const char* {
+      const size_t n = std::strlen(flag);
+      return arg.compare(0, n, flag) == 0 && arg.size() > n && arg[n] == '=' ? argv[i] + n + 1 : nullptr;
+    };
+    if (const char* v = value_of("--min-bytes")) {
+      settings.min_bytes = parse_bytes("--min-bytes", v);
+    } else if (const char* v = value_of("--max-bytes")) {
+      settings.max_bytes = parse_bytes("--max-bytes", v);
+    } else if (const char* v = value_of("--step-factor")) {
+      settings.step_factor = parse_bytes("--step-factor", v);
+      if (settings.step_factor < 2) fail("--step-factor must be >= 2");
+    } else if (const char* v = value_of("--dtypes")) {
+      settings.dtypes = split_list(v);
+    } else if (const char* v = value_of("--ops")) {
+      settings.ops = split_list(v);
+    } else if (const char* v = value_of("--repetitions")) {
+      settings.repetitions = static_cast<int>(parse_bytes("--repetitions", v));
+    } else if (const char* v = value_of("--max-iterations")) {
+      settings.max_iterations = parse_bytes("--max-iterations", v);
+    } else if (arg == "--no-raw") {
+      settings.raw = false;
+    } else {
+      argv[kept++] = argv[i];
+    }
+  }
+  argc = kept;
+  for (const std::string& d : settings.dtypes) {
+    if (d != "f32" && d != "bf16") fail("--dtypes: '" + d + "' is not one of f32, bf16");
+  }
+  const std::vector<std::string> known = Settings().ops;
+  for (const std::string& op : settings.ops) {
+    if (std::find(known.begin(), known.end(), op) == known.end()) fail("--ops: unknown operation '" + op + "'");
+  }
+  return settings;
+}
+
+/* ---- one operation, two implementations ---- */
+
+// Buffers for one (operation, dtype, size): zeros, so repeated sums stay finite and normal.
+struct Buffers {
+  Buffers(size_t send_bytes, size_t recv_bytes) : send(send_bytes, 0), recv(recv_bytes, 0) {}
+  std::vector<unsigned char> send, recv;
+};
+
+struct OpShape {
+  double bus_factor;   // nccl-tests' busbw / algbw
+  size_t count;        // elements per rank, as the call takes them
+  size_t send_bytes, recv_bytes;
+};
+
+OpShape shape_of(const std::string& op, int64_t bytes, size_t element, int n) {
+  const size_t elements = static_cast<size_t>(bytes) / element;
+  const double ring = static_cast<double>(n - 1) / n;
+  const size_t per_rank = elements / static_cast<size_t>(n);
+  if (op == "allreduce") return {2 * ring, elements, elements * element, elements * element};
+  if (op == "allgather") return {ring, per_rank, per_rank * element, per_rank * element * n};
+  if (op == "reduce_scatter") return {ring, per_rank, per_rank * element * n, per_rank * element};
+  if (op == "alltoall") return {ring, per_rank, per_rank * element * n, per_rank * element * n};
+  if (op == "broadcast") return {1.0, elements, 0, elements * element};
+  return {1.0, static_cast<size_t>(bytes), static_cast<size_t>(bytes), static_cast<size_t>(bytes)};  // pingpong
+}
+
+bpl_status run_backplane(const std::string& op, Buffers& b, const OpShape& s, bpl_dtype dtype) {
+  void* send = b.send.data();
+  void* recv = b.recv.data();
+  const auto count = static_cast<int64_t>(s.count);
+  if (op == "allreduce") return bpl_allreduce(job.world, recv, recv, count, dtype, BPL_OP_SUM, nullptr);
+  if (op == "allgather") return bpl_allgather(job.world, send, recv, count, dtype, nullptr);
+  if (op == "reduce_scatter") return bpl_reduce_scatter(job.world, send, recv, count, dtype, BPL_OP_SUM, nullptr);
+  if (op == "broadcast") return bpl_broadcast(job.world, recv, count, dtype, 0, nullptr);
+  if (op == "alltoall") return bpl_alltoall(job.world, send, recv, count, dtype, nullptr);
+  if (op == "barrier") return bpl_barrier(job.world, nullptr);
+  // pingpong between ranks 0 and 1; the others wait at the next collective
+  const int64_t bytes = static_cast<int64_t>(s.send_bytes);
+  if (job.rank == 0) {
+    bpl_status status = bpl_send(job.world, send, bytes, BPL_DTYPE_U8, 1, 0, nullptr);
+    return status != BPL_OK ? status : bpl_recv(job.world, recv, bytes, BPL_DTYPE_U8, 1, 0, nullptr);
+  }
+  if (job.rank == 1) {
+    bpl_status status = bpl_recv(job.world, recv, bytes, BPL_DTYPE_U8, 0, 0, nullptr);
+    return status != BPL_OK ? status : bpl_send(job.world, recv, bytes, BPL_DTYPE_U8, 0, 0, nullptr);
+  }
+  return BPL_OK;
+}
+
+void run_raw(const std::string& op, Buffers& b, const OpShape& s, bpl_dtype dtype) {
+  RawLibrary& raw = *job.raw;
+  if (op == "allreduce") return raw.allreduce(b.recv.data(), s.count, dtype);
+  if (op == "allgather") return raw.allgather(b.send.data(), b.recv.data(), s.count, dtype);
+  if (op == "reduce_scatter") return raw.reduce_scatter(b.send.data(), b.recv.data(), s.count, dtype);
+  if (op == "broadcast") return raw.broadcast(b.recv.data(), s.count, dtype, 0);
+  if (op == "alltoall") return raw.alltoall(b.send.data(), b.recv.data(), s.count, dtype);
+  if (op == "barrier") return raw.barrier();
+  if (job.rank == 0) {
+    raw.send(b.send.data(), s.send_bytes, 1);
+    raw.recv(b.recv.data(), s.send_bytes, 1);
+  } else if (job.rank == 1) {
+    raw.recv(b.recv.data(), s.send_bytes, 0);
+    raw.send(b.recv.data(), s.send_bytes, 0);
+  }
+}
+
+// Enough iterations for a stable median without long runs: ~256 MiB moved per repetition, at least 5.
+int64_t iterations_for(int64_t bytes, int64_t max_iterations) {
+  return std::clamp<int64_t>((int64_t{256} << 20) / std::max<int64_t>(bytes, 1), std::min<int64_t>(5, max_iterations),
+                             max_iterations);
+}
+
+void register_pair(const std::string& op, const std::string& dtype_name, int64_t bytes, const Settings& settings) {
+  const bpl_dtype dtype = dtype_name == "bf16" ? BPL_DTYPE_BF16 : BPL_DTYPE_F32;
+  const OpShape s = shape_of(op, bytes, bpl_dtype_size(dtype), job.size);
+  const bool sized = op != "barrier";
+  if (sized && s.count == 0) return;  // smaller than one element per rank
+  // Bytes one iteration moves for algbw: the nccl-tests size, both ways for the ping-pong.
+  const double moved = op == "pingpong" ? 2.0 * bytes : static_cast<double>(bytes);
+  const std::string base = sized ? op + "/" + dtype_name + "/" + std::to_string(bytes) : op;
+
+  auto set_counters = [=](benchmark::State& state) {
+    if (!sized) return;
+    state.counters["bytes"] = static_cast<double>(bytes);
+    state.counters["algbw_GBps"] = benchmark::Counter(moved / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+    state.counters["busbw_GBps"] =
+        benchmark::Counter(moved * s.bus_factor / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+  };
+  auto configure = [&](benchmark::internal::Benchmark* b) {
+    b->Iterations(sized ? iterations_for(bytes, settings.max_iterations) : settings.max_iterations)
+        ->Repetitions(settings.repetitions)
+        ->ReportAggregatesOnly(true)
+        ->UseRealTime()
+        ->Unit(benchmark::kMicrosecond);
+  };
+  configure(benchmark::RegisterBenchmark((base + "/backplane").c_str(), [=](benchmark::State& state) {
+    Buffers buffers(s.send_bytes, s.recv_bytes);
+    for (auto _ : state) {
+      if (run_backplane(op, buffers, s, dtype) != BPL_OK) fail(op + " through backplane: " + bpl_last_error());
+    }
+    set_counters(state);
+  }));
+  if (!job.raw) return;
+  configure(benchmark::RegisterBenchmark((base + "/raw").c_str(), [=](benchmark::State& state) {
+    Buffers buffers(s.send_bytes, s.recv_bytes);
+    for (auto _ : state) {
+      try {
+        run_raw(op, buffers, s, dtype);
+      } catch (const std::exception& e) {
+        fail(op + " through the raw library: " + e.what());
+      }
+    }
+    set_counters(state);
+  }));
+}
+
+/* ---- reporting ---- */
+
+// Google Benchmark's console output, plus "backplane/raw" after each raw median.
+class RatioReporter : public benchmark::ConsoleReporter {
+ public:
+  void ReportRuns(const std::vector<Run>& runs) override {
+    ConsoleReporter::ReportRuns(runs);
+    for (const Run& run : runs) {
+      if (run.aggregate_name != "median") continue;
+      const std::string name = run.run_name.function_name;
+      const size_t slash = name.rfind('/');
+      const std::string key = name.substr(0, slash), impl = name.substr(slash + 1);
+      if (impl == "backplane") {
+        backplane_median_[key] = run.GetAdjustedRealTime();
+      } else if (impl == "raw" && backplane_median_.count(key)) {
+        GetOutputStream() << "  " << key << ": backplane/raw = " << backplane_median_[key] / run.GetAdjustedRealTime()
+                          << "\n";
+      }
+    }
+  }
+
+ private:
+  std::map<std::string, double> backplane_median_;
+};
+
+class NullReporter : public benchmark::BenchmarkReporter {
+ public:
+  bool ReportContext(const Context&) override { return true; }
+  void ReportRuns(const std::vector<Run>&) override {}
+};
+
+}  // namespace
+}  // namespace backplane::bench
+
+int main(int argc, char** argv) {
+  using namespace backplane::bench;
+  const Settings settings = parse_settings(argc, argv);
+  bool writes_file = false;
+  for (int i = 1; i < argc; ++i) writes_file |= std::strncmp(argv[i], "--benchmark_out=", 16) == 0;
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;
+
+  if (bpl_init(nullptr, &job.runtime) != BPL_OK) fail(std::string("bpl_init: ") + bpl_last_error());
+  bpl_comm_world(job.runtime, &job.world);
+  bpl_runtime_info info = BPL_RUNTIME_INFO_INIT;
+  bpl_runtime_describe(job.runtime, &info);
+  job.rank = info.rank;
+  job.size = info.world_size;
+  const std::string backend = info.backend;
+  if (job.size < 2 && std::find(settings.ops.begin(), settings.ops.end(), "pingpong") != settings.ops.end() &&
+      job.rank == 0) {
+    std::fprintf(stderr, "bpl-bench-collectives: one rank: pingpong is skipped\n");
+  }
+  if (settings.raw) {
+    try {
+      if (backend == "gloo") {
+        const char* addr = std::getenv("MASTER_ADDR");
+        const char* port = std::getenv("MASTER_PORT");
+        if (job.size > 1 && (addr == nullptr || port == nullptr)) fail("raw Gloo needs MASTER_ADDR and MASTER_PORT");
+        job.raw = open_raw_gloo(job.rank, job.size, addr ? addr : "", port ? std::atoi(port) : 0, info.timeout_ms);
+      } else if (backend == "mpi") {
+        job.raw = open_raw_mpi();
+      }
+    } catch (const std::exception& e) {
+      fail(std::string("opening the raw library: ") + e.what());
+    }
+  }
+
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  benchmark::AddCustomContext("backend", backend + " " + info.plugin_version + " (" + info.details + ")");
+  benchmark::AddCustomContext("ranks", std::to_string(job.size) + " (" + std::to_string(info.local_world_size) +
+                                           " on this host)");
+  benchmark::AddCustomContext("raw_library", job.raw ? job.raw->description() : "none");
+  benchmark::AddCustomContext("host", std::string(host) + ", " + std::to_string(std::thread::hardware_concurrency()) +
+                                          " hardware threads");
+
+  for (const std::string& op : settings.ops) {
+    if (op == "pingpong" && job.size < 2) continue;
+    if (op == "barrier") {
+      register_pair(op, "f32", 0, settings);
+      continue;
+    }
+    for (const std::string& dtype : settings.dtypes) {
+      for (int64_t bytes = settings.min_bytes; bytes <= settings.max_bytes; bytes *= settings.step_factor) {
+        register_pair(op, dtype, bytes, settings);
+      }
+    }
+  }
+
+  if (job.rank == 0) {
+    RatioReporter display;
+    benchmark::RunSpecifiedBenchmarks(&display);
+  } else {
+    NullReporter display, file;
+    benchmark::RunSpecifiedBenchmarks(&display, writes_file ? &file : nullptr);
+  }
+  benchmark::Shutdown();
+  job.raw.reset();
+  if (bpl_finalize(job.runtime) != BPL_OK) fail(std::string("bpl_finalize: ") + bpl_last_error());
+  return 0;
+}

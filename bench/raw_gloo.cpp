@@ -1,0 +1,151 @@
+// Raw Gloo: the same calls the gloo plugin makes, made directly.
+#include <c10/util/BFloat16.h>
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/alltoall.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/reduce_scatter.h>
+#include <gloo/rendezvous/context.h>
+
+#include <chrono>
+#include <cstring>
+#include <stdexcept>
+#include <vector>
+
+#include "raw_library.h"
+#include "rendezvous.h"
+
+namespace backplane::bench {
+namespace {
+
+template <typename T>
+void sum_into(void* c, const void* a, const void* b, size_t n) {
+  T* out = static_cast<T*>(c);
+  const T* x = static_cast<const T*>(a);
+  const T* y = static_cast<const T*>(b);
+  for (size_t i = 0; i < n; ++i) out[i] = static_cast<T>(static_cast<float>(x[i]) + static_cast<float>(y[i]));
+}
+
+template <typename T>
+void sum_in_place(T* x, const T* y, size_t n) {
+  for (size_t i = 0; i < n; ++i) x[i] = static_cast<T>(static_cast<float>(x[i]) + static_cast<float>(y[i]));
+}
+
+// Calls body with a null pointer of the element type: float for f32, c10::BFloat16 for bf16.
+template <typename Body>
+void with_type(bpl_dtype dtype, Body body) {
+  if (dtype == BPL_DTYPE_BF16) {
+    body(static_cast<c10::BFloat16*>(nullptr));
+  } else {
+    body(static_cast<float*>(nullptr));
+  }
+}
+
+class RawGloo : public RawLibrary {
+ public:
+  RawGloo(int rank, int world, const std::string& addr, int port, int64_t timeout_ms)
+      : timeout_(timeout_ms), rank_(rank), world_(world) {
+    bpl_launch_info launch{};
+    launch.struct_size = sizeof(launch);
+    launch.rank = rank;
+    launch.world_size = world;
+    launch.master_addr = addr.c_str();
+    launch.master_port = port;
+    launch.timeout_ms = timeout_ms;
+    gloo_plugin::RendezvousOptions options;
+    options.store_hosted_elsewhere = true;
+    options.key_prefix = "bench-raw-gloo";
+    gloo_plugin::Rendezvous rendezvous = gloo_plugin::rendezvous(launch, options);
+    context_ = std::make_shared<gloo::rendezvous::Context>(rank, world);
+    context_->setTimeout(timeout_);
+    context_->connectFullMesh(*rendezvous.store, rendezvous.device);
+  }
+
+  std::string description() const override { return std::string("gloo ") + BPL_GLOO_VERSION + " over tcp"; }
+
+  void allreduce(void* buf, size_t count, bpl_dtype dtype) override {
+    gloo::AllreduceOptions options(context_);
+    with_type(dtype, [&](auto* type) {
+      using T = std::remove_pointer_t<decltype(type)>;
+      options.setOutput(static_cast<T*>(buf), count);
+      options.setReduceFunction(&sum_into<T>);
+    });
+    options.setTag(tag_++);
+    gloo::allreduce(options);
+  }
+
+  void allgather(const void* send, void* recv, size_t count, bpl_dtype dtype) override {
+    const size_t bytes = count * bpl_dtype_size(dtype);
+    gloo::AllgatherOptions options(context_);
+    options.setInput(static_cast<uint8_t*>(const_cast<void*>(send)), bytes);
+    options.setOutput(static_cast<uint8_t*>(recv), bytes * static_cast<size_t>(world_));
+    options.setTag(tag_++);
+    gloo::allgather(options);
+  }
+
+  // Gloo's own reduce-scatter (the algorithm API's halving-doubling), in place on `send`.
+  void reduce_scatter(void* send, void* recv, size_t recvcount, bpl_dtype dtype) override {
+    with_type(dtype, [&](auto* type) {
+      using T = std::remove_pointer_t<decltype(type)>;
+      static const gloo::ReductionFunction<T> sum(gloo::SUM, &sum_in_place<T>);
+      std::vector<int> counts(static_cast<size_t>(world_), static_cast<int>(recvcount));
+      gloo::ReduceScatterHalvingDoubling<T> algorithm(context_, {static_cast<T*>(send)},
+                                                      static_cast<int>(recvcount) * world_, counts, &sum);
+      algorithm.run();
+      std::memcpy(recv, static_cast<T*>(send) + recvcount * static_cast<size_t>(rank_), recvcount * sizeof(T));
+    });
+  }
+
+  void broadcast(void* buf, size_t count, bpl_dtype dtype, int root) override {
+    gloo::BroadcastOptions options(context_);
+    options.setOutput(static_cast<uint8_t*>(buf), count * bpl_dtype_size(dtype));
+    options.setRoot(root);
+    options.setTag(tag_++);
+    gloo::broadcast(options);
+  }
+
+  void alltoall(const void* send, void* recv, size_t count, bpl_dtype dtype) override {
+    const size_t total = count * bpl_dtype_size(dtype) * static_cast<size_t>(world_);
+    gloo::AlltoallOptions options(context_);
+    options.setInput(static_cast<uint8_t*>(const_cast<void*>(send)), total);
+    options.setOutput(static_cast<uint8_t*>(recv), total);
+    options.setTag(tag_++);
+    gloo::alltoall(options);
+  }
+
+  void send(const void* buf, size_t bytes, int peer) override {
+    auto buffer = context_->createUnboundBuffer(const_cast<void*>(buf), bytes);
+    buffer->send(peer, kPointToPointSlot);
+    buffer->waitSend(timeout_);
+  }
+
+  void recv(void* buf, size_t bytes, int peer) override {
+    auto buffer = context_->createUnboundBuffer(buf, bytes);
+    buffer->recv(peer, kPointToPointSlot);
+    buffer->waitRecv(timeout_);
+  }
+
+  void barrier() override {
+    gloo::BarrierOptions options(context_);
+    options.setTag(tag_++);
+    gloo::barrier(options);
+  }
+
+ private:
+  static constexpr uint64_t kPointToPointSlot = 0x7001;
+  std::chrono::milliseconds timeout_;
+  int rank_;
+  int world_;
+  uint32_t tag_ = 0;
+  std::shared_ptr<gloo::rendezvous::Context> context_;
+};
+
+}  // namespace
+
+std::unique_ptr<RawLibrary> open_raw_gloo(int rank, int world_size, const std::string& master_addr, int master_port,
+                                          int64_t timeout_ms) {
+  return std::make_unique<RawGloo>(rank, world_size, master_addr, master_port, timeout_ms);
+}
+
+}  // namespace backplane::bench

@@ -1,0 +1,40 @@
+// A collective library called directly, without backplane: the baseline each backplane backend is
+// measured against in the same run (raw Gloo for gloo, raw MPI for mpi). Every operation is a sum over
+// all ranks, blocking, on host buffers; f32 or bf16.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "backplane/backplane.h"
+
+namespace backplane::bench {
+
+class RawLibrary {
+ public:
+  virtual ~RawLibrary() = default;
+  // "gloo 0.0~git20220518" or MPI's library version line.
+  virtual std::string description() const = 0;
+  virtual void allreduce(void* buf, size_t count, bpl_dtype dtype) = 0;
+  virtual void allgather(const void* send, void* recv, size_t count, bpl_dtype dtype) = 0;
+  // recv = this rank's block (recvcount elements) of the sum of send over ranks. `send` may be used as
+  // scratch.
+  virtual void reduce_scatter(void* send, void* recv, size_t recvcount, bpl_dtype dtype) = 0;
+  virtual void broadcast(void* buf, size_t count, bpl_dtype dtype, int root) = 0;
+  virtual void alltoall(const void* send, void* recv, size_t count, bpl_dtype dtype) = 0;
+  virtual void send(const void* buf, size_t bytes, int peer) = 0;
+  virtual void recv(void* buf, size_t bytes, int peer) = 0;
+  virtual void barrier() = 0;
+};
+
+// Gloo over the same TCP transport and TCPStore rendezvous as the gloo plugin, joining the store the
+// running plugin hosts (under its own key prefix). Throws on failure.
+std::unique_ptr<RawLibrary> open_raw_gloo(int rank, int world_size, const std::string& master_addr, int master_port,
+                                          int64_t timeout_ms);
+
+// MPI on a duplicate of MPI_COMM_WORLD, in the MPI the mpi plugin has initialised. nullptr when this
+// build has no MPI.
+std::unique_ptr<RawLibrary> open_raw_mpi();
+
+}  // namespace backplane::bench

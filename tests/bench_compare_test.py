@@ -1,0 +1,78 @@
+#!/usr/bin/env python3
+"""bpl-bench-compare on a tiny sweep: every backend built here runs, and the JSON, the table and the plot
+hold a median for every operation and size, through backplane and through the raw library.
+
+    bench_compare_test.py BIN_DIR
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+SIZES = [4, 64, 1024]
+OPS = ["allreduce", "allgather", "reduce_scatter", "broadcast", "alltoall", "pingpong"]
+failures = []
+
+
+def expect(condition, message):
+    if not condition:
+        failures.append(message)
+
+
+def expected_sizes(op):
+    # f32 on 2 ranks: ops that split the buffer over ranks need at least one element per rank
+    return [s for s in SIZES if op not in ("allgather", "reduce_scatter", "alltoall") or s >= 8]
+
+
+def main():
+    bin_dir = sys.argv[1]
+    backends = ["gloo"]
+    if os.path.exists(os.path.join(bin_dir, "..", "lib", "backplane", "plugins", "libbackplane-mpi.so")):
+        backends.append("mpi")
+    with tempfile.TemporaryDirectory() as out:
+        command = [os.path.join(bin_dir, "bpl-bench-compare"), "--out", out, "--backends", ",".join(backends), "--",
+                   "--dtypes=f32", "--max-bytes=1K", "--step-factor=16", "--repetitions=2", "--max-iterations=5"]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        if result.returncode != 0:
+            sys.exit(f"bpl-bench-compare failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
+        expect("backplane/raw = " in result.stdout, "the console shows backplane/raw ratios")
+        for backend in backends:
+            with open(os.path.join(out, f"{backend}.json")) as f:
+                results = json.load(f)
+            context = results["context"]
+            expect(context.get("backend", "").startswith(backend + " "), f"{backend}: context names the backend")
+            expect(context.get("raw_library", "none") != "none", f"{backend}: context names the raw library")
+            medians = {b["run_name"].split("/iterations")[0]: b for b in results["benchmarks"]
+                       if b.get("aggregate_name") == "median"}
+            for op in OPS:
+                for size in expected_sizes(op):
+                    for impl in ("backplane", "raw"):
+                        name = f"{op}/f32/{size}/{impl}"
+                        run = medians.get(name)
+                        expect(run is not None, f"{backend}: no median for {name}")
+                        if run:
+                            expect(run["real_time"] > 0, f"{backend}: {name} has a time")
+                            expect(run.get("busbw_GBps", 0) > 0, f"{backend}: {name} has a busbw counter")
+            expect("barrier/backplane" in medians and "barrier/raw" in medians, f"{backend}: barrier measured")
+        with open(os.path.join(out, "collectives.md")) as f:
+            table = f.read()
+        for op in OPS:
+            for size in expected_sizes(op):
+                label = f"{size} B" if size < 1024 else "1 KiB"
+                row = re.search(rf"^\| {op} \| f32 \| {label} \|(.*)$", table, re.M)
+                expect(row is not None, f"the table has a row for {op} {label}")
+                if row:
+                    cells = [c.strip() for c in row.group(1).split("|")[:-1]]
+                    numbers = [c for c in cells if re.fullmatch(r"[0-9]+\.[0-9]+", c)]
+                    expect(len(numbers) == 4 * len(backends), f"row {op} {label} is complete: {row.group(0)}")
+        with open(os.path.join(out, "collectives.png"), "rb") as f:
+            expect(f.read(8) == b"\x89PNG\r\n\x1a\n", "collectives.png is a PNG")
+    if failures:
+        sys.exit("FAILED:\n  " + "\n  ".join(failures))
+    print(f"bench_compare_test: {', '.join(backends)}: every operation and size measured both ways; table and plot written")
+
+
+if __name__ == "__main__":
+    main()
