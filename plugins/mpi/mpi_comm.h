@@ -1,6 +1,7 @@
-// A communicator of the MPI plugin: an MPI communicator (with MPI_ERRORS_RETURN) whose operations are
-// MPI's non-blocking calls. A blocking bpl call posts the same request and waits for it with the
-// communicator's timeout, so no call can wait forever on a peer that never comes.
+// A communicator of the MPI plugin: an MPI communicator (with MPI_ERRORS_RETURN). Asynchronous bpl calls
+// are MPI's non-blocking calls; a blocking bpl call posts the same request and waits for it with the
+// communicator's timeout, or, for large collectives, runs MPI's faster blocking form on a worker thread
+// and waits for that with the timeout. No call can wait forever on a peer that never comes.
 #pragma once
 
 #include <mpi.h>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "backplane/plugin.h"
+#include "op_queue.h"
 
 namespace backplane::mpi_plugin {
 
@@ -36,6 +38,9 @@ class Request {
   std::vector<char>& buffer(size_t i) { return buffers_[i]; }  // staging owned by the request
   void on_complete(std::function<void()> fn) { on_complete_ = std::move(fn); }
 
+  // Completes an operation MPI ran as a blocking call: its status, after the on_complete work.
+  bpl_status finish(int mpi_error);
+  const std::string& message() const { return message_; }
   // *done = 1 once complete; returns the operation's status then (and on every later call).
   bpl_status test(int32_t* done);
   // Polls until complete or `timeout` passes (BPL_ERR_TIMEOUT; the request stays in flight).
@@ -85,9 +90,15 @@ class MpiComm {
   void abandon(std::unique_ptr<Request> request);
 
  private:
-  // Posts through `post` (which fills the request's MPI handle), then either returns the request in
-  // *req or waits for it here.
-  void start(std::unique_ptr<Request> request, const std::function<int(Request&)>& post, bpl_plugin_request** req);
+  // `post(handle)` posts the operation's non-blocking form into *handle; `post(nullptr)` runs its
+  // blocking form (for collectives that have one). An asynchronous call returns the request in *req; a
+  // blocking call waits here, through run_blocking when `bytes` (what the call moves per rank) is at
+  // least kBlockingCallMinBytes and MPI allows calls from any thread.
+  static constexpr size_t kBlockingCallMinBytes = 4096;
+  static constexpr size_t kNonBlockingOnly = 0;
+  void start(std::unique_ptr<Request> request, size_t bytes, const std::function<int(MPI_Request*)>& post,
+             bpl_plugin_request** req);
+  void run_blocking(std::unique_ptr<Request> request, const std::function<int(MPI_Request*)>& call);
   void require_usable() const;
   // Tags above the MPI library's MPI_TAG_UB (at least 32767) are refused, naming the bound.
   void check_tag(int tag) const;
@@ -99,6 +110,7 @@ class MpiComm {
   int size_ = 1;
   std::string poisoned_;
   std::vector<std::unique_ptr<Request>> abandoned_;
+  std::unique_ptr<plugin::OpQueue> blocking_calls_;  // the worker of run_blocking, started on first use
 };
 
 // MPI's text for an error code.
