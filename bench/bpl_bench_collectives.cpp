@@ -276,7 +276,13 @@ int main(int argc, char** argv) {
   using namespace backplane::bench;
   const Settings settings = parse_settings(argc, argv);
   bool writes_file = false;
-  for (int i = 1; i < argc; ++i) writes_file |= std::strncmp(argv[i], "--benchmark_out=", 16) == 0;
+  for (int i = 1; i < argc; ++i) {
+    writes_file |= std::strncmp(argv[i], "--benchmark_out=", 16) == 0;
+    // Each rank would shuffle differently and the ranks would run different collectives.
+    if (std::strncmp(argv[i], "--benchmark_enable_random_interleaving", 38) == 0) {
+      fail("--benchmark_enable_random_interleaving cannot be used: every rank must run the benchmarks in the same order");
+    }
+  }
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;
 
