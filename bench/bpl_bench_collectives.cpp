@@ -275,23 +275,28 @@ class NullReporter : public benchmark::BenchmarkReporter {
 int main(int argc, char** argv) {
   using namespace backplane::bench;
   const Settings settings = parse_settings(argc, argv);
-  bool writes_file = false;
   for (int i = 1; i < argc; ++i) {
-    writes_file |= std::strncmp(argv[i], "--benchmark_out=", 16) == 0;
     // Each rank would shuffle differently and the ranks would run different collectives.
     if (std::strncmp(argv[i], "--benchmark_enable_random_interleaving", 38) == 0) {
       fail("--benchmark_enable_random_interleaving cannot be used: every rank must run the benchmarks in the same order");
     }
   }
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;
-
   if (bpl_init(nullptr, &job.runtime) != BPL_OK) fail(std::string("bpl_init: ") + bpl_last_error());
   bpl_comm_world(job.runtime, &job.world);
   bpl_runtime_info info = BPL_RUNTIME_INFO_INIT;
   bpl_runtime_describe(job.runtime, &info);
   job.rank = info.rank;
   job.size = info.world_size;
+  if (job.rank != 0) {
+    // Only rank 0 writes --benchmark_out: another rank opening the same file would truncate it under rank 0.
+    int kept = 1;
+    for (int i = 1; i < argc; ++i) {
+      if (std::strncmp(argv[i], "--benchmark_out", 15) != 0) argv[kept++] = argv[i];
+    }
+    argc = kept;
+  }
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;
   const std::string backend = info.backend;
   if (job.size < 2 && std::find(settings.ops.begin(), settings.ops.end(), "pingpong") != settings.ops.end() &&
       job.rank == 0) {
@@ -338,8 +343,8 @@ int main(int argc, char** argv) {
     RatioReporter display;
     benchmark::RunSpecifiedBenchmarks(&display);
   } else {
-    NullReporter display, file;
-    benchmark::RunSpecifiedBenchmarks(&display, writes_file ? &file : nullptr);
+    NullReporter display;
+    benchmark::RunSpecifiedBenchmarks(&display);
   }
   benchmark::Shutdown();
   job.raw.reset();

@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "backplane/parallel/parallel_state.h"
+#include "backplane/parallel/parameters.h"
 
 namespace backplane::parallel {
 
@@ -71,6 +72,11 @@ at::Tensor as_parameter(const at::Tensor& value, at::ScalarType dtype) {
   return value.to(dtype).contiguous().detach().requires_grad_(true);
 }
 
+// Records that `parameter` is this rank's partition along `dim` (for clipping, checkpoints, ZeRO-1).
+void mark_partitioned(const at::Tensor& parameter, int64_t dim, int64_t stride, int tp) {
+  set_tensor_model_parallel_attributes(parameter, {dim, stride, tp});
+}
+
 at::Tensor add_bias(const at::Tensor& output, const at::Tensor& bias) {
   return bias.defined() ? output + bias : output;
 }
@@ -93,6 +99,7 @@ ColumnParallelLinearImpl::ColumnParallelLinearImpl(ColumnParallelLinearOptions o
       "weight", as_parameter(create_local_weight(master.to(options_.dtype()), 0, out_local, options_.stride(),
                                                  group_->rank(), tp),
                              options_.dtype()));
+  mark_partitioned(weight, 0, options_.stride(), tp);
   if (options_.keep_master_weight()) master_weight = master;
   if (options_.bias()) {
     at::Tensor full = master_bias(options_.output_size(), options_.input_size());
@@ -101,6 +108,7 @@ ColumnParallelLinearImpl::ColumnParallelLinearImpl(ColumnParallelLinearOptions o
                            ? full
                            : create_local_weight(full, 0, out_local, options_.stride(), group_->rank(), tp);
     bias = register_parameter("bias", as_parameter(local, options_.dtype()));
+    if (!options_.gather_output()) mark_partitioned(bias, 0, options_.stride(), tp);
   }
 }
 
@@ -135,10 +143,13 @@ RowParallelLinearImpl::RowParallelLinearImpl(RowParallelLinearOptions options)
       "weight", as_parameter(create_local_weight(master.to(options_.dtype()), 1, in_local, options_.stride(),
                                                  group_->rank(), tp),
                              options_.dtype()));
+  mark_partitioned(weight, 1, options_.stride(), tp);
   if (options_.keep_master_weight()) master_weight = master;
   if (options_.bias()) {
     bias = register_parameter("bias", as_parameter(master_bias(options_.output_size(), options_.input_size()),
                                                    options_.dtype()));
+    // Added after the reduce-scatter, so each rank's gradient covers its part of the sequence only.
+    if (options_.sequence_parallel_enabled()) set_sequence_parallel_enabled(bias);
   }
 }
 
@@ -198,6 +209,7 @@ ParallelEmbeddingImpl::ParallelEmbeddingImpl(ParallelEmbeddingOptions options)
   }
   if (padding_row >= vocab_start_ && padding_row < vocab_end_) local_padding_idx_ = padding_row - vocab_start_;
   weight = register_parameter("weight", as_parameter(local, options_.dtype()));
+  mark_partitioned(weight, options_.shard_across_embedding() ? 1 : 0, 1, tp);
   if (options_.keep_master_weight()) master_weight = master;
 }
 
@@ -284,6 +296,7 @@ GQAQKVColumnParallelLinearImpl::GQAQKVColumnParallelLinearImpl(GQAQKVColumnParal
       bias_v_ = register_parameter("bias_v", as_parameter(bv, dtype));
     }
   }
+  for (const at::Tensor& parameter : parameters()) mark_partitioned(parameter, 0, 1, tp);
 }
 
 // Part `which` (0 = Q, 1 = K, 2 = V) of the fused tensor, or the separate one.

@@ -5,8 +5,11 @@
 
 #include "backplane/parallel/distributed.h"
 #include "backplane/parallel/error.h"
+#include "backplane/parallel/grads.h"
 #include "backplane/parallel/layers.h"
 #include "backplane/parallel/mappings.h"
 #include "backplane/parallel/parallel_state.h"
+#include "backplane/parallel/parameters.h"
 #include "backplane/parallel/process_group.h"
+#include "backplane/parallel/trainer.h"
 #include "backplane/parallel/utils.h"

@@ -1,0 +1,127 @@
+// Training APIs in the shape of neuronx-distributed's trainer: a config that sets up the parallel
+// state, a model wrapper and an optimizer wrapper (data-parallel averaging, clipping, ZeRO-1).
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "backplane/parallel/grads.h"
+#include "backplane/parallel/parallel_state.h"
+
+namespace backplane::parallel {
+
+struct OptimizerConfig {
+  // Shard optimizer state and fp32 master weights over the data-parallel group.
+  bool zero_one_enabled = false;
+  bool grad_clipping = true;
+  double max_grad_norm = 1.0;
+};
+
+// neuronx_distributed_config's choices that apply here.
+struct ParallelConfig {
+  int tensor_parallel_size = 1;
+  int pipeline_parallel_size = 1;
+  OptimizerConfig optimizer_config;
+  // Sum the gradients of sequence-parallel parameters over TP in the optimizer step.
+  bool sequence_parallel = false;
+  // Gradients are averaged over data parallelism in buckets of this size.
+  double allreduce_bucket_cap_mb = 512;
+};
+
+// Checks `config` (every problem named, with its value) and initialises the process group and the
+// model-parallel state it describes, or checks that the existing state matches it. Returns the config.
+ParallelConfig initialize_parallel_config(ParallelConfig config);
+
+// Applies the BF16 environment of torch-xla to `module`'s floating parameters and buffers:
+// XLA_USE_BF16=1 makes f32 and f64 bf16; XLA_DOWNCAST_BF16=1 makes f32 bf16 and f64 f32. Returns the
+// dtype of the first floating parameter afterwards (f32 without any).
+at::ScalarType apply_bf16_environment(torch::nn::Module& module);
+
+// Makes parameters and buffers identical across the data-parallel group (rank 0 of each group's values).
+void broadcast_from_data_parallel_source(torch::nn::Module& module);
+
+// A model built for the current parallel config: the module, its dtype, and run_train.
+template <typename ModuleType>
+class ParallelModel {
+ public:
+  ParallelModel(ModuleType module, at::ScalarType dtype) : module_(std::move(module)), dtype_(dtype) {}
+  ModuleType& module() { return module_; }
+  auto operator->() { return module_.operator->(); }
+  at::ScalarType dtype() const { return dtype_; }
+  std::vector<at::Tensor> parameters() const { return module_->parameters(); }
+  // One training forward (no pipeline: the module's forward).
+  template <typename... Inputs>
+  auto run_train(Inputs&&... inputs) {
+    return module_->forward(std::forward<Inputs>(inputs)...);
+  }
+
+ private:
+  ModuleType module_;
+  at::ScalarType dtype_;
+};
+
+// Builds the model with model_fn() under the config's parallel state, applies the BF16 environment and
+// makes its parameters identical across data-parallel ranks. ModuleType is a torch::nn module holder
+// (what TORCH_MODULE defines) or a std::shared_ptr to a module.
+template <typename ModelFn>
+auto initialize_parallel_model(const ParallelConfig& config, ModelFn&& model_fn) {
+  initialize_parallel_config(config);
+  auto module = model_fn();
+  const at::ScalarType dtype = apply_bf16_environment(*module);
+  broadcast_from_data_parallel_source(*module);
+  return ParallelModel<decltype(module)>(std::move(module), dtype);
+}
+
+// Wraps an optimizer: step() averages gradients over data parallelism, clips by the global norm when
+// configured, and steps; with ZeRO-1 the wrapped optimizer holds only this rank's shard of every
+// parameter (fp32 master copies, padded on dim 0), gradients are reduce-scattered and the updated shards
+// all-gathered back into the parameters.
+class ParallelOptimizer {
+ public:
+  // Makes the wrapped optimizer over the given tensors (the parameters, or their ZeRO-1 shards).
+  using Factory = std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<at::Tensor>)>;
+
+  ParallelOptimizer(const ParallelConfig& config, const Factory& make_optimizer, std::vector<at::Tensor> parameters);
+
+  void step();
+  void zero_grad();
+  // The global gradient norm of the last step: nullopt before the first step or with clipping off.
+  std::optional<double> grad_norm() const { return grad_norm_; }
+  torch::optim::Optimizer& base() { return *base_; }
+  const std::vector<at::Tensor>& parameters() const { return parameters_; }
+  bool zero_one() const { return !shards_.empty(); }
+  // Bytes of the wrapped optimizer's state on this rank (its serialised size: moments, step counts), for
+  // comparing sharded and unsharded optimizers; and of the fp32 master shards ZeRO-1 keeps besides.
+  int64_t state_bytes() const;
+  int64_t master_bytes() const;
+
+  void save(torch::serialize::OutputArchive& archive) const;
+  void load(torch::serialize::InputArchive& archive);
+
+ private:
+  void zero_one_step();
+
+  ParallelConfig config_;
+  std::vector<at::Tensor> parameters_;
+  std::vector<at::Tensor> shards_;  // ZeRO-1: this rank's fp32 shard of each parameter
+  std::unique_ptr<torch::optim::Optimizer> base_;
+  std::optional<double> grad_norm_;
+};
+
+// The optimizer of type Optimizer (e.g. torch::optim::AdamW) with `options`, wrapped.
+template <typename Optimizer, typename Options>
+ParallelOptimizer initialize_parallel_optimizer(const ParallelConfig& config, std::vector<at::Tensor> parameters,
+                                                Options options) {
+  return ParallelOptimizer(
+      config,
+      [options](std::vector<at::Tensor> tensors) { return std::make_unique<Optimizer>(std::move(tensors), options); },
+      std::move(parameters));
+}
+
+}  // namespace backplane::parallel
