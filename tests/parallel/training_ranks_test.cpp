@@ -3,6 +3,7 @@
 // shards optimizer state. Part of bpl-parallel-test (main in parallel_ranks_test.cpp).
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <stdlib.h>
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
@@ -11,6 +12,8 @@
 #include <torch/optim/sgd.h>
 
 #include <cmath>
+#include <cstring>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -164,6 +167,138 @@ TEST(ClipGradNormTest, TheNormIsTheUnshardedModelsForTwoAndInfinityNorms) {
     EXPECT_TRUE(at::allclose(row->bias.grad(), ref_grads[3] * factor, 1e-4, 1e-6));
   }
   bp::destroy_model_parallel();
+}
+
+/* ---- checkpoints ---- */
+
+// A fresh folder every rank sees: made by rank 0, its name broadcast.
+std::string shared_temp_dir() {
+  at::Tensor name = at::zeros({256}, at::kByte);
+  if (bp::get_rank() == 0) {
+    char pattern[] = "/tmp/bpl-checkpoint-test-XXXXXX";
+    const char* made = mkdtemp(pattern);
+    std::strncpy(reinterpret_cast<char*>(name.data_ptr()), made ? made : "", 255);
+  }
+  bp::get_world_group()->broadcast(name, 0);
+  return reinterpret_cast<const char*>(name.data_ptr());
+}
+
+void remove_shared_temp_dir(const std::string& dir) {
+  bp::get_world_group()->barrier();
+  if (bp::get_rank() == 0) std::filesystem::remove_all(dir);
+}
+
+// One DP training step of the small MLP on global batch `step`; returns the job-wide loss.
+double train_step(bp::ParallelModel<torch::nn::Sequential>& model, bp::ParallelOptimizer& optimizer, int step) {
+  auto [x, y] = global_batch(step);
+  const int dp = bp::get_data_parallel_size(), dp_rank = bp::get_data_parallel_rank();
+  optimizer.zero_grad();
+  at::Tensor loss = at::mse_loss(model.run_train(x.chunk(dp)[dp_rank]), y.chunk(dp)[dp_rank]);
+  loss.backward();
+  optimizer.step();
+  at::Tensor total = loss.detach().reshape({1}).clone();
+  bp::get_data_parallel_group()->all_reduce(total, bp::ReduceOp::Avg);
+  return total.item<double>();
+}
+
+class CheckpointTest : public ::testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override { dir = shared_temp_dir(); }
+  void TearDown() override {
+    remove_shared_temp_dir(dir);
+    bp::destroy_model_parallel();
+  }
+  std::string dir;
+};
+
+TEST_P(CheckpointTest, ResumingFromStep10RepeatsSteps11To20Exactly) {
+  const bool zero_one = GetParam();
+  if (8 % bp::get_world_size() != 0) GTEST_SKIP() << "the batch of 8 does not split over the ranks";
+  bp::ParallelConfig config;
+  config.optimizer_config.zero_one_enabled = zero_one;
+  auto model = bp::initialize_parallel_model(config, small_mlp);
+  auto optimizer = bp::initialize_parallel_optimizer<torch::optim::Adam>(config, model.parameters(),
+                                                                         torch::optim::AdamOptions(0.01));
+  std::vector<double> first_run;
+  for (int step = 1; step <= 20; ++step) {
+    first_run.push_back(train_step(model, optimizer, step));
+    // Step 10 asynchronously: it completes at the next save (step 15), which is synchronous.
+    if (step == 10 || step == 15) {
+      bp::save_checkpoint(dir, "step_" + std::to_string(step), model.module().ptr().get(), &optimizer, nullptr,
+                          {{"step", c10::IValue(int64_t{step})}}, -1, /*async_save=*/step == 10);
+    }
+  }
+  EXPECT_EQ(bp::list_completed_checkpoint_tags(dir), (std::vector<std::string>{"step_10", "step_15"}));
+
+  // A new model and optimizer, resumed from step 10.
+  auto resumed = bp::initialize_parallel_model(config, [] {
+    at::manual_seed(99);  // different initial weights: the checkpoint must replace them
+    return torch::nn::Sequential(torch::nn::Linear(6, 10), torch::nn::Tanh(), torch::nn::Linear(10, 3));
+  });
+  auto resumed_optimizer = bp::initialize_parallel_optimizer<torch::optim::Adam>(config, resumed.parameters(),
+                                                                                 torch::optim::AdamOptions(0.01));
+  bp::UserContent content = bp::load_checkpoint(dir, "step_10", resumed.module().ptr().get(), &resumed_optimizer, nullptr);
+  ASSERT_EQ(content.count("step"), 1u);
+  EXPECT_EQ(content["step"].toInt(), 10);
+  for (int step = 11; step <= 20; ++step) {
+    EXPECT_EQ(train_step(resumed, resumed_optimizer, step), first_run[static_cast<size_t>(step - 1)]) << "step " << step;
+  }
+  // Without a tag the newest complete one loads.
+  EXPECT_EQ(bp::load_checkpoint(dir, "", resumed.module().ptr().get(), nullptr, nullptr)["step"].toInt(), 15);
+}
+
+INSTANTIATE_TEST_SUITE_P(Zero1, CheckpointTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) { return info.param ? "zero1" : "plain"; });
+
+class CheckpointFilesTest : public CheckpointTest {};
+
+TEST_F(CheckpointFilesTest, KeepsTheNewestTagsAndNamesABadFile) {
+  bp::ParallelConfig config;
+  auto model = bp::initialize_parallel_model(config, small_mlp);
+  for (const char* tag : {"a", "b", "c"}) {
+    bp::save_checkpoint(dir, tag, model.module().ptr().get(), nullptr, nullptr, {}, /*num_kept_ckpts=*/2);
+  }
+  EXPECT_EQ(bp::list_completed_checkpoint_tags(dir), (std::vector<std::string>{"b", "c"}));
+  EXPECT_FALSE(std::filesystem::exists(dir + "/a")) << "the oldest tag is removed";
+  EXPECT_TRUE(std::filesystem::exists(dir + "/c/model/dp_rank_00_tp_rank_00_pp_rank_00.pt"));
+
+  // A truncated shard is an error naming the file, on every rank that reads it.
+  const std::string shard = dir + "/c/model/dp_rank_00_tp_rank_00_pp_rank_00.pt";
+  bp::get_world_group()->barrier();
+  if (bp::get_rank() == 0) std::filesystem::resize_file(shard, std::filesystem::file_size(shard) / 2);
+  bp::get_world_group()->barrier();
+  try {
+    bp::load_checkpoint(dir, "c", model.module().ptr().get(), nullptr, nullptr);
+    ADD_FAILURE() << "a truncated shard loaded";
+  } catch (const bp::Error& e) {
+    EXPECT_EQ(e.status(), BPL_ERR_IO);
+    EXPECT_NE(std::string(e.what()).find(shard + " is corrupt or truncated"), std::string::npos) << e.what();
+  }
+  try {
+    bp::load_checkpoint(dir, "missing", model.module().ptr().get(), nullptr, nullptr);
+    ADD_FAILURE() << "a missing tag loaded";
+  } catch (const bp::Error& e) {
+    EXPECT_EQ(e.status(), BPL_ERR_NOT_FOUND);
+  }
+}
+
+TEST_F(CheckpointFilesTest, ADifferentTensorParallelDegreeIsAClearError) {
+  if (bp::get_world_size() % 2 != 0) GTEST_SKIP() << "needs an even number of ranks";
+  bp::initialize_model_parallel(2);
+  at::manual_seed(5);
+  bp::ColumnParallelLinear tp2(bp::ColumnParallelLinearOptions(4, 8));
+  bp::save_checkpoint(dir, "tp2", tp2.ptr().get(), nullptr, nullptr);
+  bp::destroy_model_parallel();
+  bp::initialize_model_parallel(1);
+  bp::ColumnParallelLinear tp1(bp::ColumnParallelLinearOptions(4, 8));
+  try {
+    bp::load_checkpoint(dir, "tp2", tp1.ptr().get(), nullptr, nullptr);
+    ADD_FAILURE() << "a TP 2 checkpoint loaded at TP 1";
+  } catch (const bp::Error& e) {
+    EXPECT_EQ(e.status(), BPL_ERR_MISMATCH);
+    EXPECT_NE(std::string(e.what()).find("was saved with tensor_parallel_size 2; this job has 1"), std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace

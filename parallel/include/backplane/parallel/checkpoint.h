@@ -1,0 +1,60 @@
+// Sharded checkpoints in neuronx-distributed's layout (nxd-behaviour.md §7a):
+//
+//   <path>/<tag>/checkpoint                                  marks the folder as a checkpoint (rank 0, first)
+//   <path>/<tag>/model/dp_rank_00_tp_rank_TT_pp_rank_PP.pt   one per TP/PP rank, by data-parallel rank 0
+//   <path>/<tag>/optim/dp_rank_DD_tp_rank_TT_pp_rank_PP.pt   ZeRO-1: every rank; else data-parallel rank 0 (DD = 00)
+//   <path>/<tag>/scheduler.pt, user_content.pt               rank 0
+//   <path>/<tag>/done                                        rank 0, last, after every rank finished writing
+//
+// Only a tag with `done` is complete; the newest complete tag (by the time `done` was written) is what
+// loads by default. Files are LibTorch archives (torch::serialize), written under a temporary name and
+// renamed, so a crash at any point leaves the previous complete tag loadable.
+#pragma once
+
+#include <ATen/core/ivalue.h>
+#include <torch/nn/module.h>
+#include <torch/serialize/archive.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "backplane/parallel/trainer.h"
+
+namespace backplane::parallel {
+
+// State to checkpoint besides the model and optimizer, such as a learning-rate schedule.
+class Stateful {
+ public:
+  virtual ~Stateful() = default;
+  virtual void save(torch::serialize::OutputArchive& archive) const = 0;
+  virtual void load(torch::serialize::InputArchive& archive) = 0;
+};
+
+// Anything LibTorch can serialise: numbers, strings, tensors, lists, dicts.
+using UserContent = std::map<std::string, c10::IValue>;
+
+// Saves a checkpoint; collective over the world (every rank calls it with the same arguments). Null
+// pointers are skipped. num_kept_ckpts > 0 keeps that many complete tags, removing older ones (their
+// `done` first). async_save: the files are serialised now and written by a background thread; the tag
+// becomes complete at the next save_checkpoint, load_checkpoint or finalize_checkpoint.
+void save_checkpoint(const std::string& path, const std::string& tag, torch::nn::Module* model,
+                     ParallelOptimizer* optimizer, Stateful* scheduler, const UserContent& user_content = {},
+                     int num_kept_ckpts = -1, bool async_save = false);
+
+// Loads `tag` (empty: the newest complete one) into what is given and returns the user content.
+// Errors name the file: a missing or incomplete tag (BPL_ERR_NOT_FOUND), a corrupt or truncated file
+// (BPL_ERR_IO), a checkpoint of another tensor-parallel degree or shape (BPL_ERR_MISMATCH), and with
+// strict, a parameter the checkpoint lacks (BPL_ERR_MISMATCH).
+UserContent load_checkpoint(const std::string& path, const std::string& tag, torch::nn::Module* model,
+                            ParallelOptimizer* optimizer, Stateful* scheduler, bool strict = true);
+
+// Finishes an asynchronous save: waits for its writes, then (collectively) marks it complete and applies
+// num_kept_ckpts. A no-op when none is pending. Call it before exiting after an async save.
+void finalize_checkpoint();
+
+// Complete tags under `path`, oldest first.
+std::vector<std::string> list_completed_checkpoint_tags(const std::string& path);
+bool has_checkpoint(const std::string& path);
+
+}  // namespace backplane::parallel
