@@ -157,5 +157,71 @@ TEST_F(OneRankTest, MasterPrintPrintsOnRankZero) {
   EXPECT_EQ(::testing::internal::GetCapturedStdout(), "Output sum is 1.5\n");
 }
 
+/* ---- BF16 environment ---- */
+
+struct MixedModule : torch::nn::Module {
+  MixedModule() {
+    f32 = register_parameter("f32", at::ones({2}));
+    f64 = register_parameter("f64", at::ones({2}, at::kDouble));
+    steps = register_buffer("steps", at::zeros({1}, at::kLong));
+  }
+  at::Tensor f32, f64, steps;
+};
+
+class Bf16Test : public OneRankTest {
+ protected:
+  void TearDown() override {
+    unsetenv("XLA_USE_BF16");
+    unsetenv("XLA_DOWNCAST_BF16");
+    OneRankTest::TearDown();
+  }
+};
+
+TEST_F(Bf16Test, UseBf16AndDowncastBf16ChangeParameterDtypesAsDocumented) {
+  {
+    MixedModule m;
+    EXPECT_EQ(bp::apply_bf16_environment(m), at::kFloat) << "nothing set: unchanged";
+    EXPECT_EQ(m.f64.scalar_type(), at::kDouble);
+  }
+  setenv("XLA_USE_BF16", "1", 1);
+  {
+    MixedModule m;
+    EXPECT_EQ(bp::apply_bf16_environment(m), at::kBFloat16);
+    EXPECT_EQ(m.f32.scalar_type(), at::kBFloat16);
+    EXPECT_EQ(m.f64.scalar_type(), at::kBFloat16);
+    EXPECT_EQ(m.steps.scalar_type(), at::kLong) << "integers stay";
+    EXPECT_TRUE(m.parameters()[0].requires_grad()) << "still a parameter";
+  }
+  unsetenv("XLA_USE_BF16");
+  setenv("XLA_DOWNCAST_BF16", "1", 1);
+  {
+    MixedModule m;
+    bp::apply_bf16_environment(m);
+    EXPECT_EQ(m.f32.scalar_type(), at::kBFloat16);
+    EXPECT_EQ(m.f64.scalar_type(), at::kFloat);
+  }
+  {
+    auto model = bp::initialize_parallel_model(bp::ParallelConfig{}, [] { return std::make_shared<MixedModule>(); });
+    EXPECT_EQ(model.dtype(), at::kBFloat16) << "the model wrapper applies it";
+  }
+  setenv("XLA_DOWNCAST_BF16", "yes", 1);
+  MixedModule m;
+  EXPECT_NE(error_of([&] { bp::apply_bf16_environment(m); }).find("XLA_DOWNCAST_BF16='yes' is not valid"), std::string::npos);
+}
+
+TEST_F(OneRankTest, InvalidConfigsAreClearErrors) {
+  bp::ParallelConfig pipeline;
+  pipeline.pipeline_parallel_size = 2;
+  EXPECT_NE(error_of([&] { bp::initialize_parallel_config(pipeline); }).find("pipeline_parallel_size 2 is not supported"),
+            std::string::npos);
+  bp::ParallelConfig too_wide;
+  too_wide.tensor_parallel_size = 4;
+  EXPECT_NE(error_of([&] { bp::initialize_parallel_config(too_wide); }).find("tensor_parallel_size 4 exceeds the world size 1"),
+            std::string::npos);
+  bp::ParallelConfig no_norm;
+  no_norm.optimizer_config.max_grad_norm = 0;
+  EXPECT_NE(error_of([&] { bp::initialize_parallel_config(no_norm); }).find("max_grad_norm 0"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace backplane::test

@@ -104,6 +104,25 @@ inline ProcessResult finish_process(Process process, std::chrono::milliseconds t
   return result;
 }
 
+// Reads the process's output into `output` until it contains `needle` (true), or the output ends or
+// `timeout` passes (false). The process keeps running; finish_process collects the rest.
+inline bool wait_for_output(Process& process, std::string& output, const std::string& needle,
+                            std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  char buffer[4096];
+  while (output.find(needle) == std::string::npos) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return false;
+    pollfd fd{process.output_fd, POLLIN, 0};
+    if (poll(&fd, 1, static_cast<int>(std::min<int64_t>(left.count(), 200))) > 0) {
+      ssize_t n = read(process.output_fd, buffer, sizeof(buffer));
+      if (n <= 0) return false;
+      output.append(buffer, static_cast<size_t>(n));
+    }
+  }
+  return true;
+}
+
 inline ProcessResult run_process(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env,
                                  std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
   return finish_process(start_process(argv, env), timeout);
