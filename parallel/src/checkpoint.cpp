@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -139,6 +140,13 @@ AsyncState& async_state() {
   return *instance;
 }
 
+// At exit, an asynchronous save still writing is waited for (its tag stays incomplete without
+// finalize_checkpoint, which needs the other ranks, but its files are not cut short).
+void wait_for_writes_at_exit() {
+  std::lock_guard<std::mutex> lock(async_state().mutex);
+  if (async_state().pending && async_state().pending->writes.valid()) async_state().pending->writes.wait();
+}
+
 // Every rank's writes are on disk: rank 0 marks the tag complete and applies retention; every rank
 // returns once that is done, so a checkpoint is complete everywhere when its save returns.
 void complete_save(const fs::path& root, const fs::path& folder, int num_kept) {
@@ -243,6 +251,8 @@ void save_checkpoint(const std::string& path, const std::string& tag, torch::nn:
     complete_save(root, folder, num_kept_ckpts);
     return;
   }
+  static const bool registered = std::atexit(wait_for_writes_at_exit) == 0;
+  (void)registered;
   std::lock_guard<std::mutex> lock(async_state().mutex);
   async_state().pending = PendingSave{root, folder, num_kept_ckpts,
                                       std::async(std::launch::async, [files = std::move(files)] { write_all(files); })};

@@ -201,6 +201,17 @@ double train_step(bp::ParallelModel<torch::nn::Sequential>& model, bp::ParallelO
   return total.item<double>();
 }
 
+// A learning-rate schedule's state, as a Stateful the checkpoint carries.
+struct StepCounter : bp::Stateful {
+  int64_t steps = 0;
+  void save(torch::serialize::OutputArchive& archive) const override { archive.write("steps", c10::IValue(steps)); }
+  void load(torch::serialize::InputArchive& archive) override {
+    c10::IValue value;
+    archive.read("steps", value);
+    steps = value.toInt();
+  }
+};
+
 class CheckpointTest : public ::testing::TestWithParam<bool> {
  protected:
   void SetUp() override { dir = shared_temp_dir(); }
@@ -220,11 +231,13 @@ TEST_P(CheckpointTest, ResumingFromStep10RepeatsSteps11To20Exactly) {
   auto optimizer = bp::initialize_parallel_optimizer<torch::optim::Adam>(config, model.parameters(),
                                                                          torch::optim::AdamOptions(0.01));
   std::vector<double> first_run;
+  StepCounter schedule;
   for (int step = 1; step <= 20; ++step) {
     first_run.push_back(train_step(model, optimizer, step));
+    schedule.steps = step;
     // Step 10 asynchronously: it completes at the next save (step 15), which is synchronous.
     if (step == 10 || step == 15) {
-      bp::save_checkpoint(dir, "step_" + std::to_string(step), model.module().ptr().get(), &optimizer, nullptr,
+      bp::save_checkpoint(dir, "step_" + std::to_string(step), model.module().ptr().get(), &optimizer, &schedule,
                           {{"step", c10::IValue(int64_t{step})}}, -1, /*async_save=*/step == 10);
     }
   }
@@ -237,9 +250,12 @@ TEST_P(CheckpointTest, ResumingFromStep10RepeatsSteps11To20Exactly) {
   });
   auto resumed_optimizer = bp::initialize_parallel_optimizer<torch::optim::Adam>(config, resumed.parameters(),
                                                                                  torch::optim::AdamOptions(0.01));
-  bp::UserContent content = bp::load_checkpoint(dir, "step_10", resumed.module().ptr().get(), &resumed_optimizer, nullptr);
+  StepCounter resumed_schedule;
+  bp::UserContent content =
+      bp::load_checkpoint(dir, "step_10", resumed.module().ptr().get(), &resumed_optimizer, &resumed_schedule);
   ASSERT_EQ(content.count("step"), 1u);
   EXPECT_EQ(content["step"].toInt(), 10);
+  EXPECT_EQ(resumed_schedule.steps, 10) << "the scheduler's state came back";
   for (int step = 11; step <= 20; ++step) {
     EXPECT_EQ(train_step(resumed, resumed_optimizer, step), first_run[static_cast<size_t>(step - 1)]) << "step " << step;
   }

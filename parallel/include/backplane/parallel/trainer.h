@@ -32,6 +32,9 @@ struct ParallelConfig {
   bool sequence_parallel = false;
   // Gradients are averaged over data parallelism in buckets of this size.
   double allreduce_bucket_cap_mb = 512;
+  // model_init_config's param_init_fn: run on the built model before its parameters are made identical
+  // across data-parallel ranks (so rank 0's initialisation is the one every rank gets).
+  std::function<void(torch::nn::Module&)> param_init_fn;
 };
 
 // Checks `config` (every problem named, with its value) and initialises the process group and the
@@ -73,6 +76,7 @@ template <typename ModelFn>
 auto initialize_parallel_model(const ParallelConfig& config, ModelFn&& model_fn) {
   initialize_parallel_config(config);
   auto module = model_fn();
+  if (config.param_init_fn) config.param_init_fn(*module);
   const at::ScalarType dtype = apply_bf16_environment(*module);
   broadcast_from_data_parallel_source(*module);
   return ParallelModel<decltype(module)>(std::move(module), dtype);
