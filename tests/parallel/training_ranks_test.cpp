@@ -86,6 +86,22 @@ TEST_P(DataParallelTest, TrainingMatchesOneProcessOnTheWholeBatch) {
   }
 }
 
+TEST(ModelWrapperTest, ParametersStartIdenticalOnEveryDataParallelRank) {
+  auto model = bp::initialize_parallel_model(bp::ParallelConfig{}, [] {
+    at::manual_seed(static_cast<uint64_t>(100 + bp::get_rank()));  // every rank draws different weights
+    return torch::nn::Sequential(torch::nn::Linear(3, 4));
+  });
+  auto dp = bp::get_data_parallel_group();
+  for (const at::Tensor& p : model.parameters()) {
+    at::Tensor everyone = dp->all_gather(p.detach().unsqueeze(0), 0);
+    for (int r = 0; r < dp->size(); ++r) {
+      EXPECT_TRUE(everyone[r].equal(everyone[0])) << "rank " << r << " differs from the DP source";
+    }
+  }
+  EXPECT_EQ(model.dtype(), at::kFloat);
+  bp::destroy_model_parallel();
+}
+
 INSTANTIATE_TEST_SUITE_P(Zero1, DataParallelTest, ::testing::Bool(),
                          [](const ::testing::TestParamInfo<bool>& info) { return info.param ? "zero1" : "plain"; });
 
