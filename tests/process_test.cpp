@@ -268,6 +268,114 @@ TEST(Fault, BplRunNamesTheKilledRank) {
   EXPECT_NE(r.output.find("was killed by SIGKILL"), std::string::npos) << r.output;
 }
 
+/* ---- training: dp_train resumed, and killed while saving ---- */
+
+// The "step N loss … grad_norm …" lines of a dp_train run.
+std::vector<std::string> step_lines(const std::string& output) {
+  std::vector<std::string> lines;
+  std::istringstream stream(output);
+  for (std::string line; std::getline(stream, line);) {
+    if (line.rfind("step ", 0) == 0) lines.push_back(line);
+  }
+  return lines;
+}
+
+std::string fresh_dir(const std::string& name) {
+  std::string dir = "/tmp/bpl-process-test-" + name + "-" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  return dir;
+}
+
+// A run resumed from a checkpoint prints exactly the losses of the run that never stopped.
+void expect_resumed_run_repeats_losses(const std::function<std::vector<std::string>(std::vector<std::string>)>& launch,
+                                       const std::map<std::string, std::string>& env, const std::vector<std::string>& flags) {
+  const std::string dir = fresh_dir("dp-train");
+  auto run = [&](std::vector<std::string> extra) {
+    std::vector<std::string> argv = {kBin + "/dp_train"};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    ProcessResult r = run_process(launch(argv), env, std::chrono::seconds(120));
+    EXPECT_EQ(r.exit_code, 0) << describe(r);
+    return r;
+  };
+  ProcessResult straight = run({"--steps", "30"});
+  ProcessResult first = run({"--steps", "20", "--save-every", "10", "--checkpoint-dir", dir});
+  ProcessResult resumed = run({"--steps", "30", "--checkpoint-dir", dir, "--resume"});
+  EXPECT_NE(resumed.output.find("resumed from step 20"), std::string::npos) << resumed.output;
+  std::vector<std::string> expected = step_lines(straight.output);
+  ASSERT_EQ(expected.size(), 30u) << straight.output;
+  EXPECT_EQ(step_lines(first.output), std::vector<std::string>(expected.begin(), expected.begin() + 20));
+  EXPECT_EQ(step_lines(resumed.output), std::vector<std::string>(expected.begin() + 20, expected.end()));
+  std::filesystem::remove_all(dir);
+}
+
+std::vector<std::string> under_bpl_run(int ranks, std::vector<std::string> program) {
+  std::vector<std::string> argv = {bpl_run, "--nproc-per-node", std::to_string(ranks)};
+  argv.insert(argv.end(), program.begin(), program.end());
+  return argv;
+}
+
+TEST(DpTrain, TensorTimesDataParallelWithZero1OnFourRanks) {
+  expect_resumed_run_repeats_losses([](std::vector<std::string> p) { return under_bpl_run(4, p); },
+                                    {{"NXD_CPU_MODE", "1"}}, {"--tp", "2", "--zero1"});
+}
+
+// The pid of the process whose command line contains `marker` and whose environment has RANK=`rank`.
+pid_t find_rank(const std::string& marker, int rank) {
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream cmdline(entry.path() / "cmdline"), environ(entry.path() / "environ");
+    std::string command((std::istreambuf_iterator<char>(cmdline)), std::istreambuf_iterator<char>());
+    std::string variables((std::istreambuf_iterator<char>(environ)), std::istreambuf_iterator<char>());
+    if (command.find(marker) != std::string::npos && command.find("dp_train") != std::string::npos &&
+        command.rfind("python", 0) == std::string::npos &&
+        variables.find(std::string("\0RANK=", 6) + std::to_string(rank) + std::string("\0", 1)) != std::string::npos) {
+      return static_cast<pid_t>(std::stoi(name));
+    }
+  }
+  return -1;
+}
+
+TEST(DpTrain, ARankKilledWhileSavingLeavesTheNewestCompleteCheckpointLoadable) {
+  const std::string dir = fresh_dir("killed-save");
+  // A checkpoint every step, written in the background: a kill lands in the middle of one.
+  backplane::test::Process job = backplane::test::start_process(
+      under_bpl_run(2, {kBin + "/dp_train", "--steps", "100000", "--save-every", "1", "--async-save", "--keep", "3",
+                        "--checkpoint-dir", dir}),
+      {{"NXD_CPU_MODE", "1"}, {"BPL_TIMEOUT_MS", "5000"}});
+  std::string output;
+  ASSERT_TRUE(backplane::test::wait_for_output(job, output, "step 30 ", std::chrono::seconds(60))) << output;
+  const pid_t victim = find_rank(dir, 1);
+  ASSERT_GT(victim, 0) << "rank 1 of the job not found";
+  kill(victim, SIGKILL);
+  ProcessResult killed = backplane::test::finish_process(job, std::chrono::seconds(60));
+  killed.output = output + killed.output;
+  EXPECT_FALSE(killed.timed_out) << describe(killed);
+  EXPECT_NE(killed.exit_code, 0) << describe(killed);
+  EXPECT_NE(killed.output.find("rank 1 (pid " + std::to_string(victim) + ") was killed by SIGKILL"), std::string::npos)
+      << killed.output;
+
+  // Every tag marked complete has all its files; the newest one resumes.
+  int newest = -1;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (!std::filesystem::exists(entry.path() / "done")) continue;
+    for (const char* file : {"checkpoint", "user_content.pt", "model/dp_rank_00_tp_rank_00_pp_rank_00.pt",
+                             "optim/dp_rank_00_tp_rank_00_pp_rank_00.pt"}) {
+      EXPECT_TRUE(std::filesystem::exists(entry.path() / file)) << entry.path() << " is marked done without " << file;
+    }
+    newest = std::max(newest, std::stoi(entry.path().filename().string().substr(5)));
+  }
+  ASSERT_GE(newest, 1) << "no complete checkpoint survived";
+  ProcessResult resumed = run_process(
+      under_bpl_run(2, {kBin + "/dp_train", "--steps", std::to_string(newest + 2), "--checkpoint-dir", dir, "--resume"}),
+      {{"NXD_CPU_MODE", "1"}}, std::chrono::seconds(60));
+  EXPECT_EQ(resumed.exit_code, 0) << describe(resumed);
+  EXPECT_NE(resumed.output.find("resumed from step " + std::to_string(newest)), std::string::npos) << resumed.output;
+  std::printf("killed rank 1 after step 30; newest complete checkpoint: step %d\n", newest);
+  std::filesystem::remove_all(dir);
+}
+
 /* ---- the MPI backend under a real mpirun ---- */
 
 #ifdef BPL_MPIEXEC
@@ -334,116 +442,10 @@ TEST(TpMlp, CpuModeAndMpiPrintTheSumOfTheUnshardedMlp) {
   EXPECT_NEAR(output_sum(gloo.output), output_sum(mpi.output), 1e-4) << gloo.output << mpi.output;
 }
 
-// The "step N loss … grad_norm …" lines of a dp_train run.
-std::vector<std::string> step_lines(const std::string& output) {
-  std::vector<std::string> lines;
-  std::istringstream stream(output);
-  for (std::string line; std::getline(stream, line);) {
-    if (line.rfind("step ", 0) == 0) lines.push_back(line);
-  }
-  return lines;
-}
-
-std::string fresh_dir(const std::string& name) {
-  std::string dir = "/tmp/bpl-process-test-" + name + "-" + std::to_string(getpid());
-  std::filesystem::remove_all(dir);
-  return dir;
-}
-
-// A run resumed from a checkpoint prints exactly the losses of the run that never stopped.
-void expect_resumed_run_repeats_losses(const std::function<std::vector<std::string>(std::vector<std::string>)>& launch,
-                                       const std::map<std::string, std::string>& env, const std::vector<std::string>& flags) {
-  const std::string dir = fresh_dir("dp-train");
-  auto run = [&](std::vector<std::string> extra) {
-    std::vector<std::string> argv = {kBin + "/dp_train"};
-    argv.insert(argv.end(), flags.begin(), flags.end());
-    argv.insert(argv.end(), extra.begin(), extra.end());
-    ProcessResult r = run_process(launch(argv), env, std::chrono::seconds(120));
-    EXPECT_EQ(r.exit_code, 0) << describe(r);
-    return r;
-  };
-  ProcessResult straight = run({"--steps", "30"});
-  ProcessResult first = run({"--steps", "20", "--save-every", "10", "--checkpoint-dir", dir});
-  ProcessResult resumed = run({"--steps", "30", "--checkpoint-dir", dir, "--resume"});
-  EXPECT_NE(resumed.output.find("resumed from step 20"), std::string::npos) << resumed.output;
-  std::vector<std::string> expected = step_lines(straight.output);
-  ASSERT_EQ(expected.size(), 30u) << straight.output;
-  EXPECT_EQ(step_lines(first.output), std::vector<std::string>(expected.begin(), expected.begin() + 20));
-  EXPECT_EQ(step_lines(resumed.output), std::vector<std::string>(expected.begin() + 20, expected.end()));
-  std::filesystem::remove_all(dir);
-}
-
-std::vector<std::string> under_bpl_run(int ranks, std::vector<std::string> program) {
-  std::vector<std::string> argv = {bpl_run, "--nproc-per-node", std::to_string(ranks)};
-  argv.insert(argv.end(), program.begin(), program.end());
-  return argv;
-}
-
 TEST(DpTrain, ResumingFromACheckpointRepeatsTheLossesOnGlooAndMpi) {
   expect_resumed_run_repeats_losses([](std::vector<std::string> p) { return under_bpl_run(2, p); },
                                     {{"NXD_CPU_MODE", "1"}}, {});
   expect_resumed_run_repeats_losses([](std::vector<std::string> p) { return mpirun(2, p); }, mpi_env({}), {});
-}
-
-TEST(DpTrain, TensorTimesDataParallelWithZero1OnFourRanks) {
-  expect_resumed_run_repeats_losses([](std::vector<std::string> p) { return under_bpl_run(4, p); },
-                                    {{"NXD_CPU_MODE", "1"}}, {"--tp", "2", "--zero1"});
-}
-
-// The pid of the process whose command line contains `marker` and whose environment has RANK=`rank`.
-pid_t find_rank(const std::string& marker, int rank) {
-  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
-    const std::string name = entry.path().filename();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream cmdline(entry.path() / "cmdline"), environ(entry.path() / "environ");
-    std::string command((std::istreambuf_iterator<char>(cmdline)), std::istreambuf_iterator<char>());
-    std::string variables((std::istreambuf_iterator<char>(environ)), std::istreambuf_iterator<char>());
-    if (command.find(marker) != std::string::npos && command.find("dp_train") != std::string::npos &&
-        command.rfind("python", 0) == std::string::npos &&
-        variables.find(std::string("\0RANK=", 6) + std::to_string(rank) + std::string("\0", 1)) != std::string::npos) {
-      return static_cast<pid_t>(std::stoi(name));
-    }
-  }
-  return -1;
-}
-
-TEST(DpTrain, ARankKilledWhileSavingLeavesTheNewestCompleteCheckpointLoadable) {
-  const std::string dir = fresh_dir("killed-save");
-  // A checkpoint every step, written in the background: a kill lands in the middle of one.
-  backplane::test::Process job = backplane::test::start_process(
-      under_bpl_run(2, {kBin + "/dp_train", "--steps", "100000", "--save-every", "1", "--async-save", "--keep", "3",
-                        "--checkpoint-dir", dir}),
-      {{"NXD_CPU_MODE", "1"}, {"BPL_TIMEOUT_MS", "5000"}});
-  std::string output;
-  ASSERT_TRUE(backplane::test::wait_for_output(job, output, "step 30 ", std::chrono::seconds(60))) << output;
-  const pid_t victim = find_rank(dir, 1);
-  ASSERT_GT(victim, 0) << "rank 1 of the job not found";
-  kill(victim, SIGKILL);
-  ProcessResult killed = backplane::test::finish_process(job, std::chrono::seconds(60));
-  killed.output = output + killed.output;
-  EXPECT_FALSE(killed.timed_out) << describe(killed);
-  EXPECT_NE(killed.exit_code, 0) << describe(killed);
-  EXPECT_NE(killed.output.find("rank 1 (pid " + std::to_string(victim) + ") was killed by SIGKILL"), std::string::npos)
-      << killed.output;
-
-  // Every tag marked complete has all its files; the newest one resumes.
-  int newest = -1;
-  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
-    if (!std::filesystem::exists(entry.path() / "done")) continue;
-    for (const char* file : {"checkpoint", "user_content.pt", "model/dp_rank_00_tp_rank_00_pp_rank_00.pt",
-                             "optim/dp_rank_00_tp_rank_00_pp_rank_00.pt"}) {
-      EXPECT_TRUE(std::filesystem::exists(entry.path() / file)) << entry.path() << " is marked done without " << file;
-    }
-    newest = std::max(newest, std::stoi(entry.path().filename().string().substr(5)));
-  }
-  ASSERT_GE(newest, 1) << "no complete checkpoint survived";
-  ProcessResult resumed = run_process(
-      under_bpl_run(2, {kBin + "/dp_train", "--steps", std::to_string(newest + 2), "--checkpoint-dir", dir, "--resume"}),
-      {{"NXD_CPU_MODE", "1"}}, std::chrono::seconds(60));
-  EXPECT_EQ(resumed.exit_code, 0) << describe(resumed);
-  EXPECT_NE(resumed.output.find("resumed from step " + std::to_string(newest)), std::string::npos) << resumed.output;
-  std::printf("killed rank 1 after step 30; newest complete checkpoint: step %d\n", newest);
-  std::filesystem::remove_all(dir);
 }
 
 TEST(Mpi, AutoSelectedUnderMpirunAndDescribedByBplInfo) {

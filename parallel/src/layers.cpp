@@ -77,8 +77,10 @@ void mark_partitioned(const at::Tensor& parameter, int64_t dim, int64_t stride, 
   set_tensor_model_parallel_attributes(parameter, {dim, stride, tp});
 }
 
-at::Tensor add_bias(const at::Tensor& output, const at::Tensor& bias) {
-  return bias.defined() ? output + bias : output;
+// (output + bias, undefined), or with skip_bias_add (output, bias) for the caller to fuse.
+std::tuple<at::Tensor, at::Tensor> with_bias(const at::Tensor& output, const at::Tensor& bias, bool skip_bias_add) {
+  if (skip_bias_add) return {output, bias};
+  return {bias.defined() ? output + bias : output, at::Tensor()};
 }
 
 }  // namespace
@@ -118,8 +120,7 @@ std::tuple<at::Tensor, at::Tensor> ColumnParallelLinearImpl::forward_with_bias(c
                      : copy_to_tensor_model_parallel_region(input, group_);
   at::Tensor y = at::linear(x, weight);
   if (options_.gather_output()) y = gather_from_tensor_model_parallel_region(y, group_);
-  if (options_.skip_bias_add()) return {y, bias};
-  return {add_bias(y, bias), at::Tensor()};
+  return with_bias(y, bias, options_.skip_bias_add());
 }
 
 at::Tensor ColumnParallelLinearImpl::forward(const at::Tensor& input) {
@@ -164,9 +165,7 @@ std::tuple<at::Tensor, at::Tensor> RowParallelLinearImpl::forward_with_bias(cons
             : reduce_from_tensor_model_parallel_region(y, group_);
     y = y.to(dtype);
   }
-  // The bias is added once, after the reduction.
-  if (options_.skip_bias_add()) return {y, bias};
-  return {add_bias(y, bias), at::Tensor()};
+  return with_bias(y, bias, options_.skip_bias_add());  // once, after the reduction
 }
 
 at::Tensor RowParallelLinearImpl::forward(const at::Tensor& input) {
