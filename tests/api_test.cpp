@@ -125,10 +125,20 @@ TEST(Selection, EnvironmentPrecedenceThroughTheApi) {
     EXPECT_NE(std::strstr(selection.plugin_path, "libbackplane-gloo.so"), nullptr);
   }
   {
-    ScopedEnv neuron({{"NXD_CPU_MODE", "0"}});
+    ScopedEnv neuron({{"NXD_CPU_MODE", "0"}, {"NEURON_RT_LIB", "/nonexistent"}});
+#ifndef BPL_HAVE_NEURON_PLUGIN
     EXPECT_EQ(bpl_select_backend(nullptr, &selection), BPL_ERR_NOT_FOUND);
     EXPECT_STREQ(selection.backend, "neuron");
-    EXPECT_STREQ(selection.plugin_path, "");
+    EXPECT_STREQ(selection.plugin_path, "") << "this build has no neuron plugin (BPL_WITH_NEURON=OFF)";
+#else
+    EXPECT_EQ(bpl_select_backend(nullptr, &selection), BPL_OK);
+    EXPECT_STREQ(selection.backend, "neuron");
+    EXPECT_NE(std::strstr(selection.plugin_path, "libbackplane-neuron.so"), nullptr);
+    // Selected explicitly, a backend that cannot run fails loudly with its reason.
+    bpl_runtime* runtime = nullptr;
+    EXPECT_EQ(bpl_init(nullptr, &runtime), BPL_ERR_UNAVAILABLE);
+    EXPECT_NE(std::strstr(bpl_last_error(), "set NXD_CPU_MODE=1 to run on CPU with Gloo"), nullptr) << bpl_last_error();
+#endif
   }
   {
     ScopedEnv both({{"NXD_CPU_MODE", "1"}, {"BPL_BACKEND", "nosuch"}});
