@@ -45,7 +45,7 @@ void scale_gradients(const std::vector<at::Tensor>& grads, double max_norm, doub
   const double factor = max_norm / (norm + 1e-6);
   if (factor >= 1) return;
   at::NoGradGuard no_grad;
-  for (const at::Tensor& g : grads) const_cast<at::Tensor&>(g).mul_(factor);
+  for (const at::Tensor& g : grads) g.mul_(factor);  // in place: the gradients themselves
 }
 
 }  // namespace detail

@@ -177,12 +177,11 @@ bpl_comm* ProcessGroup::comm() const {
   return comm_;
 }
 
-int ProcessGroup::check_peer(int peer, const char* what) const {
+void ProcessGroup::check_peer(int peer, const char* what) const {
   if (peer < 0 || peer >= size()) {
     throw Error(BPL_ERR_INVALID_ARGUMENT, std::string(what) + ": rank " + std::to_string(peer) +
                                               " is not in this group of " + std::to_string(size()) + " rank(s)");
   }
-  return peer;
 }
 
 Work ProcessGroup::start(Pending pending, bool async) const {

@@ -48,7 +48,10 @@ ParallelConfig initialize_parallel_config(ParallelConfig config) {
   require(!config.optimizer_config.grad_clipping || config.optimizer_config.max_grad_norm > 0,
           "max_grad_norm " + std::to_string(config.optimizer_config.max_grad_norm) +
               " must be > 0 when grad_clipping is on");
-  require(config.allreduce_bucket_cap_mb > 0, "allreduce_bucket_cap_mb must be > 0");
+  require(config.allreduce_bucket_cap_mb > 0,
+          "allreduce_bucket_cap_mb " + std::to_string(config.allreduce_bucket_cap_mb) + " must be > 0");
+  require(!config.sequence_parallel || config.tensor_parallel_size > 1,
+          "sequence_parallel needs tensor_parallel_size > 1");
   if (!is_initialized()) init_process_group();
   require(config.tensor_parallel_size <= get_world_size(),
           "tensor_parallel_size " + std::to_string(config.tensor_parallel_size) + " exceeds the world size " +
@@ -61,8 +64,6 @@ ParallelConfig initialize_parallel_config(ParallelConfig config) {
                 " differs from the initialised model-parallel state (" +
                 std::to_string(get_tensor_model_parallel_size()) + ")");
   }
-  require(!config.sequence_parallel || config.tensor_parallel_size > 1,
-          "sequence_parallel needs tensor_parallel_size > 1");
   return config;
 }
 

@@ -132,7 +132,7 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   Pending send_op(const at::Tensor& tensor, int peer, int tag) const;
   Pending recv_op(const at::Tensor& tensor, int peer, int tag) const;
   Pending barrier_op() const;
-  int check_peer(int peer, const char* what) const;
+  void check_peer(int peer, const char* what) const;
 
   std::shared_ptr<detail::RuntimeLink> runtime_;
   bpl_comm* comm_;
