@@ -129,7 +129,9 @@ int main(int argc, char** argv) {
       loss.backward();
       optimizer.step();
       at::Tensor mean_loss = loss.detach().reshape({1}).clone();
-      bp::get_data_parallel_group()->all_reduce(mean_loss, bp::ReduceOp::Avg);
+      // A sum, then divided: every backend sums (the Neuron runtime has no average).
+      bp::get_data_parallel_group()->all_reduce(mean_loss, bp::ReduceOp::Sum);
+      mean_loss /= dp;
       char line[128];
       std::snprintf(line, sizeof(line), "step %d loss %.6f grad_norm %.6f", step, mean_loss.item<double>(),
                     optimizer.grad_norm().value_or(0.0));

@@ -477,6 +477,38 @@ TEST(Mpi, AKilledRankEndsTheJobWithoutHanging) {
 }
 #endif
 
+#ifdef BPL_NRT_TEST_DOUBLE_DIR
+// The examples, unchanged, with BPL_BACKEND=neuron over the test double of libnrt: the frontend's host
+// tensors go through the plugin's staging and the double's collectives over sockets. This proves the
+// plugin's and the frontend's logic on the runtime's API, not the hardware.
+const std::map<std::string, std::string> kNeuronDouble = {
+    {"BPL_BACKEND", "neuron"}, {"NEURON_RT_LIB", BPL_NRT_TEST_DOUBLE_DIR "/complete"}, {"NRT_TEST_DOUBLE_CORES", "4"}};
+
+TEST(Neuron, TpMlpAndDpTrainOnTheTestDoubleMatchCpuMode) {
+  const std::string tp_mlp = kBin + "/tp_mlp";
+  ProcessResult neuron = run_process({bpl_run, "--nproc-per-node", "2", tp_mlp, "--check"}, kNeuronDouble);
+  ASSERT_EQ(neuron.exit_code, 0) << describe(neuron);
+  EXPECT_NE(neuron.output.find("): match"), std::string::npos) << neuron.output;
+  ProcessResult gloo = run_process({bpl_run, "--nproc-per-node", "2", tp_mlp, "--check"}, {{"NXD_CPU_MODE", "1"}});
+  EXPECT_NEAR(output_sum(neuron.output), output_sum(gloo.output), 1e-4) << neuron.output << gloo.output;
+
+  const std::vector<std::string> train = {kBin + "/dp_train", "--steps", "8", "--tp", "2", "--zero1"};
+  ProcessResult trained = run_process(under_bpl_run(4, train), kNeuronDouble, std::chrono::seconds(120));
+  ASSERT_EQ(trained.exit_code, 0) << describe(trained);
+  EXPECT_NE(trained.output.find("backend neuron, 4 rank(s)"), std::string::npos) << trained.output;
+  ProcessResult reference = run_process(under_bpl_run(4, train), {{"NXD_CPU_MODE", "1"}}, std::chrono::seconds(120));
+  // Same losses; the gradient norm crosses ranks in f32 there (the runtime has no f64), in f64 on Gloo.
+  const std::vector<std::string> got = step_lines(trained.output), want = step_lines(reference.output);
+  ASSERT_EQ(got.size(), 8u) << trained.output;
+  ASSERT_EQ(want.size(), 8u) << reference.output;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const size_t norm = got[i].find(" grad_norm ");
+    EXPECT_EQ(got[i].substr(0, norm), want[i].substr(0, want[i].find(" grad_norm ")));
+    EXPECT_NEAR(std::stod(got[i].substr(norm + 11)), std::stod(want[i].substr(norm + 11)), 1e-5) << got[i];
+  }
+}
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) {

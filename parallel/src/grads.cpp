@@ -7,6 +7,8 @@
 #include <map>
 #include <string>
 
+#include "backplane/parallel/distributed.h"
+#include "backplane/parallel/error.h"
 #include "backplane/parallel/parallel_state.h"
 #include "backplane/parallel/parameters.h"
 
@@ -33,11 +35,18 @@ double grad_norm(const std::vector<at::Tensor>& partitioned, const std::vector<a
   }
   // Every tensor-parallel rank holds the duplicates: 1/tp of them on each adds up to one copy.
   local = infinity ? std::max(local, duplicates) : local + duplicates / tp;
-  at::Tensor total = at::full({1}, local, at::kDouble);
+  // The partial sums cross ranks in f64 where the backend reduces it; the Neuron runtime does not, and
+  // there they go in f32, as neuronx-distributed reduces the norm.
+  bool crosses_ranks = false;
+  for (const GroupPtr& group : groups) crosses_ranks = crosses_ranks || (group && group->size() > 1);
+  if (!crosses_ranks) return infinity ? local : std::pow(local, 1.0 / norm_type);
+  bpl_runtime_info info = BPL_RUNTIME_INFO_INIT;
+  check(bpl_runtime_describe(get_runtime(), &info), "bpl_runtime_describe");
+  at::Tensor total = at::full({1}, local, (info.dtypes & BPL_BIT(BPL_DTYPE_F64)) ? at::kDouble : at::kFloat);
   for (const GroupPtr& group : groups) {
     if (group && group->size() > 1) group->all_reduce(total, infinity ? ReduceOp::Max : ReduceOp::Sum);
   }
-  const double reduced = total.item<double>();
+  const double reduced = total.item().toDouble();
   return infinity ? reduced : std::pow(reduced, 1.0 / norm_type);
 }
 

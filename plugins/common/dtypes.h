@@ -14,18 +14,9 @@
 #include <type_traits>
 
 #include "backplane/backplane.h"
+#include "plugin_support.h"
 
 namespace backplane::plugin {
-
-// Bytes per element (plugins do not link libbackplane, so this mirrors bpl_dtype_size).
-inline size_t dtype_size(bpl_dtype dtype) {
-  switch (dtype) {
-    case BPL_DTYPE_F64: case BPL_DTYPE_I64: return 8;
-    case BPL_DTYPE_F32: case BPL_DTYPE_I32: return 4;
-    case BPL_DTYPE_F16: case BPL_DTYPE_BF16: return 2;
-    default: return 1;
-  }
-}
 
 // Out[i] = a[i] op b[i] for n elements; out may alias a or b.
 using ReduceFn = void (*)(void* out, const void* a, const void* b, size_t n);

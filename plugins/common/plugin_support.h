@@ -31,6 +31,16 @@ inline const char*& name() {
   return backend;
 }
 
+// Bytes per element (plugins do not link libbackplane, so this mirrors bpl_dtype_size).
+inline size_t dtype_size(bpl_dtype dtype) {
+  switch (dtype) {
+    case BPL_DTYPE_F64: case BPL_DTYPE_I64: return 8;
+    case BPL_DTYPE_F32: case BPL_DTYPE_I32: return 4;
+    case BPL_DTYPE_F16: case BPL_DTYPE_BF16: return 2;
+    default: return 1;
+  }
+}
+
 inline void log(int32_t level, const char* source, const std::string& message) {
   if (host() != nullptr && level <= host()->log_level) host()->log(level, source, message.c_str());
 }

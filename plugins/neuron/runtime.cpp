@@ -21,6 +21,38 @@ bool is_directory(const std::string& path) {
 }
 }  // namespace
 
+std::vector<NrtSymbol> nrt_symbols(NrtApi& api) {
+#define BPL_NRT_SYMBOL(function, required) {#function, reinterpret_cast<void**>(&api.function), required}
+  return {BPL_NRT_SYMBOL(nrt_get_version, true),
+          BPL_NRT_SYMBOL(nrt_init, true),
+          BPL_NRT_SYMBOL(nrt_close, true),
+          BPL_NRT_SYMBOL(nrt_get_total_vnc_count, true),
+          BPL_NRT_SYMBOL(nrt_get_visible_vnc_count, true),
+          BPL_NRT_SYMBOL(nrt_tensor_allocate, true),
+          BPL_NRT_SYMBOL(nrt_tensor_free, true),
+          BPL_NRT_SYMBOL(nrt_tensor_allocate_slice, true),
+          BPL_NRT_SYMBOL(nrt_tensor_read, true),
+          BPL_NRT_SYMBOL(nrt_tensor_write, true),
+          BPL_NRT_SYMBOL(nrt_tensor_copy, true),
+          BPL_NRT_SYMBOL(nrt_load, true),
+          BPL_NRT_SYMBOL(nrt_unload, true),
+          BPL_NRT_SYMBOL(nrt_get_model_tensor_info, true),
+          BPL_NRT_SYMBOL(nrt_free_model_tensor_info, true),
+          BPL_NRT_SYMBOL(nrt_allocate_tensor_set, true),
+          BPL_NRT_SYMBOL(nrt_destroy_tensor_set, true),
+          BPL_NRT_SYMBOL(nrt_add_tensor_to_tensor_set, true),
+          BPL_NRT_SYMBOL(nrt_execute, true),
+          BPL_NRT_SYMBOL(nrt_cc_global_comm_init, true),
+          BPL_NRT_SYMBOL(nrta_cc_prepare, true),
+          BPL_NRT_SYMBOL(nrta_cc_schedule, true),
+          BPL_NRT_SYMBOL(nrta_is_completed, true),
+          BPL_NRT_SYMBOL(nrta_error_tracker_create, true),
+          BPL_NRT_SYMBOL(nrta_error_tracker_destroy, true),
+          BPL_NRT_SYMBOL(nrta_error_tracker_get_list, true),
+          BPL_NRT_SYMBOL(nrt_get_vnc_memory_stats, false)};
+#undef BPL_NRT_SYMBOL
+}
+
 std::vector<std::string> runtime_candidates(const char* neuron_rt_lib) {
   std::vector<std::string> candidates;
   if (neuron_rt_lib != nullptr && *neuron_rt_lib != '\0') {
@@ -61,7 +93,7 @@ LoadedRuntime load_runtime(const std::vector<std::string>& candidates) {
   }
   for (const NrtSymbol& symbol : nrt_symbols(runtime.api)) {
     *symbol.slot = ::dlsym(runtime.handle, symbol.name);
-    if (*symbol.slot == nullptr) {
+    if (*symbol.slot == nullptr && symbol.required) {
       const std::string path = runtime.path, version = runtime.version;
       ::dlclose(runtime.handle);
       throw Error(BPL_ERR_UNAVAILABLE, "the Neuron runtime at " + path + " (version " + version + ") lacks " +
@@ -110,6 +142,55 @@ bpl_status to_bpl_status(int status) {
     case kNrtExecNcBusy: return BPL_ERR_UNAVAILABLE;
     default: return BPL_ERR_INTERNAL;
   }
+}
+
+void check_nrt(int status, const std::string& call) {
+  if (status != kNrtSuccess) throw Error(to_bpl_status(status), call + " failed: " + nrt_status_name(status));
+}
+
+NrtDtype nrt_dtype(bpl_dtype dtype) {
+  switch (dtype) {
+    case BPL_DTYPE_F32: return kNrtDtypeFloat32;
+    case BPL_DTYPE_F16: return kNrtDtypeFloat16;
+    case BPL_DTYPE_BF16: return kNrtDtypeBfloat16;
+    case BPL_DTYPE_I8: return kNrtDtypeInt8;
+    case BPL_DTYPE_U8: return kNrtDtypeUint8;
+    case BPL_DTYPE_I32: return kNrtDtypeInt32;
+    case BPL_DTYPE_I64: return kNrtDtypeInt64;
+    default: return kNrtDtypeInvalid;
+  }
+}
+
+bpl_dtype bpl_dtype_of(int code) {
+  for (bpl_dtype dtype = BPL_DTYPE_F32; dtype <= BPL_DTYPE_I64; ++dtype) {
+    if (nrt_dtype(dtype) == code && code != kNrtDtypeInvalid) return dtype;
+  }
+  return 0;
+}
+
+std::string root_comm_id(const char* configured, const std::string& master_addr, int master_port, int world_size) {
+  if (configured != nullptr && *configured != '\0') {
+    const std::string value = configured;
+    const size_t colon = value.rfind(':');
+    const std::string port = colon == std::string::npos ? "" : value.substr(colon + 1);
+    if (colon == 0 || port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos ||
+        std::stoi(port) == 0 || std::stoi(port) > 65535) {
+      throw Error(BPL_ERR_INVALID_ARGUMENT,
+                  "NEURON_RT_ROOT_COMM_ID='" + value + "' is not valid: expected host:port, such as 10.0.0.1:62182");
+    }
+    return value;
+  }
+  if (world_size <= 1) return "";
+  if (master_addr.empty() || master_port <= 0) {
+    throw Error(BPL_ERR_UNAVAILABLE, std::to_string(world_size) +
+                                         " ranks need an address for the Neuron collectives to meet at: set "
+                                         "MASTER_ADDR and MASTER_PORT (as torchrun and bpl-run do) or NEURON_RT_ROOT_COMM_ID");
+  }
+  if (master_port >= 65535) {
+    throw Error(BPL_ERR_INVALID_ARGUMENT, "MASTER_PORT=" + std::to_string(master_port) +
+                                              " leaves no port after it for NEURON_RT_ROOT_COMM_ID; set that variable");
+  }
+  return master_addr + ":" + std::to_string(master_port + 1);
 }
 
 std::vector<int> parse_visible_cores(const std::string& text) {

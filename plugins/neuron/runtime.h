@@ -34,6 +34,20 @@ std::string nrt_status_name(int status);
 // NRT_EXEC_COMPLETED_WITH_* -> INTERNAL, NRT_QUEUE_FULL/NRT_EXEC_NC_BUSY -> UNAVAILABLE, others INTERNAL.
 bpl_status to_bpl_status(int status);
 
+// Throws plugin::Error with the mapped status when a runtime call failed: "<call> failed: NRT_TIMEOUT".
+void check_nrt(int status, const std::string& call);
+
+// The runtime's dtype code for a bpl dtype, or kNrtDtypeInvalid where the runtime has none (f64).
+NrtDtype nrt_dtype(bpl_dtype dtype);
+// The bpl dtype of a runtime dtype code, or 0 where bpl has none (u16, u32, fp8, …).
+bpl_dtype bpl_dtype_of(int nrt_dtype);
+
+// NEURON_RT_ROOT_COMM_ID, the address where the runtime's collectives bootstrap: the configured value
+// if set (it must be host:port), else MASTER_ADDR and the port after MASTER_PORT (MASTER_PORT itself
+// is the launcher's rendezvous store under torchrun). One rank needs none. Throws plugin::Error
+// (INVALID_ARGUMENT naming the value, or UNAVAILABLE when several ranks have no address to meet at).
+std::string root_comm_id(const char* configured, const std::string& master_addr, int master_port, int world_size);
+
 // NEURON_RT_VISIBLE_CORES as a list of core indices: "3", "0-3", "0,2,5-7". Throws plugin::Error
 // (INVALID_ARGUMENT, naming the value) for anything else, a descending range or a repeated core.
 std::vector<int> parse_visible_cores(const std::string& text);

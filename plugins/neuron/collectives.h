@@ -1,0 +1,101 @@
+// Communicators of the Neuron plugin: replica groups of the runtime's host-driven collectives
+// (nrta_cc_prepare / nrta_cc_schedule on the core's collectives queue). The runtime provides allreduce,
+// allgather and reduce-scatter with sum, min and max; broadcast is its allgather (the root's block
+// kept), reduce its allreduce (kept on the root), barrier a one-element allreduce. What it lacks
+// (send/recv, alltoall, product, average, f64) is reported unsupported, never emulated on the host.
+//
+// Buffers may be device pointers (bpl_malloc) or host memory. Device buffers go to the runtime as
+// slices of their tensors, without copies; host buffers are staged through device tensors the request
+// owns, so a host buffer is written only when its request completes, and never after a timeout.
+// Like MPI's, a buffer of an operation in flight must not be used by another one until it is waited for.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "backplane/plugin.h"
+#include "neuron_core.h"
+
+namespace backplane::neuron_plugin {
+
+class NeuronComm;
+
+// One scheduled runtime collective, and what to do once it has run (copy results out of staging).
+class Request {
+ public:
+  Request(NeuronComm& comm, const char* op) : comm_(comm), op_(op) {}
+
+  NeuronComm& comm() { return comm_; }
+  // *done = 1 once complete; returns the operation's status then (and on every later call).
+  bpl_status test(int32_t* done);
+  // Polls until complete or `timeout` passes (BPL_ERR_TIMEOUT; the request stays in flight).
+  bpl_status wait(std::chrono::milliseconds timeout);
+  const std::string& message() const { return message_; }
+
+ private:
+  friend class NeuronComm;
+  void finish(bpl_status status, const std::string& message);
+
+  NeuronComm& comm_;
+  const char* op_;
+  nrta_seq_t sequence_ = 0;
+  bool scheduled_ = false;             // false: nothing for the runtime to do (zero elements)
+  std::vector<OwnedTensor> tensors_;   // alive until the runtime is done with them
+  std::function<void()> deliver_;      // copies results to the caller's buffer
+  bool done_ = false;
+  bpl_status status_ = BPL_OK;
+  std::string message_;
+};
+
+class NeuronComm {
+ public:
+  // `group`: the global ranks (device ids) of the members, in communicator order; `rank` is this
+  // process's index in it.
+  NeuronComm(NeuronCore& core, nrta_error_tracker_t* errors, std::vector<uint32_t> group, int rank, int world_rank,
+             int world_size);
+  ~NeuronComm();
+
+  int rank() const { return static_cast<int>(cc_.rank); }
+  int size() const { return static_cast<int>(cc_.rank_n); }
+  NeuronCore& core() { return core_; }
+  nrta_error_tracker_t* errors() { return errors_; }
+
+  void allreduce(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_reduce_op op, bpl_plugin_request** req);
+  void broadcast(void* buf, size_t count, bpl_dtype dtype, int root, bpl_plugin_request** req);
+  void reduce(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_reduce_op op, int root,
+              bpl_plugin_request** req);
+  void allgather(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_plugin_request** req);
+  void reduce_scatter(const void* send, void* recv, size_t recvcount, bpl_dtype dtype, bpl_reduce_op op,
+                      bpl_plugin_request** req);
+  void barrier(bpl_plugin_request** req);
+  // MPI_Comm_split over the runtime's allgather; nullptr for BPL_COLOR_UNDEFINED.
+  std::unique_ptr<NeuronComm> split(int color, int key);
+
+  // Keeps a request whose operation never completed: the runtime may still use its tensors.
+  void abandon(std::unique_ptr<Request> request);
+
+ private:
+  // Where a collective's output goes: `bytes` from `offset` of the runtime's output, to `ptr` (NULL:
+  // nowhere, as on a reduce's non-root ranks).
+  struct Delivery {
+    void* ptr;
+    size_t bytes;
+    size_t offset;
+  };
+  void run(const char* name, NrtCollective collective, const void* in, size_t in_bytes, size_t out_bytes,
+           Delivery delivery, bpl_dtype dtype, bpl_reduce_op op, bpl_plugin_request** req);
+
+  NeuronCore& core_;
+  nrta_error_tracker_t* errors_;
+  std::vector<uint32_t> group_;
+  NrtCcComm cc_{};
+  std::mutex abandoned_mutex_;
+  std::vector<std::unique_ptr<Request>> abandoned_;
+};
+
+}  // namespace backplane::neuron_plugin
