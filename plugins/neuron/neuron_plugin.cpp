@@ -123,8 +123,16 @@ bpl_status runtime_create(const bpl_launch_info* launch, bpl_plugin_runtime** ou
     for (size_t r = 0; r < everyone.size(); ++r) everyone[r] = static_cast<uint32_t>(r);
     runtime->world = std::make_unique<NeuronComm>(*runtime->core, runtime->errors, std::move(everyone), launch->rank,
                                                   launch->rank, launch->world_size);
+    std::string memory;
+    if (api().nrt_get_vnc_memory_stats != nullptr) {
+      NrtVncMemoryStats stats{};
+      size_t written = 0;
+      if (api().nrt_get_vnc_memory_stats(runtime->core->vnc, &stats, sizeof(stats), &written) == kNrtSuccess) {
+        memory = "; device_memory=" + std::to_string(stats.bytes_limit) + " bytes";
+      }
+    }
     runtime->details = "runtime=" + s.runtime->version + " at " + s.runtime->path +
-                       "; core=" + std::to_string(physical_core) + (root.empty() ? "" : "; root_comm=" + root) +
+                       "; core=" + std::to_string(physical_core) + memory + (root.empty() ? "" : "; root_comm=" + root) +
                        "; broadcast=runtime allgather; reduce=runtime allreduce; host buffers staged in device memory";
     *out = runtime.release();
     return BPL_OK;

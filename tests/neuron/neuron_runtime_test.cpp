@@ -252,7 +252,8 @@ TEST_F(OnTestDouble, DescribesTheRuntimeAndWhatItLacks) {
   EXPECT_STREQ(info.backend, "neuron");
   EXPECT_NE(std::string(info.details).find("runtime=2.99.0.0 (backplane test double) at " + kComplete), std::string::npos)
       << info.details;
-  EXPECT_NE(std::string(info.details).find("core=0"), std::string::npos) << info.details;
+  EXPECT_NE(std::string(info.details).find("core=0; device_memory=1073741824 bytes"), std::string::npos)
+      << info.details;
   EXPECT_EQ(getenv("NEURON_RT_VISIBLE_CORES"), std::string("0")) << "the process is pinned to its core";
   EXPECT_TRUE(info.collectives & BPL_BIT(BPL_COLL_ALLREDUCE));
   EXPECT_TRUE(info.collectives & BPL_BIT(BPL_COLL_REDUCE_SCATTER));
