@@ -781,9 +781,9 @@ EXPORT int nrta_cc_schedule(nrt_cc_context_t** context, int queue, nrta_error_tr
   if (cc.tail != NULL) cc.tail->next = c;
   else cc.head = c;
   cc.tail = c;
+  *sequence = c->sequence; /* before unlocking: the worker frees the context once it has run */
   pthread_cond_signal(&cc.wake);
   pthread_mutex_unlock(&cc.mutex);
-  *sequence = c->sequence;
   *context = NULL;
   return NRT_SUCCESS;
 }
