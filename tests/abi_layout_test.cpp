@@ -1,4 +1,4 @@
-// Pins the layout of every public struct of ABI 1.0 (x86-64 / LP64): a change here breaks every plugin
+// Pins the layout of every public struct of ABI 1.x (x86-64 / LP64): a change here breaks every plugin
 // and embedder built before it. Structs may only grow at the end (ABI rule 3), and none ends in padding,
 // so an older caller's struct_size never covers bytes a newer field would read as garbage.
 #include <gtest/gtest.h>
@@ -191,7 +191,7 @@ TEST(AbiLayout, bpl_plugin_caps) {
 
 TEST(AbiLayout, bpl_plugin_api) {
   EXPECT_EQ(offsetof(bpl_plugin_api, struct_size), 0u);
-  EXPECT_EQ(sizeof(bpl_plugin_api), 304u);
+  EXPECT_EQ(sizeof(bpl_plugin_api), 320u);
   EXPECT_EQ(offsetof(bpl_plugin_api, abi_major), 8u);
   EXPECT_EQ(offsetof(bpl_plugin_api, abi_minor), 12u);
   EXPECT_EQ(offsetof(bpl_plugin_api, name), 16u);
@@ -230,7 +230,10 @@ TEST(AbiLayout, bpl_plugin_api) {
   EXPECT_EQ(offsetof(bpl_plugin_api, program_load), 280u);
   EXPECT_EQ(offsetof(bpl_plugin_api, program_run), 288u);
   EXPECT_EQ(offsetof(bpl_plugin_api, program_destroy), 296u);
-  EXPECT_NO_TRAILING_PADDING(bpl_plugin_api, program_destroy);
+  // ABI 1.1
+  EXPECT_EQ(offsetof(bpl_plugin_api, comm_set_timeout), 304u);
+  EXPECT_EQ(offsetof(bpl_plugin_api, comm_abort), 312u);
+  EXPECT_NO_TRAILING_PADDING(bpl_plugin_api, comm_abort);
 }
 
 TEST(AbiLayout, FixedNumericValues) {
@@ -238,8 +241,8 @@ TEST(AbiLayout, FixedNumericValues) {
   EXPECT_EQ(BPL_OK, 0);
   const bpl_status statuses[] = {BPL_ERR_INVALID_ARGUMENT, BPL_ERR_NOT_FOUND,   BPL_ERR_UNSUPPORTED, BPL_ERR_UNAVAILABLE,
                                  BPL_ERR_ABI_MISMATCH,     BPL_ERR_TIMEOUT,     BPL_ERR_REMOTE,      BPL_ERR_MISMATCH,
-                                 BPL_ERR_OUT_OF_MEMORY,    BPL_ERR_IO,          BPL_ERR_INTERNAL};
-  for (int i = 0; i < 11; ++i) EXPECT_EQ(statuses[i], i + 1);
+                                 BPL_ERR_OUT_OF_MEMORY,    BPL_ERR_IO,          BPL_ERR_INTERNAL,    BPL_ERR_ABORTED};
+  for (int i = 0; i < 12; ++i) EXPECT_EQ(statuses[i], i + 1);
   const bpl_dtype dtypes[] = {BPL_DTYPE_F32, BPL_DTYPE_F64, BPL_DTYPE_F16, BPL_DTYPE_BF16,
                               BPL_DTYPE_I8,  BPL_DTYPE_U8,  BPL_DTYPE_I32, BPL_DTYPE_I64};
   for (int i = 0; i < 8; ++i) EXPECT_EQ(dtypes[i], i + 1);

@@ -199,7 +199,7 @@ TEST(Embed, BadBackendsEndWithAClearMessageAndNonZeroExit) {
   const std::string wrong_abi = std::string(BPL_TEST_PLUGIN_DIR) + "/libbpl-test-wrong-abi.so";
   const Case cases[] = {
       {"nosuch", {"BPL_ERR_NOT_FOUND", "unknown backend 'nosuch'", "known backends: gloo, mpi, neuron"}},
-      {wrong_abi, {"BPL_ERR_ABI_MISMATCH", wrong_abi, "implements ABI 2.3", "ABI 1.0"}},
+      {wrong_abi, {"BPL_ERR_ABI_MISMATCH", wrong_abi, "implements ABI 2.3", "this libbackplane is ABI 1."}},
       {"/nonexistent/libbackplane-gloo.so", {"BPL_ERR_NOT_FOUND", "/nonexistent/libbackplane-gloo.so", "does not exist"}},
   };
   for (const Case& c : cases) {

@@ -4,6 +4,7 @@
 // here, once, so every backend rejects bad input with the same message.
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -14,9 +15,11 @@
 
 #include "backplane/backplane.h"
 #include "backplane/plugin.h"
+#include "comm_state.h"
 #include "compile_cache.h"
 #include "environment.h"
 #include "error.h"
+#include "fingerprint.h"
 #include "loader.h"
 #include "log.h"
 #include "selection.h"
@@ -35,6 +38,7 @@ struct bpl_runtime {
   bpl_launch_info launch_c{};
   std::string selection_reason;
   bpl_plugin_caps caps{};
+  bool debug_detail = false;         // BPL_DEBUG=detail: fingerprints checked before each collective
   bpl_comm* world = nullptr;
   std::mutex mutex;                  // guards split_comms and programs
   std::set<bpl_comm*> split_comms;   // destroyed at finalize if the caller forgot
@@ -45,12 +49,17 @@ struct bpl_runtime {
 };
 
 struct bpl_comm {
+  explicit bpl_comm(int64_t timeout_ms) : state(timeout_ms) {}
   uint64_t magic = kCommMagic;
   bpl_runtime* runtime = nullptr;
   bpl_plugin_comm* impl = nullptr;
   int32_t rank = 0;
   int32_t size = 1;
   bool is_world = false;
+  std::string name;                       // "world", "world/split0/color1": alike on every member
+  std::string label;                      // name and this rank's place, for messages
+  backplane::CommState state;             // timeout, operation numbers, failure
+  std::atomic<uint32_t> splits{0};        // splits made of it so far: names its children
   std::atomic<int64_t> live_requests{0};  // a communicator outlives its requests
 };
 
@@ -66,6 +75,8 @@ struct bpl_request {
   uint64_t magic = kRequestMagic;
   bpl_comm* comm = nullptr;
   bpl_plugin_request* impl = nullptr;
+  const char* function = "";  // the call that started it, and its number on the communicator
+  uint64_t sequence = 0;
 };
 
 namespace backplane {
@@ -189,17 +200,31 @@ void check_rank(const bpl_comm* comm, int32_t rank, const char* param) {
                                               std::to_string(comm->size - 1));
 }
 
-// After the plugin ran: prefix its message with the API function, or supply one if it gave none,
-// and wrap a request it started.
-bpl_status finish(const char* function, bpl_comm* comm, bpl_status status, bpl_plugin_request* preq,
-                  bpl_request** req) {
-  if (status != BPL_OK) {
-    std::string message = last_error().empty() ? std::string(comm->runtime->backend()) + ": failed with " +
-                                                     bpl_status_name(status) + " (the plugin gave no message)"
-                                               : last_error();
-    set_last_error(std::string(function) + ": " + message);
-    return status;
-  }
+// "bpl_allreduce #17 on world (rank 0 of 3)": what every message about an operation starts with.
+std::string operation_label(const char* function, const bpl_comm* comm, uint64_t sequence) {
+  return std::string(function) + " #" + std::to_string(sequence) + " on " + comm->label;
+}
+
+// The plugin's message for a failed call, or one made up when it gave none.
+std::string plugin_message(const bpl_comm* comm, bpl_status status) {
+  return last_error().empty() ? std::string(comm->runtime->backend()) + ": failed with " + bpl_status_name(status) +
+                                    " (the plugin gave no message)"
+                              : last_error();
+}
+
+// An operation that ended in failure: the message names it; a failure after which the ranks may
+// have diverged fails the communicator for good (comm_state.h).
+bpl_status operation_failed(const std::string& label, bpl_comm* comm, bpl_status status) {
+  std::string message = label + ": " + plugin_message(comm, status);
+  if (CommState::poisons(status)) comm->state.fail(status, message);
+  set_last_error(std::move(message));
+  return status;
+}
+
+// After the plugin ran operation `sequence`: report a failure, or wrap the request it started.
+bpl_status finish(const char* function, bpl_comm* comm, uint64_t sequence, bpl_status status,
+                  bpl_plugin_request* preq, bpl_request** req) {
+  if (status != BPL_OK) return operation_failed(operation_label(function, comm, sequence), comm, status);
   if (req != nullptr) {
     if (preq == nullptr) {
       throw Error(BPL_ERR_INTERNAL, std::string("backend '") + comm->runtime->backend() +
@@ -208,10 +233,102 @@ bpl_status finish(const char* function, bpl_comm* comm, bpl_status status, bpl_p
     auto* request = new bpl_request;
     request->comm = comm;
     request->impl = preq;
+    request->function = function;
+    request->sequence = sequence;
     comm->live_requests.fetch_add(1, std::memory_order_relaxed);
     *req = request;
   }
   return BPL_OK;
+}
+
+// The end of a request-side call (`function` is bpl_request_test, _wait or _free) on request `r`.
+bpl_status finish_request(const char* function, bpl_request* r, bpl_status status) {
+  if (status == BPL_OK) return BPL_OK;
+  return operation_failed(std::string(function) + ": " + operation_label(r->function, r->comm, r->sequence), r->comm,
+                          status);
+}
+
+// BPL_DEBUG=detail: every rank of `comm` shows the others what it is about to run; BPL_OK when all
+// agree, else MISMATCH with the report (on every rank: each sees every fingerprint), or the status
+// of the exchange itself.
+bpl_status check_fingerprints(bpl_comm* comm, const Fingerprint& mine) {
+  bpl_runtime* rt = comm->runtime;
+  if (comm->size == 1) return BPL_OK;
+  if (rt->api().allgather == nullptr || (rt->caps.collectives & BPL_BIT(BPL_COLL_ALLGATHER)) == 0 ||
+      (rt->caps.dtypes & BPL_BIT(BPL_DTYPE_I64)) == 0) {
+    static std::once_flag warned;
+    std::call_once(warned, [&] {
+      log(BPL_LOG_WARN, "core", std::string("BPL_DEBUG=detail: backend '") + rt->backend() +
+                                    "' has no allgather of i64 to exchange fingerprints with: collectives are not checked");
+    });
+    return BPL_OK;
+  }
+  const FingerprintWords words = encode(mine);
+  std::vector<FingerprintWords> all(static_cast<size_t>(comm->size));
+  clear_last_error();
+  const bpl_status status = rt->api().allgather(comm->impl, words.data(), all.data(), kFingerprintWords, BPL_DTYPE_I64,
+                                                nullptr);
+  if (status != BPL_OK) {
+    set_last_error("in the BPL_DEBUG=detail check before it (ranks that do not reach this collective leave the "
+                   "others waiting here): " + plugin_message(comm, status));
+    return status;
+  }
+  std::vector<Fingerprint> fingerprints;
+  try {
+    for (int32_t r = 0; r < comm->size; ++r) fingerprints.push_back(decode(all[static_cast<size_t>(r)], r));
+  } catch (const Error& e) {
+    set_last_error(e.what());
+    return e.status();
+  }
+  const std::string report = compare(fingerprints);
+  if (report.empty()) return BPL_OK;
+  set_last_error("BPL_DEBUG=detail: " + report);
+  return BPL_ERR_MISMATCH;
+}
+
+// Runs one operation on `comm` after the core's checks of its arguments: refuses it at once if the
+// communicator failed or was aborted, numbers it, checks its fingerprint under BPL_DEBUG=detail, then
+// calls the plugin (`call(preq)`, preq NULL for a blocking call) and reports the outcome.
+template <typename Call>
+bpl_status run_operation(const char* function, bpl_comm* comm, Fingerprint fingerprint, bpl_request** req,
+                         Call&& call) {
+  const uint64_t sequence = comm->state.next_sequence();
+  if (comm->state.failed()) {
+    const std::string cause = comm->state.cause();
+    set_last_error(operation_label(function, comm, sequence) + ": not started: " +
+                   (comm->state.status() == BPL_ERR_ABORTED ? cause : "the communicator failed earlier, at " + cause));
+    return comm->state.status();
+  }
+  if (comm->runtime->debug_detail && fingerprint.op >= 0) {
+    fingerprint.sequence = static_cast<int64_t>(sequence);
+    const bpl_status checked = check_fingerprints(comm, fingerprint);
+    if (checked != BPL_OK) {
+      std::string message = last_error();
+      set_last_error(operation_label(function, comm, sequence) + ": " + message);
+      comm->state.fail(checked, last_error());
+      return checked;
+    }
+  }
+  bpl_plugin_request* preq = nullptr;
+  clear_last_error();
+  const bpl_status status = call(req != nullptr ? &preq : nullptr);
+  return finish(function, comm, sequence, status, preq, req);
+}
+
+// Send and recv: numbered, refused on a failed communicator, but not fingerprinted (they are not
+// collective: the ranks' sequences of them differ).
+const Fingerprint kPointToPoint{};
+
+// The fingerprint of a collective (fields it does not have stay -1).
+Fingerprint fingerprint_of(bpl_collective op, int64_t dtype = -1, int64_t count = -1, int64_t root = -1,
+                           int64_t reduce_op = -1) {
+  Fingerprint f;
+  f.op = op;
+  f.dtype = dtype;
+  f.count = count;
+  f.root = root;
+  f.reduce_op = reduce_op;
+  return f;
 }
 
 // Plugin call for functions that are not collectives: prefix the plugin's message with the function.
@@ -246,13 +363,15 @@ Fn require_device_fn(const bpl_runtime* runtime, Fn fn, const char* what) {
   return fn;
 }
 
-bpl_comm* wrap_comm(bpl_runtime* runtime, bpl_plugin_comm* impl, bool is_world) {
-  auto comm = std::make_unique<bpl_comm>();
+bpl_comm* wrap_comm(bpl_runtime* runtime, bpl_plugin_comm* impl, bool is_world, std::string name, int64_t timeout_ms) {
+  auto comm = std::make_unique<bpl_comm>(timeout_ms);
   comm->runtime = runtime;
   comm->impl = impl;
   comm->is_world = is_world;
   bpl_status status = runtime->api().comm_rank_size(impl, &comm->rank, &comm->size);
   if (status != BPL_OK) throw Error(status, "comm_rank_size failed: " + last_error());
+  comm->name = std::move(name);
+  comm->label = comm->name + " (rank " + std::to_string(comm->rank) + " of " + std::to_string(comm->size) + ")";
   return comm.release();
 }
 
@@ -400,6 +519,7 @@ bpl_status bpl_init(const bpl_init_options* options, bpl_runtime** out) {
     EnvLookup env = process_environment();
     auto runtime = std::make_unique<bpl_runtime>();
     runtime->launch = resolve_launch(opts, env);
+    runtime->debug_detail = debug_detail(env);
     Selection selection = select_backend(opts.backend, env, probe_machine());
     runtime->plugin = load_selected(selection, plugin_search_dirs(env), &runtime->selection_reason);
 
@@ -423,7 +543,7 @@ bpl_status bpl_init(const bpl_init_options* options, bpl_runtime** out) {
       bpl_plugin_comm* world = nullptr;
       status = api.comm_world(runtime->impl, &world);
       if (status != BPL_OK) throw Error(status, "comm_world failed: " + last_error());
-      runtime->world = wrap_comm(runtime.get(), world, true);
+      runtime->world = wrap_comm(runtime.get(), world, true, "world", launch.timeout_ms);
     } catch (...) {
       api.runtime_destroy(runtime->impl);
       throw;
@@ -638,13 +758,25 @@ bpl_status bpl_comm_split(bpl_comm* parent, int32_t color, int32_t key, bpl_comm
     bpl_runtime* rt = comm->runtime;
     auto fn = require_collective(comm, rt->api().comm_split, BPL_COLL_COMM_SPLIT);
     bpl_plugin_comm* child = nullptr;
-    bpl_status status = fn(comm->impl, color, key, &child);
-    if (status != BPL_OK) return finish("bpl_comm_split", comm, status, nullptr, nullptr);
+    bpl_status status = run_operation("bpl_comm_split", comm, fingerprint_of(BPL_COLL_COMM_SPLIT), nullptr,
+                                      [&](bpl_plugin_request**) { return fn(comm->impl, color, key, &child); });
+    // Every rank of the parent splits, in the same order: the split's number names the children alike.
+    const uint32_t split_number = comm->splits.fetch_add(1, std::memory_order_relaxed);
+    if (status != BPL_OK) return status;
     if (child == nullptr) return BPL_OK;  // BPL_COLOR_UNDEFINED
     bpl_comm* wrapped = nullptr;
     try {
-      wrapped = wrap_comm(rt, child, false);
+      const int64_t timeout_ms = comm->state.timeout_ms();
+      wrapped = wrap_comm(rt, child, false,
+                          comm->name + "/split" + std::to_string(split_number) + "/color" + std::to_string(color),
+                          timeout_ms);
+      if (auto set_timeout = rt->plugin->optional(&bpl_plugin_api::comm_set_timeout)) {
+        status = set_timeout(child, timeout_ms);
+        if (status != BPL_OK) throw Error(status, "comm_set_timeout on the new communicator failed: " + last_error());
+      }
     } catch (...) {
+      if (wrapped != nullptr) wrapped->magic = 0;
+      delete wrapped;
       rt->api().comm_destroy(child);
       throw;
     }
@@ -704,9 +836,8 @@ bpl_status bpl_allreduce(bpl_comm* comm, const void* send, void* recv, int64_t c
     check_buffer(send, bytes, "send");
     check_buffer(recv, bytes, "recv");
     REQUIRE(send == recv || !overlap(send, bytes, recv, bytes), "send and recv overlap without being equal (in place)");
-    bpl_plugin_request* preq = nullptr;
-    const bpl_status status = fn(c->impl, send, recv, count, dtype, op, req ? &preq : nullptr);
-    return finish("bpl_allreduce", c, status, preq, req);
+    return run_operation("bpl_allreduce", c, fingerprint_of(BPL_COLL_ALLREDUCE, dtype, count, -1, op), req,
+                         [&](bpl_plugin_request** preq) { return fn(c->impl, send, recv, count, dtype, op, preq); });
   });
 }
 
@@ -717,9 +848,8 @@ bpl_status bpl_broadcast(bpl_comm* comm, void* buf, int64_t count, bpl_dtype dty
     size_t bytes = check_count(count, check_dtype(c, dtype), 1, "count");
     check_buffer(buf, bytes, "buf");
     check_rank(c, root, "root");
-    bpl_plugin_request* preq = nullptr;
-    const bpl_status status = fn(c->impl, buf, count, dtype, root, req ? &preq : nullptr);
-    return finish("bpl_broadcast", c, status, preq, req);
+    return run_operation("bpl_broadcast", c, fingerprint_of(BPL_COLL_BROADCAST, dtype, count, root), req,
+                         [&](bpl_plugin_request** preq) { return fn(c->impl, buf, count, dtype, root, preq); });
   });
 }
 
@@ -736,9 +866,8 @@ bpl_status bpl_reduce(bpl_comm* comm, const void* send, void* recv, int64_t coun
       check_buffer(recv, bytes, "recv");
       REQUIRE(send == recv || !overlap(send, bytes, recv, bytes), "send and recv overlap without being equal (in place)");
     }
-    bpl_plugin_request* preq = nullptr;
-    const bpl_status status = fn(c->impl, send, recv, count, dtype, op, root, req ? &preq : nullptr);
-    return finish("bpl_reduce", c, status, preq, req);
+    return run_operation("bpl_reduce", c, fingerprint_of(BPL_COLL_REDUCE, dtype, count, root, op), req,
+                         [&](bpl_plugin_request** preq) { return fn(c->impl, send, recv, count, dtype, op, root, preq); });
   });
 }
 
@@ -755,9 +884,8 @@ bpl_status bpl_allgather(bpl_comm* comm, const void* send, void* recv, int64_t c
     const void* own_block = static_cast<const char*>(recv) + block * static_cast<size_t>(c->rank);
     REQUIRE(send == own_block || !overlap(send, block, recv, total),
             "send overlaps recv but is not recv + rank*count elements (in place)");
-    bpl_plugin_request* preq = nullptr;
-    const bpl_status status = fn(c->impl, send, recv, count, dtype, req ? &preq : nullptr);
-    return finish("bpl_allgather", c, status, preq, req);
+    return run_operation("bpl_allgather", c, fingerprint_of(BPL_COLL_ALLGATHER, dtype, count), req,
+                         [&](bpl_plugin_request** preq) { return fn(c->impl, send, recv, count, dtype, preq); });
   });
 }
 
@@ -775,9 +903,8 @@ bpl_status bpl_reduce_scatter(bpl_comm* comm, const void* send, void* recv, int6
     const void* own_block = static_cast<const char*>(send) + block * static_cast<size_t>(c->rank);
     REQUIRE(recv == own_block || !overlap(send, total, recv, block),
             "recv overlaps send but is not send + rank*recvcount elements (in place)");
-    bpl_plugin_request* preq = nullptr;
-    const bpl_status status = fn(c->impl, send, recv, recvcount, dtype, op, req ? &preq : nullptr);
-    return finish("bpl_reduce_scatter", c, status, preq, req);
+    return run_operation("bpl_reduce_scatter", c, fingerprint_of(BPL_COLL_REDUCE_SCATTER, dtype, recvcount, -1, op), req,
+                         [&](bpl_plugin_request** preq) { return fn(c->impl, send, recv, recvcount, dtype, op, preq); });
   });
 }
 
@@ -790,9 +917,8 @@ bpl_status bpl_alltoall(bpl_comm* comm, const void* send, void* recv, int64_t co
     check_buffer(send, total, "send");
     check_buffer(recv, total, "recv");
     REQUIRE(send == recv || !overlap(send, total, recv, total), "send and recv overlap without being equal (in place)");
-    bpl_plugin_request* preq = nullptr;
-    const bpl_status status = fn(c->impl, send, recv, count, dtype, req ? &preq : nullptr);
-    return finish("bpl_alltoall", c, status, preq, req);
+    return run_operation("bpl_alltoall", c, fingerprint_of(BPL_COLL_ALLTOALL, dtype, count), req,
+                         [&](bpl_plugin_request** preq) { return fn(c->impl, send, recv, count, dtype, preq); });
   });
 }
 
@@ -800,9 +926,8 @@ bpl_status bpl_barrier(bpl_comm* comm, bpl_request** req) {
   return guarded("bpl_barrier", [&] {
     bpl_comm* c = check_comm(comm);
     auto fn = require_collective(c, c->runtime->api().barrier, BPL_COLL_BARRIER);
-    bpl_plugin_request* preq = nullptr;
-    const bpl_status status = fn(c->impl, req ? &preq : nullptr);
-    return finish("bpl_barrier", c, status, preq, req);
+    return run_operation("bpl_barrier", c, fingerprint_of(BPL_COLL_BARRIER), req,
+                         [&](bpl_plugin_request** preq) { return fn(c->impl, preq); });
   });
 }
 
@@ -824,9 +949,8 @@ bpl_status bpl_send(bpl_comm* comm, const void* buf, int64_t count, bpl_dtype dt
     bpl_comm* c = check_comm(comm);
     auto fn = require_collective(c, c->runtime->api().send, BPL_COLL_SEND);
     check_point_to_point(c, buf, count, dtype, peer, tag);
-    bpl_plugin_request* preq = nullptr;
-    const bpl_status status = fn(c->impl, buf, count, dtype, peer, tag, req ? &preq : nullptr);
-    return finish("bpl_send", c, status, preq, req);
+    return run_operation("bpl_send", c, kPointToPoint, req,
+                         [&](bpl_plugin_request** preq) { return fn(c->impl, buf, count, dtype, peer, tag, preq); });
   });
 }
 
@@ -836,9 +960,8 @@ bpl_status bpl_recv(bpl_comm* comm, void* buf, int64_t count, bpl_dtype dtype, i
     bpl_comm* c = check_comm(comm);
     auto fn = require_collective(c, c->runtime->api().recv, BPL_COLL_RECV);
     check_point_to_point(c, buf, count, dtype, peer, tag);
-    bpl_plugin_request* preq = nullptr;
-    const bpl_status status = fn(c->impl, buf, count, dtype, peer, tag, req ? &preq : nullptr);
-    return finish("bpl_recv", c, status, preq, req);
+    return run_operation("bpl_recv", c, kPointToPoint, req,
+                         [&](bpl_plugin_request** preq) { return fn(c->impl, buf, count, dtype, peer, tag, preq); });
   });
 }
 
@@ -1001,7 +1124,7 @@ bpl_status bpl_request_test(bpl_request* req, int32_t* done) {
   return guarded("bpl_request_test", [&] {
     bpl_request* r = check_request(req);
     REQUIRE(done != nullptr, "done is NULL");
-    return finish("bpl_request_test", r->comm, r->comm->runtime->api().request_test(r->impl, done), nullptr, nullptr);
+    return finish_request("bpl_request_test", r, r->comm->runtime->api().request_test(r->impl, done));
   });
 }
 
@@ -1010,15 +1133,46 @@ bpl_status bpl_request_wait(bpl_request* req, int64_t timeout_ms) {
     bpl_request* r = check_request(req);
     REQUIRE(timeout_ms >= BPL_TIMEOUT_DEFAULT,
             "timeout_ms = " + std::to_string(timeout_ms) + ": expected >= 0, or BPL_TIMEOUT_DEFAULT (-1)");
-    const bpl_plugin_api& api = r->comm->runtime->api();
-    if (timeout_ms == 0) {
+    bpl_comm* comm = r->comm;
+    const bpl_plugin_api& api = comm->runtime->api();
+    const int64_t comm_timeout_ms = comm->state.timeout_ms();
+    if (timeout_ms == BPL_TIMEOUT_DEFAULT) timeout_ms = comm_timeout_ms;
+    // A wait as long as the communicator's timeout that still sees the operation in flight has seen it
+    // overrun its bound; a shorter wait is only a poll with a deadline.
+    const bool overran_if_timed_out = timeout_ms >= comm_timeout_ms;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    // The plugin is waited for in short slices so that bpl_comm_abort, from another thread, releases
+    // this wait within one slice whatever the backend.
+    constexpr int64_t kAbortCheckMs = 100;
+    for (;;) {
+      const int64_t left_ms = std::max<int64_t>(
+          0, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count());
+      clear_last_error();
+      bpl_status status = BPL_ERR_TIMEOUT;
+      if (left_ms > 0) status = api.request_wait(r->impl, std::min(left_ms, kAbortCheckMs));
+      if (status != BPL_ERR_TIMEOUT) return finish_request("bpl_request_wait", r, status);
       int32_t done = 0;
-      bpl_status status = api.request_test(r->impl, &done);
-      if (status != BPL_OK || done) return finish("bpl_request_wait", r->comm, status, nullptr, nullptr);
-      throw Error(BPL_ERR_TIMEOUT, "the operation has not ended (timeout_ms = 0)");
+      clear_last_error();
+      status = api.request_test(r->impl, &done);
+      if (done || status != BPL_OK) return finish_request("bpl_request_wait", r, status);  // ended with TIMEOUT
+      const std::string label = "bpl_request_wait: " + operation_label(r->function, comm, r->sequence);
+      if (comm->state.aborted()) {
+        set_last_error(label + ": released by bpl_comm_abort; the operation may still be in flight "
+                               "(bpl_request_free waits for it, bounded by the communicator's timeout)");
+        return BPL_ERR_ABORTED;
+      }
+      if (left_ms == 0) {
+        std::string message = label + ": has not ended after " + std::to_string(timeout_ms) + " ms";
+        if (overran_if_timed_out) {
+          message += ", the communicator's timeout: the communicator is failed";
+          comm->state.fail(BPL_ERR_TIMEOUT, message);
+        } else {
+          message += "; it is still in flight and may be waited for again";
+        }
+        set_last_error(std::move(message));
+        return BPL_ERR_TIMEOUT;
+      }
     }
-    if (timeout_ms == BPL_TIMEOUT_DEFAULT) timeout_ms = r->comm->runtime->launch.timeout_ms;
-    return finish("bpl_request_wait", r->comm, api.request_wait(r->impl, timeout_ms), nullptr, nullptr);
   });
 }
 
@@ -1026,12 +1180,57 @@ bpl_status bpl_request_free(bpl_request* req) {
   return guarded("bpl_request_free", [&] {
     if (req == nullptr) return BPL_OK;
     bpl_request* r = check_request(req);
+    clear_last_error();
     bpl_status status = r->comm->runtime->api().request_free(r->impl);
+    status = finish_request("bpl_request_free", r, status);
     r->magic = 0;
-    bpl_comm* comm = r->comm;
-    comm->live_requests.fetch_sub(1, std::memory_order_relaxed);
+    r->comm->live_requests.fetch_sub(1, std::memory_order_relaxed);
     delete r;
-    return finish("bpl_request_free", comm, status, nullptr, nullptr);
+    return status;
+  });
+}
+
+/* ---- communicator timeouts and abort (ABI 1.1) ---- */
+
+bpl_status bpl_comm_set_timeout(bpl_comm* comm, int64_t timeout_ms) {
+  return guarded("bpl_comm_set_timeout", [&] {
+    bpl_comm* c = check_comm(comm);
+    REQUIRE(timeout_ms > 0 || timeout_ms == BPL_TIMEOUT_DEFAULT,
+            "timeout_ms = " + std::to_string(timeout_ms) + ": expected > 0 (milliseconds) or BPL_TIMEOUT_DEFAULT (-1)");
+    bpl_runtime* rt = c->runtime;
+    if (timeout_ms == BPL_TIMEOUT_DEFAULT) timeout_ms = rt->launch.timeout_ms;
+    auto fn = rt->plugin->optional(&bpl_plugin_api::comm_set_timeout);
+    if (fn == nullptr) {
+      throw Error(BPL_ERR_UNSUPPORTED, std::string("backend '") + rt->backend() + "' (plugin ABI " +
+                                           std::to_string(rt->api().abi_major) + "." + std::to_string(rt->api().abi_minor) +
+                                           ") cannot change a communicator's timeout");
+    }
+    clear_last_error();
+    const bpl_status status = fn(c->impl, timeout_ms);
+    if (status == BPL_OK) c->state.set_timeout_ms(timeout_ms);
+    return forward("bpl_comm_set_timeout", rt, status);
+  });
+}
+
+bpl_status bpl_comm_get_timeout(const bpl_comm* comm, int64_t* timeout_ms) {
+  return guarded("bpl_comm_get_timeout", [&] {
+    const bpl_comm* c = check_comm(comm);
+    REQUIRE(timeout_ms != nullptr, "timeout_ms is NULL");
+    *timeout_ms = c->state.timeout_ms();
+    return BPL_OK;
+  });
+}
+
+bpl_status bpl_comm_abort(bpl_comm* comm) {
+  return guarded("bpl_comm_abort", [&] {
+    bpl_comm* c = check_comm(comm);
+    if (!c->state.abort()) return BPL_OK;
+    bpl_runtime* rt = c->runtime;
+    log(BPL_LOG_INFO, "core", "communicator " + c->label + " aborted");
+    auto fn = rt->plugin->optional(&bpl_plugin_api::comm_abort);
+    if (fn == nullptr) return BPL_OK;  // the core alone refuses new operations and releases waits
+    clear_last_error();
+    return forward("bpl_comm_abort", rt, fn(c->impl));
   });
 }
 

@@ -55,6 +55,16 @@ std::vector<std::string> split_path_list(const std::string& text) {
   return items;
 }
 
+bool debug_detail(const EnvLookup& env) {
+  std::optional<std::string> text = env("BPL_DEBUG");
+  if (!text) return false;
+  std::string value;
+  for (char c : *text) value += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (value == "detail") return true;
+  if (value == "off") return false;
+  throw Error(BPL_ERR_INVALID_ARGUMENT, "BPL_DEBUG='" + *text + "' is not valid: expected 'detail' or 'off'");
+}
+
 bool launched_by_mpi(const EnvLookup& env) {
   return env("OMPI_COMM_WORLD_SIZE") || env("PMIX_RANK") || env("PMI_RANK");
 }

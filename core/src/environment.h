@@ -51,6 +51,10 @@ struct LaunchInfo {
 // range, or inconsistent (a rank without a world size, rank >= world size).
 LaunchInfo resolve_launch(const bpl_init_options& options, const EnvLookup& env);
 
+// BPL_DEBUG: "detail" (any case) turns on the cross-rank check of every collective (fingerprint.h);
+// unset or "off" leaves it off. Throws Error(INVALID_ARGUMENT) naming any other value.
+bool debug_detail(const EnvLookup& env);
+
 // True when the environment shows an MPI launcher (mpirun/mpiexec of Open MPI, or a PMI/PMIx one).
 bool launched_by_mpi(const EnvLookup& env);
 

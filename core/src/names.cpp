@@ -17,6 +17,7 @@ const char* bpl_status_name(bpl_status status) {
     case BPL_ERR_OUT_OF_MEMORY: return "BPL_ERR_OUT_OF_MEMORY";
     case BPL_ERR_IO: return "BPL_ERR_IO";
     case BPL_ERR_INTERNAL: return "BPL_ERR_INTERNAL";
+    case BPL_ERR_ABORTED: return "BPL_ERR_ABORTED";
     default: return "BPL_ERR_UNKNOWN";
   }
 }

@@ -115,6 +115,12 @@ class OpQueue {
   OpQueue(const OpQueue&) = delete;
   OpQueue& operator=(const OpQueue&) = delete;
 
+  // Bounds the operations posted from now on.
+  void set_op_timeout(std::chrono::milliseconds op_timeout) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    op_timeout_ = op_timeout;
+  }
+
   // Posts `body` to run after everything posted before it; returns at once.
   std::shared_ptr<Operation> post(std::function<void()> body) {
     auto op = std::make_shared<Operation>(std::move(body));

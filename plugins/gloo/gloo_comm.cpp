@@ -11,8 +11,15 @@
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/types.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <numeric>
 #include <tuple>
 
@@ -21,8 +28,6 @@
 #include "rendezvous.h"
 
 namespace backplane::gloo_plugin {
-
-using plugin::Error;
 
 // Slot prefixes for the transfers this plugin makes itself; Gloo's own algorithms use 0x01..0x08.
 constexpr uint8_t kReduceScatterSlotPrefix = 0x40;
@@ -117,29 +122,158 @@ void with_element_type(bpl_dtype dtype, Fn&& fn) {
 
 }  // namespace
 
-GlooComm::GlooComm(std::shared_ptr<Shared> shared, std::string uid, int rank, int size)
+GlooComm::GlooComm(std::shared_ptr<Shared> shared, std::string uid, int rank, int size,
+                   std::chrono::milliseconds timeout)
     : shared_(std::move(shared)),
       uid_(std::move(uid)),
-      queue_(classify, shared_->timeout),
+      timeout_ms_(timeout.count()),
+      queue_(classify, timeout),
       scratch_(2) {
   auto context = std::make_shared<::gloo::rendezvous::Context>(rank, size);
-  context->setTimeout(shared_->timeout);
+  context->setTimeout(timeout);
   ::gloo::rendezvous::PrefixStore store(uid_, *shared_->store);
   context->connectFullMesh(store, shared_->device);
   context_ = std::move(context);
+  learn_peer_addresses(store);
 }
 
 GlooComm::~GlooComm() { queue_.shut_down(); }
 
+void GlooComm::set_timeout(std::chrono::milliseconds timeout) {
+  timeout_ms_.store(timeout.count(), std::memory_order_relaxed);
+  queue_.set_op_timeout(timeout);
+}
+
+void GlooComm::abort() { context_->closeConnections(); }
+
+namespace {
+
+// "[127.0.0.1]:41234", as Gloo's tcp::Address::str() writes a socket address.
+std::string address_text(const sockaddr_storage& address) {
+  char host[INET6_ADDRSTRLEN] = {};
+  int port = 0;
+  if (address.ss_family == AF_INET) {
+    const auto& in = reinterpret_cast<const sockaddr_in&>(address);
+    inet_ntop(AF_INET, &in.sin_addr, host, sizeof(host));
+    port = ntohs(in.sin_port);
+  } else if (address.ss_family == AF_INET6) {
+    const auto& in6 = reinterpret_cast<const sockaddr_in6&>(address);
+    inet_ntop(AF_INET6, &in6.sin6_addr, host, sizeof(host));
+    port = ntohs(in6.sin6_port);
+  } else {
+    return "";
+  }
+  return "[" + std::string(host) + "]:" + std::to_string(port);
+}
+
+// The local address of this process's TCP connection to `remote`, or "" if it has none. Gloo does not
+// expose its sockets, so the process's descriptors are searched (once per communicator).
+std::string local_end_of_connection_to(const std::string& remote) {
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd", error)) {
+    const int fd = std::atoi(entry.path().filename().c_str());
+    struct stat info {};
+    if (fstat(fd, &info) != 0 || !S_ISSOCK(info.st_mode)) continue;
+    sockaddr_storage peer{}, local{};
+    socklen_t peer_length = sizeof(peer), local_length = sizeof(local);
+    if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_length) != 0) continue;
+    if (address_text(peer) != remote) continue;
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_length) != 0) continue;
+    return address_text(local);
+  }
+  return "";
+}
+
+// One line per rank of the communicator ("" for the caller's own).
+std::vector<std::string> lines_of(const std::vector<char>& bytes) {
+  std::vector<std::string> lines;
+  std::string line;
+  for (char c : bytes) {
+    if (c == '\n') {
+      lines.push_back(line);
+      line.clear();
+    } else {
+      line += c;
+    }
+  }
+  return lines;
+}
+
+}  // namespace
+
+// Gloo names the remote end of a failed connection: the peer's listening address when this rank
+// connected to it, or the peer's own (ephemeral) end when the peer connected here. Both are exchanged
+// once, through the store, so that either can be traced to a rank.
+void GlooComm::learn_peer_addresses(::gloo::rendezvous::Store& store) {
+  if (size() == 1) return;
+  auto exchange = [&](const std::string& key, const std::vector<std::string>& mine) {
+    std::string text;
+    for (const std::string& line : mine) text += line + "\n";
+    store.set(key + "/" + std::to_string(rank()), std::vector<char>(text.begin(), text.end()));
+    std::vector<std::vector<std::string>> all(static_cast<size_t>(size()));
+    for (int r = 0; r < size(); ++r) {
+      if (r != rank()) all[static_cast<size_t>(r)] = lines_of(store.get(key + "/" + std::to_string(r)));
+    }
+    return all;
+  };
+  std::vector<std::string> listening(static_cast<size_t>(size()));
+  for (int r = 0; r < size(); ++r) {
+    if (r != rank()) listening[static_cast<size_t>(r)] = context_->getPair(r)->address().str();
+  }
+  const auto peers_listening = exchange("listening_addresses", listening);
+  std::vector<std::string> connected_from(static_cast<size_t>(size()));
+  for (int r = 0; r < size(); ++r) {
+    const auto& theirs = peers_listening[static_cast<size_t>(r)];
+    if (r == rank() || theirs.size() != static_cast<size_t>(size())) continue;
+    const std::string& their_end = theirs[static_cast<size_t>(rank())];  // rank r's end of our connection
+    peer_of_address_[their_end] = r;
+    connected_from[static_cast<size_t>(r)] = local_end_of_connection_to(their_end);
+  }
+  const auto peers_connected_from = exchange("connected_from", connected_from);
+  for (int r = 0; r < size(); ++r) {
+    const auto& theirs = peers_connected_from[static_cast<size_t>(r)];
+    if (r == rank() || theirs.size() != static_cast<size_t>(size())) continue;
+    if (!theirs[static_cast<size_t>(rank())].empty()) peer_of_address_[theirs[static_cast<size_t>(rank())]] = r;
+  }
+}
+
+Error GlooComm::failure(const std::exception& e) {
+  const bpl_status status = classify_exception(e);
+  std::string message = e.what();
+  for (const auto& [address, peer] : peer_of_address_) {
+    if (message.find(address) != std::string::npos) {
+      message += " (peer " + address + " is rank " + std::to_string(peer) + " of this communicator)";
+      break;
+    }
+  }
+  if (status == BPL_ERR_TIMEOUT) {
+    message += " (no peer of this rank in the operation made progress within " + std::to_string(timeout().count()) +
+               " ms: one is stopped, stuck or far behind)";
+  }
+  if (status == BPL_ERR_REMOTE || status == BPL_ERR_TIMEOUT) context_->closeConnections();
+  return Error(status, message);
+}
+
 void GlooComm::submit(std::function<void()> body, bpl_plugin_request** req) {
+  auto checked = [this, body = std::move(body)] {
+    try {
+      body();
+    } catch (const Error&) {
+      throw;  // the plugin's own, already classified
+    } catch (const std::bad_alloc&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw failure(e);
+    }
+  };
   if (req != nullptr) {
-    *req = reinterpret_cast<bpl_plugin_request*>(static_cast<Request*>(new QueuedRequest(queue_.post(std::move(body)))));
+    *req = reinterpret_cast<bpl_plugin_request*>(static_cast<Request*>(new QueuedRequest(queue_.post(std::move(checked)))));
     return;
   }
   try {
-    queue_.run(body);
-  } catch (const plugin::OpQueue::QueuedFailure& failure) {
-    throw Error(failure.status, failure.message);
+    queue_.run(checked);
+  } catch (const plugin::OpQueue::QueuedFailure& queued) {
+    throw Error(queued.status, queued.message);
   }
 }
 
@@ -166,7 +300,7 @@ void GlooComm::allreduce(const void* send, void* recv, size_t count, bpl_dtype d
     with_element_type(acc, [&](auto zero) { options.setOutput(static_cast<decltype(zero)*>(work), count); });
     options.setReduceFunction(plugin::reduce_function(acc, op));
     options.setTag(next_tag());
-    options.setTimeout(shared_->timeout);
+    options.setTimeout(timeout());
     ::gloo::allreduce(options);
   }
   plugin::finish_reduction(work, acc, recv, dtype, count, op, size());
@@ -178,7 +312,7 @@ void GlooComm::broadcast(void* buf, size_t count, bpl_dtype dtype, int root) {
   options.setOutput(static_cast<uint8_t*>(buf), count * plugin::dtype_size(dtype));
   options.setRoot(root);
   options.setTag(next_tag());
-  options.setTimeout(shared_->timeout);
+  options.setTimeout(timeout());
   ::gloo::broadcast(options);
 }
 
@@ -199,7 +333,7 @@ void GlooComm::reduce(const void* send, void* recv, size_t count, bpl_dtype dtyp
     options.setRoot(root);
     options.setReduceFunction(plugin::reduce_function(acc, op));
     options.setTag(next_tag());
-    options.setTimeout(shared_->timeout);
+    options.setTimeout(timeout());
     ::gloo::reduce(options);
   }
   if (is_root) plugin::finish_reduction(work, acc, recv, dtype, count, op, size());
@@ -218,7 +352,7 @@ void GlooComm::allgather(const void* send, void* recv, size_t count, bpl_dtype d
   if (send != own_block) options.setInput(static_cast<uint8_t*>(const_cast<void*>(send)), block);
   options.setOutput(static_cast<uint8_t*>(recv), block * static_cast<size_t>(size()));
   options.setTag(next_tag());
-  options.setTimeout(shared_->timeout);
+  options.setTimeout(timeout());
   ::gloo::allgather(options);
 }
 
@@ -251,8 +385,8 @@ void GlooComm::reduce_scatter(const void* send, void* recv, size_t recvcount, bp
       auto out = context_->createUnboundBuffer(work + block * static_cast<size_t>(send_block), block);
       in->recv(left, slot);
       out->send(right, slot);
-      in->waitRecv(shared_->timeout);
-      out->waitSend(shared_->timeout);
+      in->waitRecv(timeout());
+      out->waitSend(timeout());
       char* target = work + block * static_cast<size_t>(recv_block);
       reduce_fn(target, target, incoming, recvcount);
     }
@@ -276,7 +410,7 @@ void GlooComm::alltoall(const void* send, void* recv, size_t count, bpl_dtype dt
   options.setInput(static_cast<uint8_t*>(const_cast<void*>(input)), total);
   options.setOutput(static_cast<uint8_t*>(recv), total);
   options.setTag(next_tag());
-  options.setTimeout(shared_->timeout);
+  options.setTimeout(timeout());
   ::gloo::alltoall(options);
 }
 
@@ -284,7 +418,7 @@ void GlooComm::barrier() {
   if (size() == 1) return;
   ::gloo::BarrierOptions options(context_);
   options.setTag(next_tag());
-  options.setTimeout(shared_->timeout);
+  options.setTimeout(timeout());
   ::gloo::barrier(options);
 }
 
@@ -305,7 +439,7 @@ std::unique_ptr<GlooComm> GlooComm::split(int color, int key) {
   std::stable_sort(members.begin(), members.end(), [&](int a, int b) { return all[2 * a + 1] < all[2 * b + 1]; });
   const int new_rank = static_cast<int>(std::find(members.begin(), members.end(), rank()) - members.begin());
   return std::make_unique<GlooComm>(shared_, uid_ + "/" + std::to_string(split_number) + "/" + std::to_string(color),
-                                    new_rank, static_cast<int>(members.size()));
+                                    new_rank, static_cast<int>(members.size()), timeout());
 }
 
 void GlooComm::point_to_point(void* buf, size_t bytes, int peer, int tag, bool is_send, bpl_plugin_request** req) {
@@ -317,11 +451,11 @@ void GlooComm::point_to_point(void* buf, size_t bytes, int peer, int tag, bool i
     buffer->recv(peer, slot);
   }
   if (req != nullptr) {
-    auto* request = new PointToPointRequest(std::move(buffer), is_send, shared_->timeout);
+    auto* request = new PointToPointRequest(std::move(buffer), is_send, timeout());
     *req = reinterpret_cast<bpl_plugin_request*>(static_cast<Request*>(request));
     return;
   }
-  bool completed = is_send ? buffer->waitSend(shared_->timeout) : buffer->waitRecv(shared_->timeout);
+  bool completed = is_send ? buffer->waitSend(timeout()) : buffer->waitRecv(timeout());
   if (!completed) throw Error(BPL_ERR_INTERNAL, std::string(is_send ? "send" : "recv") + " aborted");
 }
 

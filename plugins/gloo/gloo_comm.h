@@ -7,8 +7,10 @@
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/device.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -16,6 +18,7 @@
 
 #include "backplane/plugin.h"
 #include "op_queue.h"
+#include "plugin_support.h"
 
 namespace backplane::gloo_plugin {
 
@@ -36,14 +39,24 @@ struct Shared {
   std::chrono::milliseconds timeout;
 };
 
+using plugin::Error;
+
 class GlooComm {
  public:
-  // Connects the full mesh of `size` ranks whose store keys live under `uid`.
-  GlooComm(std::shared_ptr<Shared> shared, std::string uid, int rank, int size);
+  // Connects the full mesh of `size` ranks whose store keys live under `uid`, within `timeout`,
+  // which then bounds each of its operations.
+  GlooComm(std::shared_ptr<Shared> shared, std::string uid, int rank, int size, std::chrono::milliseconds timeout);
   ~GlooComm();
 
   int rank() const { return context_->rank; }
   int size() const { return context_->size; }
+
+  std::chrono::milliseconds timeout() const { return std::chrono::milliseconds(timeout_ms_.load(std::memory_order_relaxed)); }
+  // Bounds the operations started from now on.
+  void set_timeout(std::chrono::milliseconds timeout);
+  // Closes every connection of the communicator: operations in flight here end at their timeout at
+  // the latest, the peers' at once with a connection error naming this rank. Never blocks.
+  void abort();
 
   // Runs `body` in this communicator's order: now (req == NULL) or as a request in *req.
   void submit(std::function<void()> body, bpl_plugin_request** req);
@@ -67,10 +80,19 @@ class GlooComm {
   // A per-communicator scratch buffer, reused across operations (they never overlap in time).
   char* scratch(size_t slot, size_t bytes);
   void point_to_point(void* buf, size_t bytes, int peer, int tag, bool is_send, bpl_plugin_request** req);
+  // Publishes the address of each of this rank's connections and learns the peers', so that a Gloo
+  // error naming an address can name the rank behind it.
+  void learn_peer_addresses(::gloo::rendezvous::Store& store);
+  // What a failed Gloo call becomes: its status, its message with the peer's rank named, and, if the
+  // group is now broken, every connection closed so that the peers fail at once instead of waiting
+  // out their timeout.
+  Error failure(const std::exception& e);
 
   std::shared_ptr<Shared> shared_;
   std::string uid_;
+  std::atomic<int64_t> timeout_ms_;
   std::shared_ptr<::gloo::Context> context_;
+  std::map<std::string, int> peer_of_address_;  // "[127.0.0.1]:41234" → rank
   plugin::OpQueue queue_;
   uint32_t next_tag_ = 0;
   uint32_t splits_ = 0;

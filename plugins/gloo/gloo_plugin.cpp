@@ -45,7 +45,8 @@ bpl_status runtime_create(const bpl_launch_info* launch, bpl_plugin_runtime** ou
     Rendezvous joined = rendezvous(*launch);
     runtime->shared = std::make_shared<Shared>(
         Shared{joined.store, joined.device, std::chrono::milliseconds(launch->timeout_ms)});
-    runtime->world = std::make_unique<GlooComm>(runtime->shared, "world", launch->rank, launch->world_size);
+    runtime->world = std::make_unique<GlooComm>(runtime->shared, "world", launch->rank, launch->world_size,
+                                                std::chrono::milliseconds(launch->timeout_ms));
     runtime->details = "gloo=" + std::to_string(GLOO_VERSION_MAJOR) + "." + std::to_string(GLOO_VERSION_MINOR) + "." +
                        std::to_string(GLOO_VERSION_PATCH) + "; " + joined.description;
     *out = runtime.release();
@@ -187,6 +188,20 @@ bpl_status recv(bpl_plugin_comm* c, void* buf, int64_t count, bpl_dtype dtype, i
   });
 }
 
+bpl_status comm_set_timeout(bpl_plugin_comm* c, int64_t timeout_ms) {
+  return guarded([&] {
+    unwrap(c)->set_timeout(std::chrono::milliseconds(timeout_ms));
+    return BPL_OK;
+  });
+}
+
+bpl_status comm_abort(bpl_plugin_comm* c) {
+  return guarded([&] {
+    unwrap(c)->abort();
+    return BPL_OK;
+  });
+}
+
 /* ---- requests ---- */
 
 bpl_status request_test(bpl_plugin_request* req, int32_t* done) {
@@ -244,6 +259,8 @@ const bpl_plugin_api kApi = {
     cpu_kernels::program_load,
     cpu_kernels::program_run,
     cpu_kernels::program_destroy,
+    comm_set_timeout,
+    comm_abort,
 };
 
 }  // namespace

@@ -74,7 +74,20 @@ std::string mpi_error_string(int code) {
 
 /* ---- requests ---- */
 
+Request::Request(MpiComm* comm, const char* op)
+    : comm_(comm), op_(op), deadline_(std::chrono::steady_clock::now() + comm->timeout()) {}
+
 Request::~Request() = default;
+
+void Request::expire() {
+  if (done_) return;
+  done_ = true;
+  expired_ = true;
+  status_ = BPL_ERR_TIMEOUT;
+  message_ = std::string(op_) + " did not complete within " + std::to_string(comm_->timeout().count()) +
+             " ms (the communicator's timeout); a peer is missing or stuck";
+  comm_->poison(message_);
+}
 
 bpl_status Request::finish(int mpi_error) { return complete(mpi_error); }
 
@@ -99,7 +112,11 @@ bpl_status Request::test(int32_t* done) {
       MpiLock lock(comm_->process());
       error = MPI_Test(&request_, &flag, MPI_STATUS_IGNORE);
     }
-    if (flag || error != MPI_SUCCESS) complete(error);
+    if (flag || error != MPI_SUCCESS) {
+      complete(error);
+    } else if (std::chrono::steady_clock::now() >= deadline_) {
+      expire();
+    }
   }
   *done = done_ ? 1 : 0;
   if (done_ && status_ != BPL_OK) plugin::host()->set_error(("mpi: " + message_).c_str());
@@ -126,7 +143,7 @@ bpl_status Request::wait(std::chrono::milliseconds timeout) {
 /* ---- communicator ---- */
 
 MpiComm::MpiComm(const MpiProcess& process, MPI_Comm comm, std::chrono::milliseconds timeout)
-    : process_(process), comm_(comm), timeout_(timeout) {
+    : process_(process), comm_(comm), timeout_ms_(timeout.count()) {
   MpiLock lock(process_);
   check(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
   check(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
@@ -171,13 +188,14 @@ void MpiComm::start(std::unique_ptr<Request> request, size_t bytes, const std::f
     *req = reinterpret_cast<bpl_plugin_request*>(request.release());
     return;
   }
-  bpl_status status = request->wait(timeout_);
-  if (status == BPL_ERR_TIMEOUT) {
+  // The request's own deadline (the communicator's timeout) comes before this wait's.
+  bpl_status status = request->wait(timeout() + std::chrono::milliseconds(1));
+  if (request->owned_by_mpi()) {
     // MPI cannot cancel a collective: the request stays with MPI, and so must its buffers.
-    poison("an operation timed out after " + std::to_string(timeout_.count()) + " ms");
+    request->expire();
+    const std::string message = request->message();
     abandon(std::move(request));
-    throw Error(BPL_ERR_TIMEOUT, "did not complete within " + std::to_string(timeout_.count()) +
-                                     " ms (BPL_TIMEOUT_MS); a peer is missing or stuck");
+    throw Error(BPL_ERR_TIMEOUT, message);
   }
   if (status != BPL_OK) throw Error(status, "failed");  // the request already set the message
 }
@@ -192,16 +210,16 @@ void MpiComm::run_blocking(std::unique_ptr<Request> request, const std::function
   if (!blocking_calls_) {
     blocking_calls_ = std::make_unique<plugin::OpQueue>(
         [](std::exception_ptr) { return std::make_pair(BPL_ERR_INTERNAL, std::string("unexpected exception")); },
-        timeout_);
+        timeout());
   }
   auto code = std::make_shared<int>(MPI_SUCCESS);
   std::shared_ptr<plugin::Operation> op = blocking_calls_->post([call, code] { *code = call(nullptr); });
-  if (!op->wait_for(timeout_)) {
-    poison("an operation timed out after " + std::to_string(timeout_.count()) + " ms");
+  if (!op->wait_for(timeout())) {
+    request->expire();
+    const std::string message = request->message();
     abandon(std::move(request));          // MPI may still write into its staging buffers
     (void)blocking_calls_.release();      // its thread is inside MPI and cannot be joined
-    throw Error(BPL_ERR_TIMEOUT, "did not complete within " + std::to_string(timeout_.count()) +
-                                     " ms (BPL_TIMEOUT_MS); a peer is missing or stuck");
+    throw Error(BPL_ERR_TIMEOUT, message);
   }
   if (request->finish(*code) != BPL_OK) throw Error(BPL_ERR_REMOTE, request->message());
 }
@@ -371,7 +389,7 @@ std::unique_ptr<MpiComm> MpiComm::split(int color, int key) {
     check(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &child), "MPI_Comm_split");
   }
   if (child == MPI_COMM_NULL) return nullptr;
-  return std::make_unique<MpiComm>(process_, child, timeout_);
+  return std::make_unique<MpiComm>(process_, child, timeout());
 }
 
 }  // namespace backplane::mpi_plugin

@@ -6,6 +6,7 @@
 
 #include <mpi.h>
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -30,7 +31,8 @@ class MpiComm;
 // One posted MPI operation and what to do once it completes (narrow a widened result, …).
 class Request {
  public:
-  Request(MpiComm* comm, const char* op) : comm_(comm), op_(op) {}
+  // The operation is bounded by the communicator's timeout from now (it is posted right after).
+  Request(MpiComm* comm, const char* op);
   ~Request();
 
   MPI_Request* handle() { return &request_; }
@@ -41,10 +43,15 @@ class Request {
   // Completes an operation MPI ran as a blocking call: its status, after the on_complete work.
   bpl_status finish(int mpi_error);
   const std::string& message() const { return message_; }
-  // *done = 1 once complete; returns the operation's status then (and on every later call).
+  // *done = 1 once complete, or once the communicator's timeout passed (the operation ended with
+  // BPL_ERR_TIMEOUT); returns the operation's status then (and on every later call).
   bpl_status test(int32_t* done);
-  // Polls until complete or `timeout` passes (BPL_ERR_TIMEOUT; the request stays in flight).
+  // Polls until done or `timeout` passes (BPL_ERR_TIMEOUT; the request stays in flight).
   bpl_status wait(std::chrono::milliseconds timeout);
+  // Ends the operation with BPL_ERR_TIMEOUT and poisons the communicator; MPI keeps the request.
+  void expire();
+  // True while MPI owns the request and its buffers (not completed, or expired).
+  bool owned_by_mpi() const { return !done_ || expired_; }
 
  private:
   bpl_status complete(int mpi_error);
@@ -53,7 +60,9 @@ class Request {
   MPI_Request request_ = MPI_REQUEST_NULL;
   std::vector<char> buffers_[2];
   std::function<void()> on_complete_;
+  std::chrono::steady_clock::time_point deadline_;
   bool done_ = false;
+  bool expired_ = false;
   bpl_status status_ = BPL_OK;
   std::string message_;
 };
@@ -66,7 +75,9 @@ class MpiComm {
   int rank() const { return rank_; }
   int size() const { return size_; }
   const MpiProcess& process() const { return process_; }
-  std::chrono::milliseconds timeout() const { return timeout_; }
+  std::chrono::milliseconds timeout() const { return std::chrono::milliseconds(timeout_ms_.load(std::memory_order_relaxed)); }
+  // Bounds the operations started from now on.
+  void set_timeout(std::chrono::milliseconds timeout) { timeout_ms_.store(timeout.count(), std::memory_order_relaxed); }
 
   // Each posts one MPI request; with req == NULL it also waits for it (bounded by the timeout).
   void allreduce(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_reduce_op op, bpl_plugin_request** req);
@@ -105,7 +116,7 @@ class MpiComm {
 
   const MpiProcess& process_;
   MPI_Comm comm_;
-  std::chrono::milliseconds timeout_;
+  std::atomic<int64_t> timeout_ms_;
   int rank_ = 0;
   int size_ = 1;
   std::string poisoned_;

@@ -275,6 +275,13 @@ bpl_status recv(bpl_plugin_comm* c, void* buf, int64_t count, bpl_dtype dtype, i
   });
 }
 
+bpl_status comm_set_timeout(bpl_plugin_comm* c, int64_t timeout_ms) {
+  return guarded([&] {
+    unwrap(c)->set_timeout(std::chrono::milliseconds(timeout_ms));
+    return BPL_OK;
+  });
+}
+
 /* ---- requests ---- */
 
 bpl_status request_test(bpl_plugin_request* req, int32_t* done) {
@@ -288,10 +295,12 @@ bpl_status request_wait(bpl_plugin_request* req, int64_t timeout_ms) {
 bpl_status request_free(bpl_plugin_request* req) {
   return guarded([&] {
     std::unique_ptr<Request> request(unwrap(req));
-    bpl_status status = request->wait(request->comm().timeout());
-    if (status == BPL_ERR_TIMEOUT) {
+    // Bounded by the request's own deadline (the communicator's timeout from its start).
+    request->wait(request->comm().timeout() + std::chrono::milliseconds(1));
+    if (request->owned_by_mpi()) {
       // MPI still owns the operation and its buffers: keep them until the communicator goes.
-      request->comm().poison("a freed request never completed");
+      request->expire();
+      plugin::host()->set_error(("mpi: " + request->message()).c_str());
       request->comm().abandon(std::move(request));
       return BPL_ERR_TIMEOUT;
     }
@@ -339,6 +348,8 @@ const bpl_plugin_api kApi = {
     cpu_kernels::program_load,
     cpu_kernels::program_run,
     cpu_kernels::program_destroy,
+    comm_set_timeout,
+    nullptr,  // comm_abort: MPI cannot cancel a collective; the core refuses new operations and releases waits
 };
 
 }  // namespace

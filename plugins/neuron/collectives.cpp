@@ -43,6 +43,17 @@ bpl_plugin_request* wrap(Request* request) { return reinterpret_cast<bpl_plugin_
 
 /* ---- requests ---- */
 
+Request::Request(NeuronComm& comm, const char* op)
+    : comm_(comm), op_(op), deadline_(std::chrono::steady_clock::now() + comm.timeout()) {}
+
+void Request::expire() {
+  done_ = true;
+  expired_ = true;  // the tensors stay: the runtime may still use them
+  status_ = BPL_ERR_TIMEOUT;
+  message_ = std::string(op_) + " did not complete within " + std::to_string(comm_.timeout().count()) +
+             " ms, the communicator's timeout (NeuronCore " + std::to_string(comm_.core().core) + ")";
+}
+
 void Request::finish(bpl_status status, const std::string& message) {
   done_ = true;
   status_ = status;
@@ -77,6 +88,8 @@ bpl_status Request::test(int32_t* done) {
           finish(e.status(), std::string(op_) + ": " + e.what());
         }
       }
+    } else if (std::chrono::steady_clock::now() >= deadline_) {
+      expire();
     }
   }
   *done = done_ ? 1 : 0;
@@ -102,8 +115,8 @@ bpl_status Request::wait(std::chrono::milliseconds timeout) {
 /* ---- communicators ---- */
 
 NeuronComm::NeuronComm(NeuronCore& core, nrta_error_tracker_t* errors, std::vector<uint32_t> group, int rank,
-                       int world_rank, int world_size)
-    : core_(core), errors_(errors), group_(std::move(group)) {
+                       int world_rank, int world_size, std::chrono::milliseconds timeout)
+    : core_(core), errors_(errors), group_(std::move(group)), timeout_ms_(timeout.count()) {
   cc_.replica_group = group_.data();
   cc_.rank = static_cast<uint32_t>(rank);
   cc_.rank_n = static_cast<uint32_t>(group_.size());
@@ -158,9 +171,9 @@ void NeuronComm::run(const char* name, NrtCollective collective, const void* in,
     return;
   }
   try {
-    request->wait(core_.timeout);
-  } catch (const Error& e) {
-    if (e.status() == BPL_ERR_TIMEOUT) abandon(std::move(request));
+    request->wait(timeout() + std::chrono::milliseconds(1));  // its own deadline comes first
+  } catch (const Error&) {
+    if (request->owned_by_runtime()) abandon(std::move(request));
     throw;
   }
 }
@@ -221,7 +234,7 @@ std::unique_ptr<NeuronComm> NeuronComm::split(int color, int key) {
     group.push_back(group_[static_cast<size_t>(member)]);
   }
   return std::make_unique<NeuronComm>(core_, errors_, std::move(group), my_index, static_cast<int>(cc_.ctx_device_id),
-                                      static_cast<int>(cc_.ctx_device_count));
+                                      static_cast<int>(cc_.ctx_device_count), timeout());
 }
 
 }  // namespace backplane::neuron_plugin

@@ -10,6 +10,7 @@
 // Like MPI's, a buffer of an operation in flight must not be used by another one until it is waited for.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -28,18 +29,23 @@ class NeuronComm;
 // One scheduled runtime collective, and what to do once it has run (copy results out of staging).
 class Request {
  public:
-  Request(NeuronComm& comm, const char* op) : comm_(comm), op_(op) {}
+  // The operation is bounded by the communicator's timeout from now (it is scheduled right after).
+  Request(NeuronComm& comm, const char* op);
 
   NeuronComm& comm() { return comm_; }
-  // *done = 1 once complete; returns the operation's status then (and on every later call).
+  // *done = 1 once complete, or once the communicator's timeout passed (the operation ended with
+  // BPL_ERR_TIMEOUT); returns the operation's status then (and on every later call).
   bpl_status test(int32_t* done);
-  // Polls until complete or `timeout` passes (BPL_ERR_TIMEOUT; the request stays in flight).
+  // Polls until done or `timeout` passes (BPL_ERR_TIMEOUT; the request stays in flight).
   bpl_status wait(std::chrono::milliseconds timeout);
   const std::string& message() const { return message_; }
+  // True while the runtime may still use the request's tensors (not completed, or expired).
+  bool owned_by_runtime() const { return !done_ || expired_; }
 
  private:
   friend class NeuronComm;
   void finish(bpl_status status, const std::string& message);
+  void expire();
 
   NeuronComm& comm_;
   const char* op_;
@@ -47,7 +53,9 @@ class Request {
   bool scheduled_ = false;             // false: nothing for the runtime to do (zero elements)
   std::vector<OwnedTensor> tensors_;   // alive until the runtime is done with them
   std::function<void()> deliver_;      // copies results to the caller's buffer
+  std::chrono::steady_clock::time_point deadline_;
   bool done_ = false;
+  bool expired_ = false;
   bpl_status status_ = BPL_OK;
   std::string message_;
 };
@@ -57,8 +65,12 @@ class NeuronComm {
   // `group`: the global ranks (device ids) of the members, in communicator order; `rank` is this
   // process's index in it.
   NeuronComm(NeuronCore& core, nrta_error_tracker_t* errors, std::vector<uint32_t> group, int rank, int world_rank,
-             int world_size);
+             int world_size, std::chrono::milliseconds timeout);
   ~NeuronComm();
+
+  std::chrono::milliseconds timeout() const { return std::chrono::milliseconds(timeout_ms_.load(std::memory_order_relaxed)); }
+  // Bounds the operations started from now on.
+  void set_timeout(std::chrono::milliseconds timeout) { timeout_ms_.store(timeout.count(), std::memory_order_relaxed); }
 
   int rank() const { return static_cast<int>(cc_.rank); }
   int size() const { return static_cast<int>(cc_.rank_n); }
@@ -94,6 +106,7 @@ class NeuronComm {
   nrta_error_tracker_t* errors_;
   std::vector<uint32_t> group_;
   NrtCcComm cc_{};
+  std::atomic<int64_t> timeout_ms_;
   std::mutex abandoned_mutex_;
   std::vector<std::unique_ptr<Request>> abandoned_;
 };

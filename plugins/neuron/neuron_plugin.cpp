@@ -122,7 +122,8 @@ bpl_status runtime_create(const bpl_launch_info* launch, bpl_plugin_runtime** ou
     std::vector<uint32_t> everyone(static_cast<size_t>(launch->world_size));
     for (size_t r = 0; r < everyone.size(); ++r) everyone[r] = static_cast<uint32_t>(r);
     runtime->world = std::make_unique<NeuronComm>(*runtime->core, runtime->errors, std::move(everyone), launch->rank,
-                                                  launch->rank, launch->world_size);
+                                                  launch->rank, launch->world_size,
+                                                  std::chrono::milliseconds(launch->timeout_ms));
     std::string memory;
     if (api().nrt_get_vnc_memory_stats != nullptr) {
       NrtVncMemoryStats stats{};
@@ -319,6 +320,13 @@ bpl_status barrier(bpl_plugin_comm* c, bpl_plugin_request** req) {
   });
 }
 
+bpl_status comm_set_timeout(bpl_plugin_comm* c, int64_t timeout_ms) {
+  return guarded([&] {
+    unwrap(c)->set_timeout(std::chrono::milliseconds(timeout_ms));
+    return BPL_OK;
+  });
+}
+
 /* ---- requests ---- */
 
 bpl_status request_test(bpl_plugin_request* req, int32_t* done) {
@@ -333,10 +341,10 @@ bpl_status request_free(bpl_plugin_request* req) {
   return guarded([&] {
     std::unique_ptr<Request> request(unwrap(req));
     try {
-      request->wait(request->comm().core().timeout);
-    } catch (const plugin::Error& e) {
+      request->wait(request->comm().timeout() + std::chrono::milliseconds(1));  // its own deadline comes first
+    } catch (const plugin::Error&) {
       // Still in the runtime's hands: its tensors must outlive it. An operation that failed is over.
-      if (e.status() == BPL_ERR_TIMEOUT) {
+      if (request->owned_by_runtime()) {
         NeuronComm& comm = request->comm();
         comm.abandon(std::move(request));
         throw;
@@ -447,6 +455,8 @@ const bpl_plugin_api kApi = {
     program_load,
     program_run,
     program_destroy,
+    comm_set_timeout,
+    nullptr,  // comm_abort: the runtime cannot cancel a scheduled collective; the core releases waits
 };
 
 }  // namespace

@@ -1,5 +1,6 @@
 /*
- * backplane.h — the embedder's C API of backplane (ABI 1.0).
+ * backplane.h — the embedder's C API of backplane (ABI 1.1: 1.0 plus bpl_comm_set_timeout,
+ * bpl_comm_get_timeout, bpl_comm_abort and BPL_ERR_ABORTED).
  *
  * One program written against this header runs on any backend plugin (Gloo CPU mode, MPI, Neuron);
  * the backend is chosen at run time (see bpl_init). The header is C99 and compiles as C and C++.
@@ -26,7 +27,7 @@ extern "C" {
 #endif
 
 #define BPL_ABI_MAJOR 1
-#define BPL_ABI_MINOR 0
+#define BPL_ABI_MINOR 1
 
 #if defined(__GNUC__)
 #define BPL_API __attribute__((visibility("default")))
@@ -50,6 +51,7 @@ typedef int32_t bpl_status;
 #define BPL_ERR_OUT_OF_MEMORY 9
 #define BPL_ERR_IO 10 /* a file or socket operation failed */
 #define BPL_ERR_INTERNAL 11
+#define BPL_ERR_ABORTED 12 /* ABI 1.1: the communicator was aborted (bpl_comm_abort) */
 
 /* The message for the last failure on the calling thread ("" if none). Owned by the library; valid
  * until the next backplane call on this thread. Never NULL. */
@@ -282,6 +284,27 @@ BPL_API bpl_status bpl_comm_destroy(bpl_comm* comm);
 BPL_API bpl_status bpl_comm_rank(const bpl_comm* comm, int32_t* rank);
 BPL_API bpl_status bpl_comm_size(const bpl_comm* comm, int32_t* size);
 
+/* ABI 1.1. The bound of every operation started on `comm` from now on, and the default of
+ * bpl_request_wait on its requests: timeout_ms > 0, or BPL_TIMEOUT_DEFAULT (-1) for the runtime's
+ * (bpl_init_options.timeout_ms / BPL_TIMEOUT_MS). Operations already in flight keep theirs. A split
+ * inherits its parent's timeout. Local: no communication; ranks may differ.
+ * Errors: INVALID_ARGUMENT (timeout_ms 0 or < -1), UNSUPPORTED (a plugin older than ABI 1.1). */
+BPL_API bpl_status bpl_comm_set_timeout(bpl_comm* comm, int64_t timeout_ms);
+/* ABI 1.1. *timeout_ms = the communicator's current timeout. */
+BPL_API bpl_status bpl_comm_get_timeout(const bpl_comm* comm, int64_t* timeout_ms);
+
+/* ABI 1.1. Ends the communicator's use on this rank, from any thread:
+ *  - every later operation on it fails at once with BPL_ERR_ABORTED, touching no network;
+ *  - a bpl_request_wait blocked on one of its requests, in any thread, returns BPL_ERR_ABORTED within
+ *    a second (the operation itself may still be in flight: bpl_request_free still waits for it,
+ *    bounded by its timeout, so that no buffer is touched after the free);
+ *  - where the backend can, operations in flight end early and peers learn of it (gloo closes the
+ *    communicator's connections, so peers fail with BPL_ERR_REMOTE naming this rank; MPI cannot
+ *    cancel a collective: its operations end at their timeout).
+ * A second abort is a no-op (BPL_OK). The communicator must still be destroyed (bpl_comm_destroy) or,
+ * for the world, end with bpl_finalize. Errors: INVALID_ARGUMENT (NULL or destroyed comm). */
+BPL_API bpl_status bpl_comm_abort(bpl_comm* comm);
+
 /* Common rules of the operations below:
  *  - counts are elements of `dtype` and must be >= 0; count * element size must fit in memory;
  *  - buffers may be NULL only when their count is 0; they must stay valid until the operation ends;
@@ -291,7 +314,15 @@ BPL_API bpl_status bpl_comm_size(const bpl_comm* comm, int32_t* size);
  *  - every rank of the communicator calls the same collectives in the same order with matching
  *    arguments;
  *  - errors: INVALID_ARGUMENT (names the parameter and value), UNSUPPORTED (dtype/op/operation not
- *    provided by the backend, see bpl_runtime_info), TIMEOUT, REMOTE (a peer failed). */
+ *    provided by the backend, see bpl_runtime_info), TIMEOUT, REMOTE (a peer failed), MISMATCH (ranks
+ *    called different collectives, seen with BPL_DEBUG=detail), ABORTED (bpl_comm_abort);
+ *  - messages name the operation and its sequence number on the communicator ("bpl_allreduce #17 on
+ *    world (rank 0 of 4)"), the backend and, where the backend knows it, the peer rank and host:port;
+ *  - a communicator whose operation failed with TIMEOUT, REMOTE, MISMATCH, IO, INTERNAL or
+ *    OUT_OF_MEMORY, or that was aborted, is failed for good on this rank: every later operation on it
+ *    fails at once with the first failure's status and message, touching no network. (INVALID_ARGUMENT
+ *    and UNSUPPORTED are found before anything is sent and leave it usable.) Other communicators are
+ *    unaffected: a split that excludes a dead rank keeps working. */
 
 /* recv[i] = op over ranks of send[i], on every rank. */
 BPL_API bpl_status bpl_allreduce(bpl_comm* comm, const void* send, void* recv, int64_t count,
@@ -459,8 +490,11 @@ BPL_API bpl_status bpl_program_destroy(bpl_program* program);
 BPL_API bpl_status bpl_request_test(bpl_request* req, int32_t* done);
 
 /* Waits until the operation ends or `timeout_ms` passes (BPL_TIMEOUT_DEFAULT: the communicator's
- * timeout). Returns the operation's result, or TIMEOUT if it has not ended; a timed-out request is still
- * in flight and may be waited on again. */
+ * timeout). Returns the operation's result, or TIMEOUT if it has not ended; a request whose wait timed
+ * out is still in flight (bounded by the communicator's timeout when it started) and may be waited on
+ * again. A shorter timeout_ms is a poll with a deadline; the operation's own bound is the
+ * communicator's timeout, so a longer timeout_ms ends at that bound with TIMEOUT. ABORTED if the
+ * communicator is aborted meanwhile. */
 BPL_API bpl_status bpl_request_wait(bpl_request* req, int64_t timeout_ms);
 
 /* Releases a request. If the operation is still in flight, first waits for it to end (bounded by the

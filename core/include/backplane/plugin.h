@@ -1,5 +1,5 @@
 /*
- * plugin.h — the plugin ABI of backplane (ABI 1.0): what a backend plugin exports and what the core
+ * plugin.h — the plugin ABI of backplane (ABI 1.1): what a backend plugin exports and what the core
  * passes in. A plugin includes only this header (and backplane.h, which it includes).
  *
  * A plugin is a shared object that exports exactly one symbol, bpl_plugin_open_v1. The core calls it
@@ -156,6 +156,15 @@ typedef struct bpl_plugin_api {
   bpl_status (*program_run)(bpl_plugin_program* program, const bpl_tensor* inputs, int32_t num_inputs,
                             bpl_tensor* outputs, int32_t num_outputs);
   bpl_status (*program_destroy)(bpl_plugin_program* program);
+
+  /* --- ABI 1.1 (optional; the core reads them only from a table whose struct_size covers them) --- */
+  /* Bounds the operations started on `comm` from now on (timeout_ms > 0). A comm_split child starts
+   * with its parent's current timeout. */
+  bpl_status (*comm_set_timeout)(bpl_plugin_comm* comm, int64_t timeout_ms);
+  /* The core has marked `comm` aborted (no new operation reaches the plugin). Make the operations in
+   * flight end soon, as errors, and let the peers know where the backend can. Must not block; may run
+   * on another thread than one blocked in an operation of `comm`. */
+  bpl_status (*comm_abort)(bpl_plugin_comm* comm);
 } bpl_plugin_api;
 
 /* The one symbol a plugin exports. `host` stays valid while the plugin is loaded; *out must point to

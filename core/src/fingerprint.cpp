@@ -1,0 +1,103 @@
+#include "fingerprint.h"
+
+#include <algorithm>
+
+#include "error.h"
+
+namespace backplane {
+namespace {
+
+// Marks the words as a fingerprint of this encoding ("bplfp" and a version).
+constexpr int64_t kFingerprintMagic = 0x62706c6670000001ll;
+
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string text = ranks.size() == 1 ? "rank " : "ranks ";
+  for (size_t i = 0; i < ranks.size(); ++i) text += (i ? "," : "") + std::to_string(ranks[i]);
+  return text;
+}
+
+}  // namespace
+
+bool Fingerprint::operator==(const Fingerprint& other) const {
+  return sequence == other.sequence && op == other.op && dtype == other.dtype && count == other.count &&
+         root == other.root && reduce_op == other.reduce_op;
+}
+
+FingerprintWords encode(const Fingerprint& f) {
+  return {kFingerprintMagic, f.sequence, f.op, f.dtype, f.count, f.root, f.reduce_op, 0};
+}
+
+Fingerprint decode(const FingerprintWords& words, int rank) {
+  if (words[0] != kFingerprintMagic) {
+    throw Error(BPL_ERR_INTERNAL, "rank " + std::to_string(rank) +
+                                      " sent no BPL_DEBUG=detail fingerprint: is BPL_DEBUG=detail set on every rank?");
+  }
+  Fingerprint f;
+  f.sequence = words[1];
+  f.op = words[2];
+  f.dtype = words[3];
+  f.count = words[4];
+  f.root = words[5];
+  f.reduce_op = words[6];
+  return f;
+}
+
+std::string describe(const Fingerprint& f) {
+  std::string text = std::string(bpl_collective_name(static_cast<bpl_collective>(f.op))) + " #" +
+                     std::to_string(f.sequence);
+  std::string args;
+  auto add = [&](const std::string& item) { args += (args.empty() ? "" : ", ") + item; };
+  if (f.dtype >= 0) add(bpl_dtype_name(static_cast<bpl_dtype>(f.dtype)));
+  if (f.count >= 0) add("count " + std::to_string(f.count));
+  if (f.root >= 0) add("root " + std::to_string(f.root));
+  if (f.reduce_op >= 0) add(bpl_reduce_op_name(static_cast<bpl_reduce_op>(f.reduce_op)));
+  return args.empty() ? text : text + " (" + args + ")";
+}
+
+std::string compare(const std::vector<Fingerprint>& all) {
+  if (std::all_of(all.begin(), all.end(), [&](const Fingerprint& f) { return f == all.front(); })) return "";
+
+  // Distinct fingerprints in order of first appearance, with the ranks that sent each.
+  std::vector<std::pair<Fingerprint, std::vector<int>>> groups;
+  for (int rank = 0; rank < static_cast<int>(all.size()); ++rank) {
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == all[rank]; });
+    if (it == groups.end()) {
+      groups.push_back({all[rank], {rank}});
+    } else {
+      it->second.push_back(rank);
+    }
+  }
+  std::string report = "ranks disagree on the collective they call: ";
+  for (size_t i = 0; i < groups.size(); ++i) {
+    report += (i ? "; " : "") + rank_list(groups[i].second) + " call " + describe(groups[i].first);
+  }
+
+  // The most common fingerprint (rank 0's on a tie) is the reference; the others are named as differing.
+  const auto reference = std::max_element(groups.begin(), groups.end(), [](const auto& a, const auto& b) {
+    return a.second.size() < b.second.size();
+  });
+  if (reference->second.size() > 1) {
+    std::vector<int> odd;
+    for (const auto& g : groups) {
+      if (&g != &*reference) odd.insert(odd.end(), g.second.begin(), g.second.end());
+    }
+    std::sort(odd.begin(), odd.end());
+    report += "; " + rank_list(odd) + " differ" + (odd.size() == 1 ? "s" : "") + " from the others";
+  }
+
+  std::vector<std::string> fields;
+  auto differs = [&](int64_t Fingerprint::*field) {
+    return std::any_of(all.begin(), all.end(), [&](const Fingerprint& f) { return f.*field != all.front().*field; });
+  };
+  if (differs(&Fingerprint::sequence)) fields.push_back("sequence number");
+  if (differs(&Fingerprint::op)) fields.push_back("op");
+  if (differs(&Fingerprint::dtype)) fields.push_back("dtype");
+  if (differs(&Fingerprint::count)) fields.push_back("count");
+  if (differs(&Fingerprint::root)) fields.push_back("root");
+  if (differs(&Fingerprint::reduce_op)) fields.push_back("reduce op");
+  report += "\ndiffer in: ";
+  for (size_t i = 0; i < fields.size(); ++i) report += (i ? ", " : "") + fields[i];
+  return report;
+}
+
+}  // namespace backplane
