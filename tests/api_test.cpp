@@ -3,6 +3,8 @@
 // (no network) and the broken test plugins.
 #include <gtest/gtest.h>
 
+#include <dlfcn.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -89,6 +91,24 @@ TEST(Loader, RefusesBogusTables) {
   EXPECT_EQ(init_with(test_plugin("missing-function"), &runtime), BPL_ERR_INVALID_ARGUMENT);
   EXPECT_TRUE(error_mentions({"'comm_world' NULL"}));
   // The core stays usable after refusing plugins.
+  ASSERT_EQ(init_with("gloo", &runtime), BPL_OK) << bpl_last_error();
+  EXPECT_EQ(bpl_finalize(runtime), BPL_OK);
+}
+
+TEST(Loader, RefusesUnresolvedSymbolsAtLoadAndThrowingOpen) {
+  auto env = clean_env();
+  bpl_runtime* runtime = nullptr;
+  // RTLD_NOW: the missing symbol is found when the plugin is loaded, in the loader's own words.
+  const std::string unresolved = test_plugin("unresolved-symbol");
+  EXPECT_EQ(init_with(unresolved, &runtime), BPL_ERR_IO);
+  EXPECT_TRUE(error_mentions({unresolved.c_str(), "undefined symbol: bpl_test_symbol_no_library_defines"}));
+  const std::string throwing = test_plugin("open-throws");
+  EXPECT_EQ(init_with(throwing, &runtime), BPL_ERR_INTERNAL);
+  EXPECT_TRUE(error_mentions({throwing.c_str(), "threw an exception from bpl_plugin_open_v1"}));
+  // Refused plugins are unloaded, and the core stays usable.
+  for (const std::string& path : {unresolved, throwing}) {
+    EXPECT_EQ(dlopen(path.c_str(), RTLD_NOW | RTLD_NOLOAD), nullptr) << path << " is still loaded";
+  }
   ASSERT_EQ(init_with("gloo", &runtime), BPL_OK) << bpl_last_error();
   EXPECT_EQ(bpl_finalize(runtime), BPL_OK);
 }

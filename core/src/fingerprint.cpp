@@ -69,7 +69,8 @@ std::string compare(const std::vector<Fingerprint>& all) {
   }
   std::string report = "ranks disagree on the collective they call: ";
   for (size_t i = 0; i < groups.size(); ++i) {
-    report += (i ? "; " : "") + rank_list(groups[i].second) + " call " + describe(groups[i].first);
+    report += (i ? "; " : "") + rank_list(groups[i].second) + (groups[i].second.size() == 1 ? " calls " : " call ") +
+              describe(groups[i].first);
   }
 
   // The most common fingerprint (rank 0's on a tie) is the reference; the others are named as differing.
@@ -95,7 +96,7 @@ std::string compare(const std::vector<Fingerprint>& all) {
   if (differs(&Fingerprint::count)) fields.push_back("count");
   if (differs(&Fingerprint::root)) fields.push_back("root");
   if (differs(&Fingerprint::reduce_op)) fields.push_back("reduce op");
-  report += "\ndiffer in: ";
+  report += "; differ in: ";
   for (size_t i = 0; i < fields.size(); ++i) report += (i ? ", " : "") + fields[i];
   return report;
 }

@@ -40,7 +40,7 @@ std::string describe(const Fingerprint& fingerprint);
 
 // Compares every rank's fingerprint (all[r] is rank r's). "" when they agree; otherwise the report of
 // BPL_ERR_MISMATCH: each distinct fingerprint with the ranks that sent it, the ranks that differ from
-// the most common one, and a "differ in: …" line naming the fields.
+// the most common one, and "differ in: …" naming the fields. One line.
 std::string compare(const std::vector<Fingerprint>& all);
 
 }  // namespace backplane

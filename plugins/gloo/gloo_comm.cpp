@@ -250,8 +250,16 @@ Error GlooComm::failure(const std::exception& e) {
     message += " (no peer of this rank in the operation made progress within " + std::to_string(timeout().count()) +
                " ms: one is stopped, stuck or far behind)";
   }
-  if (status == BPL_ERR_REMOTE || status == BPL_ERR_TIMEOUT) context_->closeConnections();
-  return Error(status, message);
+  if (status != BPL_ERR_REMOTE && status != BPL_ERR_TIMEOUT) return Error(status, message);
+  // "<status>|<rank>|<message>": the first failure recorded for this communicator.
+  const std::string mine = std::to_string(status) + "|" + std::to_string(rank()) + "|" + message;
+  const std::string first = shared_->record_first(uid_ + "/first_failure", mine);
+  context_->closeConnections();
+  const size_t bar1 = first.find('|'), bar2 = first.find('|', bar1 + 1);
+  if (first == mine || bar1 == std::string::npos || bar2 == std::string::npos) return Error(status, message);
+  const auto first_status = static_cast<bpl_status>(std::atoi(first.c_str()));
+  return Error(first_status, first.substr(bar2 + 1) + " [the communicator's first failure, seen by rank " +
+                                 first.substr(bar1 + 1, bar2 - bar1 - 1) + "; here: " + message + "]");
 }
 
 void GlooComm::submit(std::function<void()> body, bpl_plugin_request** req) {

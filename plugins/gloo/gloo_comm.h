@@ -19,6 +19,7 @@
 #include "backplane/plugin.h"
 #include "op_queue.h"
 #include "plugin_support.h"
+#include "rendezvous.h"
 
 namespace backplane::gloo_plugin {
 
@@ -37,6 +38,7 @@ struct Shared {
   std::shared_ptr<::gloo::rendezvous::Store> store;
   std::shared_ptr<::gloo::transport::Device> device;
   std::chrono::milliseconds timeout;
+  FirstRecord record_first;  // each communicator's first failure, so that ranks name its cause alike
 };
 
 using plugin::Error;
@@ -85,7 +87,8 @@ class GlooComm {
   void learn_peer_addresses(::gloo::rendezvous::Store& store);
   // What a failed Gloo call becomes: its status, its message with the peer's rank named, and, if the
   // group is now broken, every connection closed so that the peers fail at once instead of waiting
-  // out their timeout.
+  // out their timeout. A rank that fails because a peer closed on it reports the communicator's first
+  // failure (recorded in the store), so that every rank names the same cause.
   Error failure(const std::exception& e);
 
   std::shared_ptr<Shared> shared_;

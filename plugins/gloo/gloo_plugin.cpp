@@ -44,7 +44,7 @@ bpl_status runtime_create(const bpl_launch_info* launch, bpl_plugin_runtime** ou
     auto runtime = std::make_unique<bpl_plugin_runtime>();
     Rendezvous joined = rendezvous(*launch);
     runtime->shared = std::make_shared<Shared>(
-        Shared{joined.store, joined.device, std::chrono::milliseconds(launch->timeout_ms)});
+        Shared{joined.store, joined.device, std::chrono::milliseconds(launch->timeout_ms), joined.record_first});
     runtime->world = std::make_unique<GlooComm>(runtime->shared, "world", launch->rank, launch->world_size,
                                                 std::chrono::milliseconds(launch->timeout_ms));
     runtime->details = "gloo=" + std::to_string(GLOO_VERSION_MAJOR) + "." + std::to_string(GLOO_VERSION_MINOR) + "." +

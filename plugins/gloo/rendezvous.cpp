@@ -8,7 +8,10 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <thread>
 
 #include "plugin_support.h"
 
@@ -40,6 +43,64 @@ const char* env(const char* name) {
 
 bool is_loopback(const std::string& addr) {
   return addr == "localhost" || addr == "::1" || addr.rfind("127.", 0) == 0;
+}
+
+std::string text_of(const std::vector<uint8_t>& bytes) { return std::string(bytes.begin(), bytes.end()); }
+std::vector<uint8_t> bytes_of(const std::string& text) { return std::vector<uint8_t>(text.begin(), text.end()); }
+
+// Before any connection is made, every rank announces itself in the store and waits, bounded by the
+// timeout, for all the others. The first rank to find the rendezvous failed (a duplicate rank, ranks
+// disagreeing on the world size, or, at its timeout, ranks missing) records why in the store, and
+// every rank waiting there fails at once with the same message.
+void check_arrivals(c10d::Store& store, const std::string& prefix, const bpl_launch_info& launch,
+                    std::chrono::milliseconds timeout, const std::string& where) {
+  using backplane::plugin::Error;
+  const std::string outcome_key = prefix + "failed";
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  const std::string me = "rank " + std::to_string(launch.rank) + " (" + host + " pid " + std::to_string(::getpid()) + ")";
+  // "<status>|<message>": the first failure recorded wins, so that every rank reports the same one.
+  auto fail_everyone = [&](bpl_status status, const std::string& reason) {
+    const std::string first =
+        text_of(store.compareSet(outcome_key, {}, bytes_of(std::to_string(status) + "|" + reason)));
+    const size_t bar = first.find('|');
+    throw Error(static_cast<bpl_status>(std::atoi(first.c_str())), "rendezvous at " + where + " failed: " +
+                                                                        first.substr(bar == std::string::npos ? 0 : bar + 1));
+  };
+
+  const std::string world = std::to_string(launch.world_size);
+  const std::string agreed = text_of(store.compareSet(prefix + "world_size", {}, bytes_of(world)));
+  if (agreed != world) {
+    fail_everyone(BPL_ERR_MISMATCH, me + " was started with WORLD_SIZE=" + world + " but an earlier rank with WORLD_SIZE=" +
+                                        agreed + ": every rank must be given the same world size");
+  }
+  const std::string rank_key = prefix + "rank/" + std::to_string(launch.rank);
+  if (store.add(rank_key, 1) > 1) {
+    fail_everyone(BPL_ERR_MISMATCH, me + " joined, but another process already joined as rank " +
+                                        std::to_string(launch.rank) + ": each rank must be started once (check RANK / the launcher)");
+  }
+
+  std::vector<std::string> rank_keys;
+  for (int32_t r = 0; r < launch.world_size; ++r) rank_keys.push_back(prefix + "rank/" + std::to_string(r));
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    if (store.check({outcome_key})) fail_everyone(BPL_ERR_INTERNAL, "");  // reports the recorded failure
+    if (store.check(rank_keys)) return;
+    if (std::chrono::steady_clock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  std::string missing;
+  int32_t joined = 0;
+  for (int32_t r = 0; r < launch.world_size; ++r) {
+    if (store.check({rank_keys[static_cast<size_t>(r)]})) {
+      ++joined;
+    } else {
+      missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+    }
+  }
+  fail_everyone(BPL_ERR_TIMEOUT, "timed out after " + std::to_string(timeout.count()) + " ms (BPL_TIMEOUT_MS): " +
+                                     std::to_string(joined) + "/" + std::to_string(launch.world_size) +
+                                     " joined, missing ranks [" + missing + "]");
 }
 
 }  // namespace
@@ -76,6 +137,7 @@ Rendezvous rendezvous(const bpl_launch_info& launch, const RendezvousOptions& re
   if (launch.world_size == 1) {
     result.store = std::make_shared<::gloo::rendezvous::HashStore>();
     result.description = "store=in-process; transport=" + transport;
+    result.record_first = [](const std::string&, const std::string& value) { return value; };
     return result;
   }
   if (addr.empty() || launch.master_port <= 0) {
@@ -94,19 +156,56 @@ Rendezvous rendezvous(const bpl_launch_info& launch, const RendezvousOptions& re
   options.numWorkers = static_cast<size_t>(launch.world_size);
   options.waitWorkers = false;  // the full-mesh connect below waits for every rank, with the timeout
   options.timeout = timeout;
+  const std::string where = addr + ":" + std::to_string(launch.master_port);
   c10::intrusive_ptr<c10d::Store> tcp_store;
   try {
     tcp_store = c10::make_intrusive<c10d::TCPStore>(addr, options);
   } catch (const std::exception& e) {
+    std::string hint;
+    if (options.isServer) {
+      hint = " (is MASTER_PORT " + std::to_string(launch.master_port) + " used by another job or another rank 0?)";
+    } else if (is_store_timeout(e)) {
+      hint = " (rank 0, which hosts the store, never came)";
+    }
     throw Error(is_store_timeout(e) ? BPL_ERR_TIMEOUT : BPL_ERR_IO,
-                std::string("rendezvous at ") + addr + ":" + std::to_string(launch.master_port) + " as rank " +
-                    std::to_string(launch.rank) + (options.isServer ? " (store server)" : " (store client)") +
-                    " failed: " + e.what());
+                "rendezvous at " + where + " as rank " + std::to_string(launch.rank) +
+                    (options.isServer ? " (store server)" : " (store client)") + " failed: " + e.what() + hint);
   }
-  auto adapter = std::make_shared<c10d::ProcessGroupGloo::GlooStore>(tcp_store);
   // A restarted torchrun job reuses the agent's store: keep each attempt's keys apart.
   const char* restart = env("TORCHELASTIC_RESTART_COUNT");
-  result.store = std::make_shared<PrefixedStore>(adapter, rendezvous_options.key_prefix + "/" + (restart ? restart : "0"));
+  const std::string prefix = rendezvous_options.key_prefix + "/" + (restart ? restart : "0");
+  try {
+    check_arrivals(*tcp_store, prefix + "/arrival/", launch, timeout, where);
+  } catch (const Error&) {
+    // The store ends with this process: give the other ranks a moment to read the failure from it.
+    if (options.isServer) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    throw;
+  } catch (const std::exception& e) {
+    throw Error(is_store_timeout(e) ? BPL_ERR_TIMEOUT : BPL_ERR_IO,
+                "rendezvous at " + where + " as rank " + std::to_string(launch.rank) + " failed: " + e.what() +
+                    (options.isServer ? "" : " (the store's host, rank 0, went away: it may have failed the rendezvous)"));
+  }
+  auto adapter = std::make_shared<c10d::ProcessGroupGloo::GlooStore>(tcp_store);
+  result.store = std::make_shared<PrefixedStore>(adapter, prefix);
+  // A connection of its own with a short timeout: a failure report must not wait out the job's
+  // timeout on a store whose host is stopped.
+  c10d::TCPStoreOptions board_options = options;
+  board_options.isServer = false;
+  board_options.timeout = std::min(timeout, std::chrono::milliseconds(1000));
+  c10::intrusive_ptr<c10d::Store> board;
+  try {
+    board = c10::make_intrusive<c10d::TCPStore>(addr, board_options);
+  } catch (const std::exception& e) {
+    throw Error(BPL_ERR_IO, "rendezvous at " + where + " as rank " + std::to_string(launch.rank) +
+                                " failed to open a second connection to the store: " + e.what());
+  }
+  result.record_first = [board, prefix](const std::string& key, const std::string& value) {
+    try {
+      return text_of(board->compareSet(prefix + "/" + key, {}, bytes_of(value)));
+    } catch (const std::exception&) {
+      return value;
+    }
+  };
   result.description = "store=" + addr + ":" + std::to_string(launch.master_port) +
                        (options.isServer ? " (server)" : agent_hosts ? " (torchrun agent)" : " (client)") +
                        "; transport=" + transport;

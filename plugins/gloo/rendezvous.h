@@ -7,6 +7,7 @@
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/device.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -14,10 +15,16 @@
 
 namespace backplane::gloo_plugin {
 
+// Records the first value set for a key and returns it: `value` if this caller was first, else the
+// earlier one. Made for the failure path: bounded by a short timeout of its own, and on any store
+// error it returns `value` (the store's host may be the rank that failed).
+using FirstRecord = std::function<std::string(const std::string& key, const std::string& value)>;
+
 struct Rendezvous {
   std::shared_ptr<::gloo::rendezvous::Store> store;    // every key under this job's prefix
   std::shared_ptr<::gloo::transport::Device> device;   // TCP device on the interface peers can reach
   std::string description;                             // "store=host:port (server|client); transport=tcp iface"
+  FirstRecord record_first;                            // on the same store, under the same prefix
 };
 
 struct RendezvousOptions {

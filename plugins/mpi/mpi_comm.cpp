@@ -163,6 +163,7 @@ void MpiComm::check(int code, const char* call) const {
 
 void MpiComm::poison(const std::string& cause) {
   if (poisoned_.empty()) poisoned_ = cause;
+  process_.communicator_failed = true;
 }
 
 void MpiComm::abandon(std::unique_ptr<Request> request) { abandoned_.push_back(std::move(request)); }

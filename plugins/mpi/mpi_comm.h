@@ -24,6 +24,8 @@ struct MpiProcess {
   int thread_level = MPI_THREAD_SINGLE;  // granted by MPI_Init_thread (or the embedder's init)
   std::mutex* serialize = nullptr;       // held around MPI calls unless MPI_THREAD_MULTIPLE was granted
   int tag_upper_bound = 32767;
+  // Set once any communicator of the process failed: MPI_Finalize would then wait for the failed peer.
+  mutable std::atomic<bool> communicator_failed{false};
 };
 
 class MpiComm;

@@ -158,6 +158,14 @@ bpl_status runtime_destroy(bpl_plugin_runtime* rt) {
     delete rt;
     if (--s.runtimes == 0 && s.initialized_here) {
       s.initialized_here = false;
+      if (s.process.communicator_failed) {
+        // MPI_Finalize synchronises with every rank, the failed or stopped one included, and has no
+        // timeout: leaving MPI initialised is the bounded choice. The process can exit; mpirun then
+        // ends the job and reports this rank as ending without MPI_Finalize.
+        plugin::log(BPL_LOG_WARN, kName, "MPI_Finalize skipped: a communicator failed, and MPI_Finalize would wait for "
+                                         "the failed rank");
+        return BPL_OK;
+      }
       int code = MPI_Finalize();
       if (code != MPI_SUCCESS) throw plugin::Error(BPL_ERR_REMOTE, "MPI_Finalize failed: " + mpi_error_string(code));
     }

@@ -40,6 +40,12 @@ __attribute__((visibility("default"))) bpl_status bpl_plugin_open_v1(const bpl_h
   (void)host;
   *out = &table; /* comm_world and the request functions are NULL */
   return BPL_OK;
+#elif defined(TEST_PLUGIN_UNRESOLVED_SYMBOL)
+  /* Linked against nothing that defines it: a loader binding lazily would find out only here. */
+  extern int bpl_test_symbol_no_library_defines(void);
+  (void)host;
+  *out = &table;
+  return bpl_test_symbol_no_library_defines() == 0 ? BPL_OK : BPL_ERR_INTERNAL;
 #else
 #error "define one TEST_PLUGIN_* variant"
 #endif

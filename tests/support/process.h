@@ -148,4 +148,24 @@ inline std::map<std::string, std::string> rank_env(int rank, int world, int port
           {"MASTER_ADDR", "127.0.0.1"},         {"MASTER_PORT", std::to_string(port)}};
 }
 
+#ifdef BPL_MPIEXEC
+// `program` on `ranks` ranks under Open MPI's mpirun.
+inline std::vector<std::string> mpirun(int ranks, std::vector<std::string> program) {
+  std::vector<std::string> argv = {BPL_MPIEXEC, "--oversubscribe", "-np", std::to_string(ranks)};
+  argv.insert(argv.end(), program.begin(), program.end());
+  return argv;
+}
+
+// `extra` plus what Open MPI needs here: it refuses to start as root unless told, and CI runs as root.
+// Under sanitizers, processes running Open MPI skip the leak check (tests/CMakeLists.txt says why).
+inline std::map<std::string, std::string> mpi_env(std::map<std::string, std::string> extra) {
+  extra["OMPI_ALLOW_RUN_AS_ROOT"] = "1";
+  extra["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1";
+#ifdef BPL_SANITIZER_BUILD
+  extra["ASAN_OPTIONS"] = "detect_leaks=0";
+#endif
+  return extra;
+}
+#endif
+
 }  // namespace backplane::test
