@@ -1,23 +1,59 @@
 #!/bin/sh
-# The installed tree works on its own: install to a fresh prefix, then run the C embedder on two ranks
-# with the installed launcher, and check that the plugin came from the prefix, not the build tree.
+# The installed tree works on its own, as embedders use it: install to a fresh prefix, then
+#  - run the installed C embedder on two ranks with the installed launcher (plugin from the prefix);
+#  - build examples/embed.c with nothing but pkg-config, and run it;
+#  - build it (and a program on the LibTorch frontend, if installed) with nothing but find_package;
+#  - run the Python module from the prefix, finding libbackplane.so beside itself.
+# Usage: install_test.sh <build dir> <source dir>
 set -eu
 build_dir=$1
+source_dir=$2
 prefix=$(mktemp -d /tmp/bpl-install-XXXXXX)
-trap 'rm -rf "$prefix"' EXIT
+work=$(mktemp -d /tmp/bpl-consumer-XXXXXX)
+trap 'rm -rf "$prefix" "$work"' EXIT
 cmake --install "$build_dir" --prefix "$prefix" > /dev/null
+unset BPL_PLUGIN_PATH BPL_BACKEND BPL_LIBRARY PYTHONPATH
 
 for path in lib/libbackplane.so include/backplane/backplane.h include/backplane/plugin.h \
-            lib/backplane/plugins/libbackplane-gloo.so bin/bpl-run bin/bpl-info bin/embed; do
+            lib/backplane/plugins/libbackplane-gloo.so bin/bpl-run bin/bpl-info bin/embed \
+            lib/cmake/backplane/backplaneConfig.cmake lib/cmake/backplane/backplaneConfigVersion.cmake \
+            lib/cmake/backplane/backplaneTargets.cmake lib/pkgconfig/backplane.pc \
+            lib/python3/dist-packages/backplane.py; do
   [ -e "$prefix/$path" ] || { echo "install is missing $path"; exit 1; }
 done
 
-info=$(env -u BPL_PLUGIN_PATH -u BPL_BACKEND "$prefix/bin/bpl-info")
+info=$("$prefix/bin/bpl-info")
 echo "$info"
 echo "$info" | grep -q "gloo .*$prefix/lib/backplane/plugins/libbackplane-gloo.so" \
   || { echo "bpl-info did not find the installed gloo plugin"; exit 1; }
 
-out=$(env -u BPL_PLUGIN_PATH NXD_CPU_MODE=1 "$prefix/bin/bpl-run" --nproc-per-node 2 "$prefix/bin/embed")
-echo "$out"
-[ "$(echo "$out" | grep -c '  ok$')" -eq 2 ] || { echo "the installed embed did not print two correct ranks"; exit 1; }
+# Runs an embed binary on two ranks of CPU mode; both must print a correct result.
+run_two_ranks() {
+  out=$(NXD_CPU_MODE=1 "$prefix/bin/bpl-run" --nproc-per-node 2 "$@")
+  echo "$out"
+  [ "$(echo "$out" | grep -c '  ok$')" -eq 2 ] || { echo "$1 did not print two correct ranks"; exit 1; }
+}
+run_two_ranks "$prefix/bin/embed"
+
+echo "--- pkg-config only"
+export PKG_CONFIG_PATH="$prefix/lib/pkgconfig"
+cc -std=c99 -Wall -Werror "$source_dir/examples/embed.c" -o "$work/embed_pkgconfig" \
+   $(pkg-config --cflags --libs backplane) -Wl,-rpath,"$(pkg-config --variable=libdir backplane)"
+run_two_ranks "$work/embed_pkgconfig"
+
+echo "--- find_package only"
+with_parallel=OFF
+[ -e "$prefix/lib/cmake/backplane/backplaneParallelTargets.cmake" ] && with_parallel=ON
+cmake -S "$source_dir/tests/install" -B "$work/consumer" -DCMAKE_PREFIX_PATH="$prefix" \
+      -DEMBED_SOURCE="$source_dir/examples/embed.c" -DWITH_PARALLEL=$with_parallel > /dev/null
+cmake --build "$work/consumer" > /dev/null
+run_two_ranks "$work/consumer/embed_from_package"
+if [ $with_parallel = ON ]; then
+  NXD_CPU_MODE=1 "$work/consumer/parallel_from_package" | grep -qx "cpu_mode=1" \
+    || { echo "the program built against backplane::parallel did not run"; exit 1; }
+fi
+
+echo "--- Python from the prefix"
+PYTHONPATH="$prefix/lib/python3/dist-packages" NXD_CPU_MODE=1 \
+  "$prefix/bin/bpl-run" --nproc-per-node 2 python3 "$source_dir/tests/python/test_backplane.py"
 echo "installed tree OK"

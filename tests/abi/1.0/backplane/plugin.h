@@ -1,0 +1,172 @@
+/*
+ * plugin.h — the plugin ABI of backplane (ABI 1.0): what a backend plugin exports and what the core
+ * passes in. A plugin includes only this header (and backplane.h, which it includes).
+ *
+ * A plugin is a shared object that exports exactly one symbol, bpl_plugin_open_v1. The core calls it
+ * once per load with the host API and receives a static function table. The table starts with
+ * struct_size, the plugin's ABI version, name and version; the core accepts a plugin of the same ABI
+ * major and any minor, and refuses others with BPL_ERR_ABI_MISMATCH.
+ *
+ * Contract for every function in the table:
+ *  - it never lets a C++ exception, abort() or longjmp cross the boundary; on failure it returns a
+ *    bpl_status and calls host->set_error with a message (the core prefixes nothing: name the backend);
+ *  - the core validates handles and arguments first (counts >= 0 and in range, known dtype/op supported
+ *    per the plugin's capabilities, root/peer in range, non-NULL buffers for non-zero counts, in-place
+ *    layout as documented in backplane.h), so the plugin may trust them;
+ *  - functions marked "optional" may be NULL; the core then answers BPL_ERR_UNSUPPORTED.
+ */
+#ifndef BACKPLANE_PLUGIN_H
+#define BACKPLANE_PLUGIN_H
+
+#include "backplane/backplane.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The plugin's handles: opaque to the core, defined by each plugin. */
+typedef struct bpl_plugin_runtime bpl_plugin_runtime;
+typedef struct bpl_plugin_comm bpl_plugin_comm;
+typedef struct bpl_plugin_request bpl_plugin_request;
+typedef struct bpl_plugin_program bpl_plugin_program;
+
+#define BPL_LOG_ERROR 0
+#define BPL_LOG_WARN 1
+#define BPL_LOG_INFO 2
+#define BPL_LOG_DEBUG 3
+
+/* Where this process sits in the job, resolved by the core from options and the launch environment
+ * (see bpl_init_options). Strings are owned by the core and valid until runtime_destroy returns. */
+typedef struct bpl_launch_info {
+  size_t struct_size;
+  int32_t rank;
+  int32_t world_size;
+  int32_t local_rank;
+  int32_t local_world_size;
+  const char* master_addr; /* "" if unknown */
+  const char* launcher;    /* "options", "torchrun", "openmpi", "slurm", "none" */
+  int32_t master_port;     /* -1 if unknown */
+  int32_t reserved0;       /* zero */
+  int64_t timeout_ms;      /* > 0: the bound of every wait, rendezvous included */
+} bpl_launch_info;
+
+/* What the core offers a plugin. Valid from bpl_plugin_open_v1 until the plugin is unloaded. */
+typedef struct bpl_host_api {
+  size_t struct_size;
+  int32_t abi_major;
+  int32_t abi_minor;
+  int32_t log_level; /* BPL_LOG_*: messages above it are dropped; check before formatting */
+  int32_t reserved0; /* zero */
+  /* Writes a log line (the core adds the time, rank and `source`). Thread-safe. */
+  void (*log)(int32_t level, const char* source, const char* message);
+  /* getenv that returns NULL for path-like variables in setuid/secure-execution processes. */
+  const char* (*get_env)(const char* name);
+  /* Sets the calling thread's bpl_last_error() message (copied). */
+  void (*set_error)(const char* message);
+} bpl_host_api;
+
+/* What a plugin reports about itself at run time. Strings owned by the plugin runtime. */
+typedef struct bpl_plugin_caps {
+  size_t struct_size;
+  uint64_t collectives; /* BPL_BIT(BPL_COLL_*) */
+  uint32_t dtypes;      /* BPL_BIT(BPL_DTYPE_*) */
+  uint32_t reduce_ops;  /* BPL_BIT(BPL_OP_*) */
+  const char* details;  /* "key=value; …", shown by bpl-info */
+  uint32_t kernels;     /* BPL_BIT(BPL_KERNEL_*) */
+  int32_t reserved0;    /* zero */
+  const char* program_formats; /* space-separated, e.g. "torchscript"; "" if none */
+} bpl_plugin_caps;
+
+typedef struct bpl_plugin_api {
+  size_t struct_size; /* sizeof(bpl_plugin_api) as the plugin was compiled */
+  int32_t abi_major;  /* BPL_ABI_MAJOR */
+  int32_t abi_minor;  /* BPL_ABI_MINOR */
+  const char* name;   /* "gloo", "mpi", "neuron", … */
+  const char* version;
+
+  /* --- runtime (required) --- */
+  /* Joins the job described by `launch`; *out is owned by the core until runtime_destroy. */
+  bpl_status (*runtime_create)(const bpl_launch_info* launch, bpl_plugin_runtime** out);
+  /* Leaves the job; every communicator but the world one has been destroyed. */
+  bpl_status (*runtime_destroy)(bpl_plugin_runtime* rt);
+  bpl_status (*runtime_describe)(bpl_plugin_runtime* rt, bpl_plugin_caps* out);
+
+  /* --- device (optional) --- */
+  bpl_status (*device_count)(bpl_plugin_runtime* rt, int32_t* count);
+  bpl_status (*device_properties)(bpl_plugin_runtime* rt, int32_t device, bpl_device_properties* out);
+  bpl_status (*mem_alloc)(bpl_plugin_runtime* rt, int32_t device, size_t bytes, void** ptr);
+  bpl_status (*mem_free)(bpl_plugin_runtime* rt, void* ptr);
+  bpl_status (*mem_copy)(bpl_plugin_runtime* rt, void* dst, const void* src, size_t bytes,
+                         bpl_memcpy_kind kind);
+  bpl_status (*synchronize)(bpl_plugin_runtime* rt, int32_t device);
+
+  /* --- communicators (required but comm_split) --- */
+  /* The world communicator, owned by the plugin runtime (the core never destroys it). */
+  bpl_status (*comm_world)(bpl_plugin_runtime* rt, bpl_plugin_comm** out);
+  /* As bpl_comm_split; *out owned by the core until comm_destroy. Optional. */
+  bpl_status (*comm_split)(bpl_plugin_comm* parent, int32_t color, int32_t key, bpl_plugin_comm** out);
+  bpl_status (*comm_destroy)(bpl_plugin_comm* comm);
+  bpl_status (*comm_rank_size)(bpl_plugin_comm* comm, int32_t* rank, int32_t* size);
+
+  /* --- collectives (optional; as in backplane.h, counts already validated) --- */
+  /* `req` NULL: complete before returning. Otherwise return at once with *req in flight, owned by the
+   * core until request_free. */
+  bpl_status (*allreduce)(bpl_plugin_comm* comm, const void* send, void* recv, int64_t count,
+                          bpl_dtype dtype, bpl_reduce_op op, bpl_plugin_request** req);
+  bpl_status (*broadcast)(bpl_plugin_comm* comm, void* buf, int64_t count, bpl_dtype dtype, int32_t root,
+                          bpl_plugin_request** req);
+  bpl_status (*reduce)(bpl_plugin_comm* comm, const void* send, void* recv, int64_t count,
+                       bpl_dtype dtype, bpl_reduce_op op, int32_t root, bpl_plugin_request** req);
+  bpl_status (*allgather)(bpl_plugin_comm* comm, const void* send, void* recv, int64_t count,
+                          bpl_dtype dtype, bpl_plugin_request** req);
+  bpl_status (*reduce_scatter)(bpl_plugin_comm* comm, const void* send, void* recv, int64_t recvcount,
+                               bpl_dtype dtype, bpl_reduce_op op, bpl_plugin_request** req);
+  bpl_status (*alltoall)(bpl_plugin_comm* comm, const void* send, void* recv, int64_t count,
+                         bpl_dtype dtype, bpl_plugin_request** req);
+  bpl_status (*barrier)(bpl_plugin_comm* comm, bpl_plugin_request** req);
+  bpl_status (*send)(bpl_plugin_comm* comm, const void* buf, int64_t count, bpl_dtype dtype, int32_t peer,
+                     int32_t tag, bpl_plugin_request** req);
+  bpl_status (*recv)(bpl_plugin_comm* comm, void* buf, int64_t count, bpl_dtype dtype, int32_t peer,
+                     int32_t tag, bpl_plugin_request** req);
+
+  /* --- requests (required if any collective is provided) --- */
+  bpl_status (*request_test)(bpl_plugin_request* req, int32_t* done);
+  /* timeout_ms > 0 always (the core resolves BPL_TIMEOUT_DEFAULT). */
+  bpl_status (*request_wait)(bpl_plugin_request* req, int64_t timeout_ms);
+  /* Waits for an in-flight operation to end (bounded by the communicator's timeout), then frees. */
+  bpl_status (*request_free)(bpl_plugin_request* req);
+
+  /* --- kernels (optional; arguments validated by the core) --- */
+  bpl_status (*gemm)(bpl_plugin_runtime* rt, const bpl_gemm_args* args);
+  /* kernel: BPL_KERNEL_ADD, BPL_KERNEL_SCALE or BPL_KERNEL_AXPBY */
+  bpl_status (*elementwise)(bpl_plugin_runtime* rt, bpl_kernel kernel, const bpl_elementwise_args* args);
+  bpl_status (*cast)(bpl_plugin_runtime* rt, const bpl_cast_args* args);
+
+  /* --- programs (optional). The core runs program_compile only on a compile-cache miss and hands
+   *     program_load either the fresh artifact or the cached one. --- */
+  /* Identifies the compiler of `format` for the cache key, e.g. "torchscript-1.13.1"; static storage. */
+  bpl_status (*program_compiler)(bpl_plugin_runtime* rt, const char* format, const char** compiler);
+  /* Compiles source into an artifact the plugin allocates; released with artifact_free. */
+  bpl_status (*program_compile)(bpl_plugin_runtime* rt, const char* format, const void* source, size_t source_size,
+                                const char* flags, void** artifact, size_t* artifact_size);
+  void (*artifact_free)(void* artifact);
+  /* Loads an artifact (copied as needed: the buffer is released after the call). */
+  bpl_status (*program_load)(bpl_plugin_runtime* rt, const char* format, const void* artifact, size_t artifact_size,
+                             const bpl_program_options* options, bpl_plugin_program** out);
+  bpl_status (*program_run)(bpl_plugin_program* program, const bpl_tensor* inputs, int32_t num_inputs,
+                            bpl_tensor* outputs, int32_t num_outputs);
+  bpl_status (*program_destroy)(bpl_plugin_program* program);
+} bpl_plugin_api;
+
+/* The one symbol a plugin exports. `host` stays valid while the plugin is loaded; *out must point to
+ * storage that lives as long (a static table). Return BPL_OK, or an error after host->set_error (for
+ * example BPL_ERR_UNAVAILABLE when the backend's runtime library is absent). */
+#define BPL_PLUGIN_ENTRY_SYMBOL "bpl_plugin_open_v1"
+typedef bpl_status (*bpl_plugin_open_fn)(const bpl_host_api* host, const bpl_plugin_api** out);
+BPL_API bpl_status bpl_plugin_open_v1(const bpl_host_api* host, const bpl_plugin_api** out);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* BACKPLANE_PLUGIN_H */
