@@ -191,7 +191,7 @@ Rendezvous rendezvous(const bpl_launch_info& launch, const RendezvousOptions& re
   // timeout on a store whose host is stopped.
   c10d::TCPStoreOptions board_options = options;
   board_options.isServer = false;
-  board_options.timeout = std::min(timeout, std::chrono::milliseconds(1000));
+  board_options.timeout = std::min(timeout, std::chrono::milliseconds(500));
   c10::intrusive_ptr<c10d::Store> board;
   try {
     board = c10::make_intrusive<c10d::TCPStore>(addr, board_options);
