@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <string>
 #include <thread>
 #include <vector>
@@ -98,6 +99,41 @@ TEST(ThreadsAsRanks, WaitWithShortTimeoutLeavesRequestInFlight) {
     EXPECT_EQ(bpl_request_wait(request, BPL_TIMEOUT_DEFAULT), BPL_OK) << bpl_last_error();
     EXPECT_EQ(bpl_request_free(request), BPL_OK);
     EXPECT_EQ(value, 1235);
+  });
+}
+
+TEST(ThreadsAsRanks, AbortReleasesAWaitAndThePeerFailsAtOnce) {
+  // Rank 0 waits for an allreduce rank 1 has not joined; a third thread aborts rank 0's world. The
+  // wait ends with ABORTED, and rank 1, joining afterwards, fails at once on the closed connection.
+  std::atomic<bool> aborted{false};
+  run_ranks(2, [&](int rank, bpl_runtime*, bpl_comm* world) {
+    float value = 1.0f;
+    if (rank == 1) {
+      while (!aborted) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      const auto start = std::chrono::steady_clock::now();
+      EXPECT_EQ(bpl_allreduce(world, &value, &value, 1, BPL_DTYPE_F32, BPL_OP_SUM, nullptr), BPL_ERR_REMOTE);
+      EXPECT_NE(std::string(bpl_last_error()).find("is rank 0 of this communicator"), std::string::npos)
+          << bpl_last_error();
+      EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(1));
+      return;
+    }
+    ASSERT_EQ(bpl_comm_set_timeout(world, 2000), BPL_OK) << bpl_last_error();  // bounds the free below
+    bpl_request* request = nullptr;
+    ASSERT_EQ(bpl_allreduce(world, &value, &value, 1, BPL_DTYPE_F32, BPL_OP_SUM, &request), BPL_OK);
+    std::chrono::steady_clock::time_point aborted_at;
+    std::thread aborter([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      aborted_at = std::chrono::steady_clock::now();
+      EXPECT_EQ(bpl_comm_abort(world), BPL_OK);
+      aborted = true;
+    });
+    EXPECT_EQ(bpl_request_wait(request, BPL_TIMEOUT_DEFAULT), BPL_ERR_ABORTED) << bpl_last_error();
+    const auto released = std::chrono::steady_clock::now();
+    aborter.join();
+    EXPECT_LT(released - aborted_at, std::chrono::seconds(1));
+    EXPECT_EQ(bpl_comm_abort(world), BPL_OK);  // a second abort is a no-op
+    EXPECT_EQ(bpl_barrier(world, nullptr), BPL_ERR_ABORTED);
+    bpl_request_free(request);  // ends with the operation, within the 2 s timeout
   });
 }
 

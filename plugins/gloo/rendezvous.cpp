@@ -187,14 +187,15 @@ Rendezvous rendezvous(const bpl_launch_info& launch, const RendezvousOptions& re
   }
   auto adapter = std::make_shared<c10d::ProcessGroupGloo::GlooStore>(tcp_store);
   result.store = std::make_shared<PrefixedStore>(adapter, prefix);
-  // A connection of its own with a short timeout: a failure report must not wait out the job's
-  // timeout on a store whose host is stopped.
+  // A connection of its own whose operations give up soon: a failure report must not wait out the
+  // job's timeout on a store whose host is stopped. (Connecting keeps the full timeout: c10d retries
+  // a refused connect with a back-off longer than the short one.)
   c10d::TCPStoreOptions board_options = options;
   board_options.isServer = false;
-  board_options.timeout = std::min(timeout, std::chrono::milliseconds(500));
   c10::intrusive_ptr<c10d::Store> board;
   try {
     board = c10::make_intrusive<c10d::TCPStore>(addr, board_options);
+    board->setTimeout(std::min(timeout, std::chrono::milliseconds(500)));
   } catch (const std::exception& e) {
     throw Error(BPL_ERR_IO, "rendezvous at " + where + " as rank " + std::to_string(launch.rank) +
                                 " failed to open a second connection to the store: " + e.what());
