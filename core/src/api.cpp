@@ -309,8 +309,7 @@ bpl_status run_operation(const char* function, bpl_comm* comm, Fingerprint finge
       return checked;
     }
   }
-  bpl_plugin_request* preq = nullptr;
-  clear_last_error();
+  bpl_plugin_request* preq = nullptr;  // the message is still clear here (guarded() cleared it): no reset
   const bpl_status status = call(req != nullptr ? &preq : nullptr);
   return finish(function, comm, sequence, status, preq, req);
 }
