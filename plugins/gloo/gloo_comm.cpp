@@ -9,21 +9,19 @@
 #include <gloo/reduce.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/prefix_store.h>
+#include <gloo/transport/tcp/address.h>
 #include <gloo/types.h>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <numeric>
 #include <tuple>
 
 #include "dtypes.h"
+#include "local_process.h"
 #include "plugin_support.h"
 #include "rendezvous.h"
 
@@ -134,7 +132,7 @@ GlooComm::GlooComm(std::shared_ptr<Shared> shared, std::string uid, int rank, in
   ::gloo::rendezvous::PrefixStore store(uid_, *shared_->store);
   context->connectFullMesh(store, shared_->device);
   context_ = std::move(context);
-  learn_peer_addresses(store);
+  learn_peers(store);
 }
 
 GlooComm::~GlooComm() { queue_.shut_down(); }
@@ -148,43 +146,7 @@ void GlooComm::abort() { context_->closeConnections(); }
 
 namespace {
 
-// "[127.0.0.1]:41234", as Gloo's tcp::Address::str() writes a socket address.
-std::string address_text(const sockaddr_storage& address) {
-  char host[INET6_ADDRSTRLEN] = {};
-  int port = 0;
-  if (address.ss_family == AF_INET) {
-    const auto& in = reinterpret_cast<const sockaddr_in&>(address);
-    inet_ntop(AF_INET, &in.sin_addr, host, sizeof(host));
-    port = ntohs(in.sin_port);
-  } else if (address.ss_family == AF_INET6) {
-    const auto& in6 = reinterpret_cast<const sockaddr_in6&>(address);
-    inet_ntop(AF_INET6, &in6.sin6_addr, host, sizeof(host));
-    port = ntohs(in6.sin6_port);
-  } else {
-    return "";
-  }
-  return "[" + std::string(host) + "]:" + std::to_string(port);
-}
-
-// The local address of this process's TCP connection to `remote`, or "" if it has none. Gloo does not
-// expose its sockets, so the process's descriptors are searched (once per communicator).
-std::string local_end_of_connection_to(const std::string& remote) {
-  std::error_code error;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd", error)) {
-    const int fd = std::atoi(entry.path().filename().c_str());
-    struct stat info {};
-    if (fstat(fd, &info) != 0 || !S_ISSOCK(info.st_mode)) continue;
-    sockaddr_storage peer{}, local{};
-    socklen_t peer_length = sizeof(peer), local_length = sizeof(local);
-    if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_length) != 0) continue;
-    if (address_text(peer) != remote) continue;
-    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_length) != 0) continue;
-    return address_text(local);
-  }
-  return "";
-}
-
-// One line per rank of the communicator ("" for the caller's own).
+// The lines of a peer's record in the store.
 std::vector<std::string> lines_of(const std::vector<char>& bytes) {
   std::vector<std::string> lines;
   std::string line;
@@ -201,51 +163,82 @@ std::vector<std::string> lines_of(const std::vector<char>& bytes) {
 
 }  // namespace
 
-// Gloo names the remote end of a failed connection: the peer's listening address when this rank
-// connected to it, or the peer's own (ephemeral) end when the peer connected here. Both are exchanged
-// once, through the store, so that either can be traced to a rank.
-void GlooComm::learn_peer_addresses(::gloo::rendezvous::Store& store) {
+// A Gloo pair names its peer by the connection's remote end or, on some pairs of Debian's Gloo, by
+// the address the peer announced before connecting. Each rank publishes its process (process space
+// and pid) and its own end of each connection through the store; the announced addresses are read
+// from Gloo's own rendezvous records. The processes let a failure that names no known address still
+// be traced to a peer on this machine that has ended or is stopped.
+void GlooComm::learn_peers(::gloo::rendezvous::Store& store) {
   if (size() == 1) return;
-  auto exchange = [&](const std::string& key, const std::vector<std::string>& mine) {
-    std::string text;
-    for (const std::string& line : mine) text += line + "\n";
-    store.set(key + "/" + std::to_string(rank()), std::vector<char>(text.begin(), text.end()));
-    std::vector<std::vector<std::string>> all(static_cast<size_t>(size()));
-    for (int r = 0; r < size(); ++r) {
-      if (r != rank()) all[static_cast<size_t>(r)] = lines_of(store.get(key + "/" + std::to_string(r)));
+  const std::string my_process_space = plugin::process_space_identity();
+  std::string mine = my_process_space + "\n" + std::to_string(::getpid()) + "\n";
+  for (int r = 0; r < size(); ++r) mine += (r == rank() ? "" : context_->getPair(r)->address().str()) + "\n";
+  store.set("peers/" + std::to_string(rank()), std::vector<char>(mine.begin(), mine.end()));
+  local_pid_of_peer_.assign(static_cast<size_t>(size()), 0);
+  for (int r = 0; r < size(); ++r) {
+    if (r == rank()) continue;
+    const std::vector<std::string> theirs = lines_of(store.get("peers/" + std::to_string(r)));
+    if (theirs.size() != static_cast<size_t>(size()) + 2) continue;
+    if (theirs[0] == my_process_space) local_pid_of_peer_[static_cast<size_t>(r)] = std::atoi(theirs[1].c_str());
+    peer_of_address_[theirs[2 + static_cast<size_t>(rank())]] = r;
+  }
+  learn_announced_addresses(store);
+}
+
+// connectFullMesh keeps, under key "<r>", the addresses rank r's pairs announced: one serialized
+// tcp::Address per peer, in rank order, skipping r. Read only if they are there and of that shape
+// (another Gloo may keep them otherwise); naming then falls back on the processes.
+void GlooComm::learn_announced_addresses(::gloo::rendezvous::Store& store) {
+  std::vector<std::string> keys;
+  for (int r = 0; r < size(); ++r) {
+    if (r != rank()) keys.push_back(std::to_string(r));
+  }
+  try {
+    store.wait(keys, std::chrono::milliseconds(100));
+  } catch (const std::exception&) {
+    return;
+  }
+  const size_t entry_size = context_->getPair(rank() == 0 ? 1 : 0)->address().bytes().size();
+  for (int r = 0; r < size(); ++r) {
+    if (r == rank()) continue;
+    const std::vector<char> record = store.get(std::to_string(r));
+    if (record.size() != entry_size * static_cast<size_t>(size() - 1)) continue;
+    const auto entry = record.begin() + static_cast<ptrdiff_t>(entry_size) * (rank() < r ? rank() : rank() - 1);
+    const ::gloo::transport::tcp::Address announced(std::vector<char>(entry, entry + static_cast<ptrdiff_t>(entry_size)));
+    peer_of_address_.emplace(announced.str(), r);
+  }
+}
+
+std::string GlooComm::failed_peers_note(const std::string& message, bpl_status status) const {
+  for (const auto& [address, peer] : peer_of_address_) {
+    if (message.find(address) != std::string::npos) {
+      return " (peer " + address + " is rank " + std::to_string(peer) + " of this communicator)";
     }
-    return all;
-  };
-  std::vector<std::string> listening(static_cast<size_t>(size()));
-  for (int r = 0; r < size(); ++r) {
-    if (r != rank()) listening[static_cast<size_t>(r)] = context_->getPair(r)->address().str();
   }
-  const auto peers_listening = exchange("listening_addresses", listening);
-  std::vector<std::string> connected_from(static_cast<size_t>(size()));
-  for (int r = 0; r < size(); ++r) {
-    const auto& theirs = peers_listening[static_cast<size_t>(r)];
-    if (r == rank() || theirs.size() != static_cast<size_t>(size())) continue;
-    const std::string& their_end = theirs[static_cast<size_t>(rank())];  // rank r's end of our connection
-    peer_of_address_[their_end] = r;
-    connected_from[static_cast<size_t>(r)] = local_end_of_connection_to(their_end);
-  }
-  const auto peers_connected_from = exchange("connected_from", connected_from);
-  for (int r = 0; r < size(); ++r) {
-    const auto& theirs = peers_connected_from[static_cast<size_t>(r)];
-    if (r == rank() || theirs.size() != static_cast<size_t>(size())) continue;
-    if (!theirs[static_cast<size_t>(rank())].empty()) peer_of_address_[theirs[static_cast<size_t>(rank())]] = r;
+  // No address (a timeout) or none known: look for the peers of this machine that ended or are
+  // stopped. A killed peer's sockets close a moment before its process is marked ended, hence the
+  // short wait for one.
+  const auto wanted = status == BPL_ERR_TIMEOUT ? plugin::ProcessState::kStopped : plugin::ProcessState::kEnded;
+  const auto give_up = std::chrono::steady_clock::now() +
+                       (status == BPL_ERR_TIMEOUT ? std::chrono::milliseconds(0) : std::chrono::milliseconds(200));
+  for (;;) {
+    std::string note;
+    for (int r = 0; r < size(); ++r) {
+      const pid_t pid = local_pid_of_peer_.empty() ? 0 : local_pid_of_peer_[static_cast<size_t>(r)];
+      if (pid == 0 || plugin::process_state(pid) != wanted) continue;
+      note += std::string(note.empty() ? " (" : "; ") + "rank " + std::to_string(r) + " of this communicator, process " +
+              std::to_string(pid) + " on this machine, " + (wanted == plugin::ProcessState::kEnded ? "has ended" : "is stopped");
+    }
+    if (!note.empty()) return note + ")";
+    if (std::chrono::steady_clock::now() >= give_up) return "";
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
 }
 
 Error GlooComm::failure(const std::exception& e) {
   const bpl_status status = classify_exception(e);
   std::string message = e.what();
-  for (const auto& [address, peer] : peer_of_address_) {
-    if (message.find(address) != std::string::npos) {
-      message += " (peer " + address + " is rank " + std::to_string(peer) + " of this communicator)";
-      break;
-    }
-  }
+  if (status == BPL_ERR_REMOTE || status == BPL_ERR_TIMEOUT) message += failed_peers_note(message, status);
   if (status == BPL_ERR_TIMEOUT) {
     message += " (no peer of this rank in the operation made progress within " + std::to_string(timeout().count()) +
                " ms: one is stopped, stuck or far behind)";

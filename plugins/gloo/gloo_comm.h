@@ -6,6 +6,7 @@
 #include <gloo/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/device.h>
+#include <sys/types.h>
 
 #include <atomic>
 #include <chrono>
@@ -82,9 +83,13 @@ class GlooComm {
   // A per-communicator scratch buffer, reused across operations (they never overlap in time).
   char* scratch(size_t slot, size_t bytes);
   void point_to_point(void* buf, size_t bytes, int peer, int tag, bool is_send, bpl_plugin_request** req);
-  // Publishes the address of each of this rank's connections and learns the peers', so that a Gloo
-  // error naming an address can name the rank behind it.
-  void learn_peer_addresses(::gloo::rendezvous::Store& store);
+  // Publishes this rank's process and its end of each connection, and learns the peers', so that a
+  // failure can name the rank behind it.
+  void learn_peers(::gloo::rendezvous::Store& store);
+  // Adds the addresses the peers' pairs announced before connecting, from Gloo's rendezvous records.
+  void learn_announced_addresses(::gloo::rendezvous::Store& store);
+  // " (…)" naming the peer behind a failed operation's `message`, or "" when none can be named.
+  std::string failed_peers_note(const std::string& message, bpl_status status) const;
   // What a failed Gloo call becomes: its status, its message with the peer's rank named, and, if the
   // group is now broken, every connection closed so that the peers fail at once instead of waiting
   // out their timeout. A rank that fails because a peer closed on it reports the communicator's first
@@ -95,7 +100,9 @@ class GlooComm {
   std::string uid_;
   std::atomic<int64_t> timeout_ms_;
   std::shared_ptr<::gloo::Context> context_;
-  std::map<std::string, int> peer_of_address_;  // "[127.0.0.1]:41234" → rank
+  // A peer's connection end or announced address, as Gloo writes them → its rank.
+  std::map<std::string, int> peer_of_address_;
+  std::vector<pid_t> local_pid_of_peer_;  // by rank; 0 for this rank and for peers on other machines
   plugin::OpQueue queue_;
   uint32_t next_tag_ = 0;
   uint32_t splits_ = 0;

@@ -1,0 +1,48 @@
+// Facts about the processes of this machine, read from /proc: which peers share this process space
+// and whether a peer's process still runs. A plugin uses them to name the peer behind a failure.
+#pragma once
+
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <iterator>
+#include <string>
+
+namespace backplane::plugin {
+
+// Equal for two processes exactly when each can see the other's pid: the same host name, the same
+// boot, the same pid namespace (containers on one host differ in the last).
+inline std::string process_space_identity() {
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  std::string boot_id;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot_id;
+  char pid_namespace[64] = {};
+  if (::readlink("/proc/self/ns/pid", pid_namespace, sizeof(pid_namespace) - 1) < 0) pid_namespace[0] = '?';
+  return std::string(host) + " " + boot_id + " " + pid_namespace;
+}
+
+enum class ProcessState { kRunning, kStopped, kEnded };
+
+// The state of process `pid` of this process space. A zombie (ended, not yet reaped) counts as ended.
+inline ProcessState process_state(pid_t pid) {
+  std::ifstream file("/proc/" + std::to_string(pid) + "/stat");
+  const std::string stat((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  // "<pid> (<command>) <state> ...": the command may itself hold spaces and parentheses.
+  const size_t close = stat.rfind(')');
+  if (close == std::string::npos || close + 2 >= stat.size()) return ProcessState::kEnded;
+  switch (stat[close + 2]) {
+    case 'Z':
+    case 'X':
+    case 'x':
+      return ProcessState::kEnded;
+    case 'T':
+    case 't':
+      return ProcessState::kStopped;
+    default:
+      return ProcessState::kRunning;
+  }
+}
+
+}  // namespace backplane::plugin
