@@ -114,7 +114,7 @@ TEST(ThreadsAsRanks, AbortReleasesAWaitAndThePeerFailsAtOnce) {
       EXPECT_EQ(bpl_allreduce(world, &value, &value, 1, BPL_DTYPE_F32, BPL_OP_SUM, nullptr), BPL_ERR_REMOTE);
       const std::string error = bpl_last_error();
       EXPECT_NE(error.find("bpl_allreduce #1 on world (rank 1 of 2): gloo: "), std::string::npos) << error;
-      EXPECT_NE(error.find("is rank 0 of this communicator"), std::string::npos) << error;
+      EXPECT_NE(error.find("rank 0 of this communicator"), std::string::npos) << error;
       EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(1));
       return;
     }

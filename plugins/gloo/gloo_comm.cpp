@@ -12,18 +12,22 @@
 #include <gloo/transport/tcp/address.h>
 #include <gloo/types.h>
 
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
+#include <random>
 #include <tuple>
 
 #include "dtypes.h"
 #include "local_process.h"
 #include "plugin_support.h"
 #include "rendezvous.h"
+#include "shm_group.h"
 
 namespace backplane::gloo_plugin {
 
@@ -133,6 +137,7 @@ GlooComm::GlooComm(std::shared_ptr<Shared> shared, std::string uid, int rank, in
   context->connectFullMesh(store, shared_->device);
   context_ = std::move(context);
   learn_peers(store);
+  set_up_shared_memory(store);
 }
 
 GlooComm::~GlooComm() { queue_.shut_down(); }
@@ -142,7 +147,84 @@ void GlooComm::set_timeout(std::chrono::milliseconds timeout) {
   queue_.set_op_timeout(timeout);
 }
 
-void GlooComm::abort() { context_->closeConnections(); }
+void GlooComm::abort() {
+  if (shm_) shm_->fail(BPL_ERR_ABORTED, "shared memory: aborted (bpl_comm_abort) by rank " + std::to_string(rank()) + " of this communicator");
+  context_->closeConnections();
+}
+
+namespace {
+
+// BPL_GLOO_SHM: "1" or unset uses shared memory where every rank shares the machine, "0" never does.
+bool shared_memory_wanted() {
+  const char* value = std::getenv("BPL_GLOO_SHM");
+  if (value == nullptr || std::strcmp(value, "1") == 0) return true;
+  if (std::strcmp(value, "0") == 0) return false;
+  throw Error(BPL_ERR_INVALID_ARGUMENT, std::string("BPL_GLOO_SHM='") + value + "' is not valid: expected 0 or 1");
+}
+
+}  // namespace
+
+// Rank 0 creates the segment and publishes its name; every rank maps it and says whether it could;
+// the communicator uses it only if every rank could. Rank 0 removes the name once every rank has
+// answered, so nothing is left in /dev/shm whatever happens to the processes afterwards.
+void GlooComm::set_up_shared_memory(::gloo::rendezvous::Store& store) {
+  const bool wanted = shared_memory_wanted();
+  if (size() == 1) return;
+  if (std::count(local_pid_of_peer_.begin(), local_pid_of_peer_.end(), 0) != 1) {
+    path_ = "gloo over tcp (the ranks span machines)";
+    return;
+  }
+  std::string name;
+  std::string answer;  // "1", or why this rank cannot use the segment
+  if (rank() == 0) {
+    std::random_device random;
+    char text[64];
+    std::snprintf(text, sizeof(text), "/backplane-%d-%08x%08x", static_cast<int>(::getpid()), random(), random());
+    name = text;
+    try {
+      if (!wanted) throw Error(BPL_ERR_UNSUPPORTED, "BPL_GLOO_SHM=0");
+      shm_ = ShmGroup::create(name, size());
+      answer = "1";
+    } catch (const Error& e) {
+      answer = e.what();
+      name = "";
+    }
+    store.set("shm/name", std::vector<char>(name.begin(), name.end()));
+  } else {
+    const std::vector<char> published = store.get("shm/name");
+    name.assign(published.begin(), published.end());
+    try {
+      if (!wanted) throw Error(BPL_ERR_UNSUPPORTED, "BPL_GLOO_SHM=0");
+      if (name.empty()) throw Error(BPL_ERR_UNSUPPORTED, "rank 0 has no segment");
+      shm_ = ShmGroup::open(name, rank(), size());
+      answer = "1";
+    } catch (const Error& e) {
+      answer = e.what();
+    }
+  }
+  struct Unlink {
+    const std::string& name;
+    bool owner;
+    ~Unlink() {
+      if (owner && !name.empty()) ::shm_unlink(name.c_str());
+    }
+  } unlink{name, rank() == 0};
+  store.set("shm/answer/" + std::to_string(rank()), std::vector<char>(answer.begin(), answer.end()));
+  std::string refusal;
+  for (int r = 0; r < size(); ++r) {
+    const std::vector<char> theirs = store.get("shm/answer/" + std::to_string(r));
+    if (refusal.empty() && std::string(theirs.begin(), theirs.end()) != "1") {
+      refusal = "rank " + std::to_string(r) + ": " + std::string(theirs.begin(), theirs.end());
+    }
+  }
+  if (!refusal.empty()) {
+    shm_.reset();
+    path_ = "gloo over tcp (shared memory not used: " + refusal + ")";
+    return;
+  }
+  shm_->set_peer_processes(local_pid_of_peer_);
+  path_ = "shared memory (all " + std::to_string(size()) + " ranks on this machine)";
+}
 
 namespace {
 
@@ -289,6 +371,11 @@ char* GlooComm::scratch(size_t slot, size_t bytes) {
 void GlooComm::allreduce(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_reduce_op op) {
   if (count == 0) return;
   const bpl_dtype acc = plugin::accumulation_dtype(dtype, op);
+  if (shm_ && acc == dtype) {  // straight from send to recv, no copy beforehand
+    shm_->allreduce(send, recv, count, acc, plugin::reduce_function(acc, op), timeout());
+    plugin::finish_reduction(recv, acc, recv, dtype, count, op, size());
+    return;
+  }
   void* work = recv;
   if (acc != dtype) {
     work = scratch(0, count * plugin::dtype_size(acc));
@@ -296,7 +383,9 @@ void GlooComm::allreduce(const void* send, void* recv, size_t count, bpl_dtype d
   } else if (send != recv) {
     std::memcpy(recv, send, count * plugin::dtype_size(dtype));
   }
-  if (size() > 1) {
+  if (shm_) {
+    shm_->allreduce(work, work, count, acc, plugin::reduce_function(acc, op), timeout());
+  } else if (size() > 1) {
     ::gloo::AllreduceOptions options(context_);
     with_element_type(acc, [&](auto zero) { options.setOutput(static_cast<decltype(zero)*>(work), count); });
     options.setReduceFunction(plugin::reduce_function(acc, op));
@@ -309,6 +398,7 @@ void GlooComm::allreduce(const void* send, void* recv, size_t count, bpl_dtype d
 
 void GlooComm::broadcast(void* buf, size_t count, bpl_dtype dtype, int root) {
   if (count == 0 || size() == 1) return;
+  if (shm_) return shm_->broadcast(buf, count * plugin::dtype_size(dtype), root, timeout());
   ::gloo::BroadcastOptions options(context_);
   options.setOutput(static_cast<uint8_t*>(buf), count * plugin::dtype_size(dtype));
   options.setRoot(root);
@@ -328,7 +418,9 @@ void GlooComm::reduce(const void* send, void* recv, size_t count, bpl_dtype dtyp
   } else if (work != send) {
     std::memcpy(work, send, count * plugin::dtype_size(dtype));
   }
-  if (size() > 1) {
+  if (shm_) {  // an allreduce whose result only the root keeps
+    shm_->allreduce(work, work, count, acc, plugin::reduce_function(acc, op), timeout());
+  } else if (size() > 1) {
     ::gloo::ReduceOptions options(context_);
     with_element_type(acc, [&](auto zero) { options.setOutput(static_cast<decltype(zero)*>(work), count); });
     options.setRoot(root);
@@ -348,6 +440,7 @@ void GlooComm::allgather(const void* send, void* recv, size_t count, bpl_dtype d
     if (send != own_block) std::memcpy(own_block, send, block);
     return;
   }
+  if (shm_) return shm_->allgather(send, recv, block, timeout());
   ::gloo::AllgatherOptions options(context_);
   // In place (send already at recv's own block) Gloo reads the block from the output buffer.
   if (send != own_block) options.setInput(static_cast<uint8_t*>(const_cast<void*>(send)), block);
@@ -373,7 +466,10 @@ void GlooComm::reduce_scatter(const void* send, void* recv, size_t recvcount, bp
   } else {
     std::memcpy(work, send, block * static_cast<size_t>(n));
   }
-  if (n > 1) {
+  if (shm_) {
+    shm_->reduce_scatter(work, work + block * static_cast<size_t>(me), recvcount, acc, plugin::reduce_function(acc, op),
+                         timeout());
+  } else if (n > 1) {
     char* incoming = scratch(1, block);
     const plugin::ReduceFn reduce_fn = plugin::reduce_function(acc, op);
     const uint64_t slot = ::gloo::Slot::build(kReduceScatterSlotPrefix, next_tag());
@@ -417,6 +513,7 @@ void GlooComm::alltoall(const void* send, void* recv, size_t count, bpl_dtype dt
 
 void GlooComm::barrier() {
   if (size() == 1) return;
+  if (shm_) return shm_->barrier(timeout());
   ::gloo::BarrierOptions options(context_);
   options.setTag(next_tag());
   options.setTimeout(timeout());

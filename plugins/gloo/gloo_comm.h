@@ -21,6 +21,7 @@
 #include "op_queue.h"
 #include "plugin_support.h"
 #include "rendezvous.h"
+#include "shm_group.h"
 
 namespace backplane::gloo_plugin {
 
@@ -53,6 +54,8 @@ class GlooComm {
 
   int rank() const { return context_->rank; }
   int size() const { return context_->size; }
+  // How its collectives travel: "shared memory (…)" or "gloo over tcp (…)".
+  const std::string& path() const { return path_; }
 
   std::chrono::milliseconds timeout() const { return std::chrono::milliseconds(timeout_ms_.load(std::memory_order_relaxed)); }
   // Bounds the operations started from now on.
@@ -88,6 +91,8 @@ class GlooComm {
   void learn_peers(::gloo::rendezvous::Store& store);
   // Adds the addresses the peers' pairs announced before connecting, from Gloo's rendezvous records.
   void learn_announced_addresses(::gloo::rendezvous::Store& store);
+  // Maps the communicator's shared-memory segment when every rank runs on this machine (BPL_GLOO_SHM).
+  void set_up_shared_memory(::gloo::rendezvous::Store& store);
   // " (…)" naming the peer behind a failed operation's `message`, or "" when none can be named.
   std::string failed_peers_note(const std::string& message, bpl_status status) const;
   // What a failed Gloo call becomes: its status, its message with the peer's rank named, and, if the
@@ -103,6 +108,8 @@ class GlooComm {
   // A peer's connection end or announced address, as Gloo writes them → its rank.
   std::map<std::string, int> peer_of_address_;
   std::vector<pid_t> local_pid_of_peer_;  // by rank; 0 for this rank and for peers on other machines
+  std::unique_ptr<ShmGroup> shm_;  // set when every rank runs on this machine: collectives go through it
+  std::string path_ = "single rank";
   plugin::OpQueue queue_;
   uint32_t next_tag_ = 0;
   uint32_t splits_ = 0;

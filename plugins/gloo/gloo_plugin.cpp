@@ -48,7 +48,8 @@ bpl_status runtime_create(const bpl_launch_info* launch, bpl_plugin_runtime** ou
     runtime->world = std::make_unique<GlooComm>(runtime->shared, "world", launch->rank, launch->world_size,
                                                 std::chrono::milliseconds(launch->timeout_ms));
     runtime->details = "gloo=" + std::to_string(GLOO_VERSION_MAJOR) + "." + std::to_string(GLOO_VERSION_MINOR) + "." +
-                       std::to_string(GLOO_VERSION_PATCH) + "; " + joined.description;
+                       std::to_string(GLOO_VERSION_PATCH) + "; " + joined.description + "; collectives of world: " +
+                       runtime->world->path() + "; a split uses shared memory when all its ranks share a machine";
     *out = runtime.release();
     return BPL_OK;
   });
