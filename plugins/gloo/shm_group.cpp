@@ -13,7 +13,6 @@
 #include <climits>
 #include <cstring>
 #include <new>
-#include <thread>
 
 #include "local_process.h"
 #include "plugin_support.h"
@@ -107,7 +106,8 @@ ShmGroup::ShmGroup(void* base, size_t bytes, int rank, int size)
       rank_(rank),
       size_(size),
       header_(static_cast<Header*>(base)),
-      progress_(reinterpret_cast<Progress*>(static_cast<char*>(base) + header_bytes())) {}
+      progress_(reinterpret_cast<Progress*>(static_cast<char*>(base) + header_bytes())),
+      inputs_(static_cast<size_t>(size)) {}
 
 ShmGroup::~ShmGroup() { ::munmap(base_, bytes_); }
 
@@ -223,11 +223,12 @@ void ShmGroup::wait_for(int peer, uint32_t step, std::chrono::steady_clock::time
     if (reached()) return;
     if (failed()) throw_failure_record();
     const auto now = std::chrono::steady_clock::now();
-    const std::string who = "rank " + std::to_string(peer) + " of this communicator, process " + std::to_string(pid) +
-                            " on this machine";
+    auto who = [&] {
+      return "rank " + std::to_string(peer) + " of this communicator, process " + std::to_string(pid) + " on this machine";
+    };
     if (pid != 0 && now >= next_liveness_check) {
       if (plugin::process_state(pid) == plugin::ProcessState::kEnded) {
-        const std::string reason = "shared memory: " + who + ", has ended";
+        const std::string reason = "shared memory: " + who() + ", has ended";
         fail(BPL_ERR_REMOTE, reason);
         throw plugin::Error(BPL_ERR_REMOTE, reason);
       }
@@ -235,7 +236,7 @@ void ShmGroup::wait_for(int peer, uint32_t step, std::chrono::steady_clock::time
     }
     if (now >= deadline) {
       std::string reason = "shared memory: rank " + std::to_string(peer) + " did not arrive in time";
-      if (pid != 0 && plugin::process_state(pid) == plugin::ProcessState::kStopped) reason += " (" + who + ", is stopped)";
+      if (pid != 0 && plugin::process_state(pid) == plugin::ProcessState::kStopped) reason += " (" + who() + ", is stopped)";
       fail(BPL_ERR_TIMEOUT, reason);
       throw plugin::Error(BPL_ERR_TIMEOUT, reason);
     }
@@ -288,7 +289,7 @@ void ShmGroup::allreduce(const void* send, void* recv, size_t count, bpl_dtype a
   const size_t total = count * element;
   const auto* in = static_cast<const char*>(send);
   auto* out = static_cast<char*>(recv);
-  std::vector<const char*> inputs(static_cast<size_t>(size_));
+  std::vector<const char*>& inputs = inputs_;
   if (total <= kFlatAllreduceBytes) {
     // One step: everyone's data in, every rank reduces all of it.
     const uint32_t step = next_step();
@@ -360,7 +361,7 @@ void ShmGroup::reduce_scatter(const void* send, void* recv, size_t count, bpl_dt
   auto* out = static_cast<char*>(recv);
   // Each step carries the same `n` elements of every block; rank r reduces block r's piece.
   const size_t chunk_elements = std::max<size_t>(1, kSlotBytes / (element * static_cast<size_t>(size_)));
-  std::vector<const char*> inputs(static_cast<size_t>(size_));
+  std::vector<const char*>& inputs = inputs_;
   for (size_t first = 0; first < count; first += chunk_elements) {
     const size_t n = std::min(chunk_elements, count - first);
     const uint32_t step = next_step();

@@ -90,6 +90,7 @@ class ShmGroup {
   Header* header_;
   Progress* progress_;  // by rank
   uint32_t steps_ = 0;  // this rank's published steps (= its counter)
+  std::vector<const char*> inputs_;  // by rank: a reduction's operands, kept to spare an allocation per call
   std::vector<pid_t> peer_pids_;
 };
 
