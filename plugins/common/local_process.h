@@ -45,4 +45,11 @@ inline ProcessState process_state(pid_t pid) {
   }
 }
 
+// "rank 1 of this communicator, process 4242 on this machine, has ended" (or "is stopped"): how a
+// failure names a peer of this machine by its process.
+inline std::string local_peer_description(int rank, pid_t pid, ProcessState state) {
+  return "rank " + std::to_string(rank) + " of this communicator, process " + std::to_string(pid) +
+         " on this machine, " + (state == ProcessState::kEnded ? "has ended" : state == ProcessState::kStopped ? "is stopped" : "runs");
+}
+
 }  // namespace backplane::plugin

@@ -308,8 +308,7 @@ std::string GlooComm::failed_peers_note(const std::string& message, bpl_status s
     for (int r = 0; r < size(); ++r) {
       const pid_t pid = local_pid_of_peer_.empty() ? 0 : local_pid_of_peer_[static_cast<size_t>(r)];
       if (pid == 0 || plugin::process_state(pid) != wanted) continue;
-      note += std::string(note.empty() ? " (" : "; ") + "rank " + std::to_string(r) + " of this communicator, process " +
-              std::to_string(pid) + " on this machine, " + (wanted == plugin::ProcessState::kEnded ? "has ended" : "is stopped");
+      note += (note.empty() ? " (" : "; ") + plugin::local_peer_description(r, pid, wanted);
     }
     if (!note.empty()) return note + ")";
     if (std::chrono::steady_clock::now() >= give_up) return "";

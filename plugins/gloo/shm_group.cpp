@@ -223,12 +223,9 @@ void ShmGroup::wait_for(int peer, uint32_t step, std::chrono::steady_clock::time
     if (reached()) return;
     if (failed()) throw_failure_record();
     const auto now = std::chrono::steady_clock::now();
-    auto who = [&] {
-      return "rank " + std::to_string(peer) + " of this communicator, process " + std::to_string(pid) + " on this machine";
-    };
     if (pid != 0 && now >= next_liveness_check) {
       if (plugin::process_state(pid) == plugin::ProcessState::kEnded) {
-        const std::string reason = "shared memory: " + who() + ", has ended";
+        const std::string reason = "shared memory: " + plugin::local_peer_description(peer, pid, plugin::ProcessState::kEnded);
         fail(BPL_ERR_REMOTE, reason);
         throw plugin::Error(BPL_ERR_REMOTE, reason);
       }
@@ -236,7 +233,9 @@ void ShmGroup::wait_for(int peer, uint32_t step, std::chrono::steady_clock::time
     }
     if (now >= deadline) {
       std::string reason = "shared memory: rank " + std::to_string(peer) + " did not arrive in time";
-      if (pid != 0 && plugin::process_state(pid) == plugin::ProcessState::kStopped) reason += " (" + who() + ", is stopped)";
+      if (pid != 0 && plugin::process_state(pid) == plugin::ProcessState::kStopped) {
+        reason += " (" + plugin::local_peer_description(peer, pid, plugin::ProcessState::kStopped) + ")";
+      }
       fail(BPL_ERR_TIMEOUT, reason);
       throw plugin::Error(BPL_ERR_TIMEOUT, reason);
     }
