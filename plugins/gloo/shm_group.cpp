@@ -7,6 +7,9 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include <algorithm>
 #include <cerrno>
@@ -62,6 +65,32 @@ inline void cpu_relax() {
   __builtin_ia32_pause();
 #elif defined(__aarch64__)
   asm volatile("yield");
+#endif
+}
+
+// Copies between a caller's buffer and the segment. Not memcpy: glibc 2.36 copies a few KiB and more
+// with `rep movsb`, which on AMD Zen runs 4-7x slower when source and destination lie a few bytes
+// apart modulo 4096 (page aliasing), and that is the common case here: a buffer from malloc starts 16
+// bytes into a page, a slot at a page's start. Measured with 2 ranks on an EPYC VM: allreduce of
+// 256 KiB-64 MiB at ~1.15 GB/s from a buffer at page offset 16, against 4.7-8 GB/s at offset 0 or 64.
+// A loop of 16-byte vector moves does not care where the buffers lie.
+void copy_bytes(void* to, const void* from, size_t n) {
+#if defined(__SSE2__)
+  auto* dst = static_cast<char*>(to);
+  const auto* src = static_cast<const char*>(from);
+  for (; n >= 64; n -= 64, src += 64, dst += 64) {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 16));
+    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 32));
+    const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 48));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), a);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 16), b);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 32), c);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 48), d);
+  }
+  std::memcpy(dst, src, n);
+#else
+  std::memcpy(to, from, n);
 #endif
 }
 
@@ -292,7 +321,7 @@ void ShmGroup::allreduce(const void* send, void* recv, size_t count, bpl_dtype a
   if (total <= kFlatAllreduceBytes) {
     // One step: everyone's data in, every rank reduces all of it.
     const uint32_t step = next_step();
-    std::memcpy(slot(step, rank_), in, total);
+    copy_bytes(slot(step, rank_), in, total);
     publish(kAllreduce, total);
     wait_for_all(step, deadline);
     for (int q = 0; q < size_; ++q) inputs[static_cast<size_t>(q)] = slot(step, q);
@@ -305,7 +334,7 @@ void ShmGroup::allreduce(const void* send, void* recv, size_t count, bpl_dtype a
   for (size_t first = 0; first < count; first += chunk_elements) {
     const size_t n = std::min(chunk_elements, count - first);
     const uint32_t copy_step = next_step();
-    std::memcpy(slot(copy_step, rank_), in + first * element, n * element);
+    copy_bytes(slot(copy_step, rank_), in + first * element, n * element);
     publish(kAllreduce, total);
     wait_for_all(copy_step, deadline);
     auto share_begin = [&](int q) { return n * static_cast<size_t>(q) / static_cast<size_t>(size_); };
@@ -317,7 +346,7 @@ void ShmGroup::allreduce(const void* send, void* recv, size_t count, bpl_dtype a
     wait_for_all(reduce_step, deadline);
     for (int q = 0; q < size_; ++q) {
       const size_t begin = share_begin(q), end = share_begin(q + 1);
-      std::memcpy(out + (first + begin) * element, slot(reduce_step, q) + begin * element, (end - begin) * element);
+      copy_bytes(out + (first + begin) * element, slot(reduce_step, q) + begin * element, (end - begin) * element);
     }
   }
 }
@@ -328,10 +357,10 @@ void ShmGroup::broadcast(void* buf, size_t bytes, int root, std::chrono::millise
   for (size_t first = 0; first < bytes; first += kSlotBytes) {
     const size_t n = std::min(kSlotBytes, bytes - first);
     const uint32_t step = next_step();
-    if (rank_ == root) std::memcpy(slot(step, root), data + first, n);
+    if (rank_ == root) copy_bytes(slot(step, root), data + first, n);
     publish(kBroadcast, bytes);
     wait_for_all(step, deadline);
-    if (rank_ != root) std::memcpy(data + first, slot(step, root), n);
+    if (rank_ != root) copy_bytes(data + first, slot(step, root), n);
   }
 }
 
@@ -342,12 +371,12 @@ void ShmGroup::allgather(const void* send, void* recv, size_t block_bytes, std::
   for (size_t first = 0; first < block_bytes; first += kSlotBytes) {
     const size_t n = std::min(kSlotBytes, block_bytes - first);
     const uint32_t step = next_step();
-    std::memcpy(slot(step, rank_), in + first, n);
+    copy_bytes(slot(step, rank_), in + first, n);
     publish(kAllgather, block_bytes);
     wait_for_all(step, deadline);
     for (int q = 0; q < size_; ++q) {
       char* target = out + block_bytes * static_cast<size_t>(q) + first;
-      if (q != rank_ || target != in + first) std::memcpy(target, slot(step, q), n);
+      if (q != rank_ || target != in + first) copy_bytes(target, slot(step, q), n);
     }
   }
 }
@@ -366,7 +395,7 @@ void ShmGroup::reduce_scatter(const void* send, void* recv, size_t count, bpl_dt
     const uint32_t step = next_step();
     char* mine = slot(step, rank_);
     for (int b = 0; b < size_; ++b) {
-      std::memcpy(mine + n * element * static_cast<size_t>(b), in + (count * static_cast<size_t>(b) + first) * element,
+      copy_bytes(mine + n * element * static_cast<size_t>(b), in + (count * static_cast<size_t>(b) + first) * element,
                   n * element);
     }
     publish(kReduceScatter, count * element);
