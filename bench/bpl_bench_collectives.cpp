@@ -13,12 +13,14 @@
 //
 // Flags (before Google Benchmark's): --min-bytes=N (4), --max-bytes=N (64M), --step-factor=N (4),
 // --dtypes=f32,bf16, --ops=allreduce,allgather,reduce_scatter,broadcast,alltoall,pingpong,barrier,
-// --repetitions=N (5), --max-iterations=N (1000), --no-raw. Sizes take K, M and G suffixes (powers of 1024).
+// --repetitions=N (5), --max-iterations=N (1000), --buffer-offset=N (0: page-aligned buffers), --no-raw.
+// Sizes take K, M and G suffixes (powers of 1024).
 #include <benchmark/benchmark.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -42,6 +44,10 @@ struct Settings {
                                   "barrier"};
   int repetitions = 5;
   int64_t max_iterations = 1000;
+  // Where every buffer starts, in bytes past a page boundary. Page-aligned by default (as OSU's
+  // benchmarks allocate); copies can be much slower at some offsets (16: a large malloc's), so the
+  // flag shows a backend's sensitivity to it.
+  int64_t buffer_offset = 0;
   bool raw = true;
 };
 
@@ -105,6 +111,12 @@ Settings parse_settings(int& argc, char** argv) {
       settings.repetitions = static_cast<int>(parse_bytes("--repetitions", v));
     } else if (const char* v = value_of("--max-iterations")) {
       settings.max_iterations = parse_bytes("--max-iterations", v);
+    } else if (const char* v = value_of("--buffer-offset")) {
+      char* end = nullptr;
+      settings.buffer_offset = std::strtoll(v, &end, 10);
+      if (*v == '\0' || *end != '\0' || settings.buffer_offset < 0 || settings.buffer_offset > 4095) {
+        fail(std::string("--buffer-offset=") + v + ": expected bytes past a page boundary, 0 to 4095");
+      }
     } else if (arg == "--no-raw") {
       settings.raw = false;
     } else {
@@ -124,10 +136,30 @@ Settings parse_settings(int& argc, char** argv) {
 
 /* ---- one operation, two implementations ---- */
 
-// Buffers for one (operation, dtype, size): zeros, so repeated sums stay finite and normal.
+// One buffer of zeros (repeated sums stay finite and normal), `offset` bytes past a page boundary.
+class Buffer {
+ public:
+  Buffer(size_t bytes, size_t offset)
+      : memory_(static_cast<unsigned char*>(std::aligned_alloc(kPage, (bytes + offset + kPage - 1) / kPage * kPage))),
+        data_(memory_.get() + offset) {
+    if (!memory_) fail("cannot allocate " + std::to_string(bytes) + " bytes");
+    std::memset(data_, 0, bytes);
+  }
+  unsigned char* data() { return data_; }
+
+ private:
+  static constexpr size_t kPage = 4096;
+  struct Free {
+    void operator()(unsigned char* p) const { std::free(p); }
+  };
+  std::unique_ptr<unsigned char, Free> memory_;
+  unsigned char* data_;
+};
+
+// Buffers for one (operation, dtype, size).
 struct Buffers {
-  Buffers(size_t send_bytes, size_t recv_bytes) : send(send_bytes, 0), recv(recv_bytes, 0) {}
-  std::vector<unsigned char> send, recv;
+  Buffers(size_t send_bytes, size_t recv_bytes, size_t offset) : send(send_bytes, offset), recv(recv_bytes, offset) {}
+  Buffer send, recv;
 };
 
 struct OpShape {
@@ -218,7 +250,7 @@ void register_pair(const std::string& op, const std::string& dtype_name, int64_t
         ->Unit(benchmark::kMicrosecond);
   };
   configure(benchmark::RegisterBenchmark((base + "/backplane").c_str(), [=](benchmark::State& state) {
-    Buffers buffers(s.send_bytes, s.recv_bytes);
+    Buffers buffers(s.send_bytes, s.recv_bytes, static_cast<size_t>(settings.buffer_offset));
     for (auto _ : state) {
       if (run_backplane(op, buffers, s, dtype) != BPL_OK) fail(op + " through backplane: " + bpl_last_error());
     }
@@ -226,7 +258,7 @@ void register_pair(const std::string& op, const std::string& dtype_name, int64_t
   }));
   if (!job.raw) return;
   configure(benchmark::RegisterBenchmark((base + "/raw").c_str(), [=](benchmark::State& state) {
-    Buffers buffers(s.send_bytes, s.recv_bytes);
+    Buffers buffers(s.send_bytes, s.recv_bytes, static_cast<size_t>(settings.buffer_offset));
     for (auto _ : state) {
       try {
         run_raw(op, buffers, s, dtype);
@@ -325,6 +357,7 @@ int main(int argc, char** argv) {
   benchmark::AddCustomContext("raw_library", job.raw ? job.raw->description() : "none");
   benchmark::AddCustomContext("host", std::string(host) + ", " + std::to_string(std::thread::hardware_concurrency()) +
                                           " hardware threads");
+  benchmark::AddCustomContext("buffer_offset", std::to_string(settings.buffer_offset) + " bytes past a page boundary");
 
   for (const std::string& op : settings.ops) {
     if (op == "pingpong" && job.size < 2) continue;

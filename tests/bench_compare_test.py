@@ -33,7 +33,8 @@ def main():
         backends.append("mpi")
     with tempfile.TemporaryDirectory() as out:
         command = [os.path.join(bin_dir, "bpl-bench-compare"), "--out", out, "--backends", ",".join(backends), "--",
-                   "--dtypes=f32", "--max-bytes=1K", "--step-factor=16", "--repetitions=2", "--max-iterations=5"]
+                   "--dtypes=f32", "--max-bytes=1K", "--step-factor=16", "--repetitions=2", "--max-iterations=5",
+                   "--buffer-offset=16"]
         result = subprocess.run(command, capture_output=True, text=True, timeout=300)
         if result.returncode != 0:
             sys.exit(f"bpl-bench-compare failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
@@ -44,6 +45,7 @@ def main():
             context = results["context"]
             expect(context.get("backend", "").startswith(backend + " "), f"{backend}: context names the backend")
             expect(context.get("raw_library", "none") != "none", f"{backend}: context names the raw library")
+            expect(context.get("buffer_offset", "").startswith("16 bytes"), f"{backend}: context gives the buffer offset")
             medians = {b["run_name"].split("/iterations")[0]: b for b in results["benchmarks"]
                        if b.get("aggregate_name") == "median"}
             for op in OPS:
