@@ -3,11 +3,13 @@
 // what is tested. The plugin-level suites (conformance, fault_test) run the same code through bpl_*.
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -367,6 +369,44 @@ TEST(ShmGroupSegments, BadNamesAndSizesAreErrorsNamingTheSegment) {
   EXPECT_EQ(missing.status, BPL_ERR_IO);
   EXPECT_NE(missing.message.find("opening of segment /backplane-test-no-such-segment failed"), std::string::npos)
       << missing.message;
+}
+
+// True if a segment of that name exists.
+bool segment_exists(const std::string& name) {
+  const int fd = ::shm_open(name.c_str(), O_RDONLY, 0);
+  if (fd < 0) return false;
+  ::close(fd);
+  return true;
+}
+
+void create_segment(const std::string& name) {
+  const int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  ASSERT_GE(fd, 0) << name << ": " << std::strerror(errno);
+  ::close(fd);
+}
+
+TEST(ShmGroupSegments, ASegmentWhoseCreatorEndedIsRemovedByTheNextJob) {
+  // A process that has ended: its pid, reaped, names no process (pids are not reused this soon).
+  const pid_t ended = ::fork();
+  ASSERT_GE(ended, 0);
+  if (ended == 0) ::_exit(0);
+  ::waitpid(ended, nullptr, 0);
+  const std::string abandoned = ShmGroup::new_segment_name(ended);
+  const std::string live = ShmGroup::new_segment_name();  // this process: still running
+  // Another pid namespace's: its pids mean nothing here, so it is left alone.
+  std::string foreign = abandoned;
+  foreign.replace(foreign.find('-', std::string("/backplane-").size()), 1, "-1");
+  create_segment(abandoned);
+  create_segment(live);
+  create_segment(foreign);
+  EXPECT_EQ(abandoned.rfind("/backplane-" + std::to_string(ended) + "-", 0), 0u) << abandoned;
+
+  EXPECT_GE(ShmGroup::remove_abandoned_segments(), 1);
+  EXPECT_FALSE(segment_exists(abandoned)) << abandoned;
+  EXPECT_TRUE(segment_exists(live)) << live;
+  EXPECT_TRUE(segment_exists(foreign)) << foreign;
+  ::shm_unlink(live.c_str());
+  ::shm_unlink(foreign.c_str());
 }
 
 }  // namespace

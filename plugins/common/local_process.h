@@ -11,6 +11,13 @@
 
 namespace backplane::plugin {
 
+// This process's pid namespace, as the kernel names it ("pid:[4026531836]"), or "?".
+inline std::string pid_namespace() {
+  char name[64] = {};
+  if (::readlink("/proc/self/ns/pid", name, sizeof(name) - 1) < 0) return "?";
+  return name;
+}
+
 // Equal for two processes exactly when each can see the other's pid: the same host name, the same
 // boot, the same pid namespace (containers on one host differ in the last).
 inline std::string process_space_identity() {
@@ -18,9 +25,7 @@ inline std::string process_space_identity() {
   ::gethostname(host, sizeof(host) - 1);
   std::string boot_id;
   std::ifstream("/proc/sys/kernel/random/boot_id") >> boot_id;
-  char pid_namespace[64] = {};
-  if (::readlink("/proc/self/ns/pid", pid_namespace, sizeof(pid_namespace) - 1) < 0) pid_namespace[0] = '?';
-  return std::string(host) + " " + boot_id + " " + pid_namespace;
+  return std::string(host) + " " + boot_id + " " + pid_namespace();
 }
 
 enum class ProcessState { kRunning, kStopped, kEnded };

@@ -16,11 +16,9 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
-#include <random>
 #include <tuple>
 
 #include "dtypes.h"
@@ -177,12 +175,10 @@ void GlooComm::set_up_shared_memory(::gloo::rendezvous::Store& store) {
   std::string name;
   std::string answer;  // "1", or why this rank cannot use the segment
   if (rank() == 0) {
-    std::random_device random;
-    char text[64];
-    std::snprintf(text, sizeof(text), "/backplane-%d-%08x%08x", static_cast<int>(::getpid()), random(), random());
-    name = text;
+    name = ShmGroup::new_segment_name();
     try {
       if (!wanted) throw Error(BPL_ERR_UNSUPPORTED, "BPL_GLOO_SHM=0");
+      ShmGroup::remove_abandoned_segments();
       shm_ = ShmGroup::create(name, size());
       answer = "1";
     } catch (const Error& e) {

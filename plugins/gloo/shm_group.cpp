@@ -1,5 +1,6 @@
 #include "shm_group.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <sched.h>
@@ -14,8 +15,11 @@
 #include <algorithm>
 #include <cerrno>
 #include <climits>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <new>
+#include <random>
 
 #include "local_process.h"
 #include "plugin_support.h"
@@ -125,6 +129,50 @@ size_t ShmGroup::header_bytes() {
 
 size_t ShmGroup::buffers_offset(int size) {
   return round_up(header_bytes() + kLine * static_cast<size_t>(size), 4096);
+}
+
+namespace {
+
+constexpr char kNamePrefix[] = "backplane-";
+
+// The digits of this process's pid namespace ("pid:[4026531836]" -> "4026531836").
+std::string pid_namespace_number() {
+  std::string digits;
+  for (char c : plugin::pid_namespace()) {
+    if (c >= '0' && c <= '9') digits += c;
+  }
+  return digits.empty() ? "0" : digits;
+}
+
+}  // namespace
+
+std::string ShmGroup::new_segment_name(pid_t creator) {
+  std::random_device random;
+  char suffix[17];
+  std::snprintf(suffix, sizeof(suffix), "%08x%08x", random(), random());
+  return "/" + std::string(kNamePrefix) + std::to_string(creator != 0 ? creator : ::getpid()) + "-" +
+         pid_namespace_number() + "-" + suffix;
+}
+
+int ShmGroup::remove_abandoned_segments() {
+  DIR* folder = ::opendir("/dev/shm");  // where glibc's shm_open keeps the names
+  if (folder == nullptr) return 0;
+  const std::string own_namespace = "-" + pid_namespace_number() + "-";
+  int removed = 0;
+  while (const dirent* entry = ::readdir(folder)) {
+    const std::string name = entry->d_name;
+    if (name.compare(0, sizeof(kNamePrefix) - 1, kNamePrefix) != 0) continue;
+    // "<pid>-<namespace>-<random>" after the prefix; anything else is not ours to judge.
+    char* end = nullptr;
+    const long pid = std::strtol(name.c_str() + sizeof(kNamePrefix) - 1, &end, 10);
+    if (pid <= 0 || std::string(end).compare(0, own_namespace.size(), own_namespace) != 0) continue;
+    struct stat info {};
+    if (::fstatat(::dirfd(folder), name.c_str(), &info, AT_SYMLINK_NOFOLLOW) != 0 || info.st_uid != ::geteuid()) continue;
+    if (plugin::process_state(static_cast<pid_t>(pid)) != plugin::ProcessState::kEnded) continue;
+    if (::shm_unlink(("/" + name).c_str()) == 0) ++removed;
+  }
+  ::closedir(folder);
+  return removed;
 }
 
 size_t ShmGroup::segment_bytes(int size) { return buffers_offset(size) + 2 * kSlotBytes * static_cast<size_t>(size); }

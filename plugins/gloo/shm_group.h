@@ -37,6 +37,13 @@ class ShmGroup {
 
   // The segment's size for `size` ranks.
   static size_t segment_bytes(int size);
+  // A new segment name for a communicator created by process `creator` (this one by default):
+  // "/backplane-<pid>-<pid namespace>-<random>", unique per job. The creator's pid and namespace let
+  // a later job tell a segment whose creator died before removing its name (remove_abandoned_segments).
+  static std::string new_segment_name(pid_t creator = 0);
+  // Removes this user's segments whose creator, in this pid namespace, has ended: what a rank 0 killed
+  // between creating its segment and the last rank's mapping leaves in /dev/shm. Returns how many.
+  static int remove_abandoned_segments();
   // Creates (rank 0) a new segment, or maps the one rank 0 created, under `name` (starting with '/').
   // Throws plugin::Error naming the segment and the system's error.
   static std::unique_ptr<ShmGroup> create(const std::string& name, int size);
