@@ -209,6 +209,34 @@ TEST_P(ShmGroupRanks, AllgatherAndReduceScatter) {
   }
 }
 
+TEST_P(ShmGroupRanks, AlltoallInPlaceAndNot) {
+  const int size = GetParam();
+  Segment segment(size);
+  auto groups = segment.groups();
+  for (size_t count : f32_counts()) {
+    for (bool in_place : {false, true}) {
+      run_threads(groups, [&](int rank, ShmGroup& group) {
+        // Rank r's block q holds what r sends to q: value(r, q * count + i).
+        std::vector<float> send(count * static_cast<size_t>(size)), recv(send.size(), -1.0f);
+        for (size_t i = 0; i < send.size(); ++i) send[i] = value(rank, i);
+        float* out = in_place ? send.data() : recv.data();
+        group.alltoall(send.data(), out, count * 4, kTimeout);
+        for (int q = 0; q < size; ++q) {
+          for (size_t i = 0; i < count; ++i) {
+            const float expected = value(q, static_cast<size_t>(rank) * count + i);
+            if (out[static_cast<size_t>(q) * count + i] != expected) {
+              ADD_FAILURE() << "rank " << rank << ", " << count << " elements, in place " << in_place << ": from rank "
+                            << q << " [" << i << "] = " << out[static_cast<size_t>(q) * count + i] << ", expected "
+                            << expected;
+              return;
+            }
+          }
+        }
+      });
+    }
+  }
+}
+
 TEST_P(ShmGroupRanks, ManyCollectivesInARowReuseTheBuffersSafely) {
   // A fast rank runs ahead into the next collective while slower ones still read the last: the
   // buffers alternate by step, and nothing else guards them, so mixed sizes in a row must stay right.

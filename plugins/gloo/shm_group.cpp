@@ -38,7 +38,7 @@ constexpr auto kLivenessInterval = std::chrono::milliseconds(10);
 static_assert(sizeof(std::atomic<uint32_t>) == 4 && std::atomic<uint32_t>::is_always_lock_free,
               "a futex word is a lock-free 32-bit atomic");
 
-enum Kind : uint32_t { kAllreduce = 1, kBroadcast, kAllgather, kReduceScatter, kBarrier };
+enum Kind : uint32_t { kAllreduce = 1, kBroadcast, kAllgather, kReduceScatter, kAlltoall, kBarrier };
 
 const char* kind_name(uint32_t kind) {
   switch (kind) {
@@ -46,6 +46,7 @@ const char* kind_name(uint32_t kind) {
     case kBroadcast: return "broadcast";
     case kAllgather: return "allgather";
     case kReduceScatter: return "reduce_scatter";
+    case kAlltoall: return "alltoall";
     case kBarrier: return "barrier";
     default: return "?";
   }
@@ -450,6 +451,27 @@ void ShmGroup::reduce_scatter(const void* send, void* recv, size_t count, bpl_dt
     wait_for_all(step, deadline);
     for (int q = 0; q < size_; ++q) inputs[static_cast<size_t>(q)] = slot(step, q) + n * element * static_cast<size_t>(rank_);
     reduce_in_rank_order(out + first * element, inputs, n, reduce);
+  }
+}
+
+void ShmGroup::alltoall(const void* send, void* recv, size_t block_bytes, std::chrono::milliseconds timeout) {
+  const auto deadline = deadline_after(timeout);
+  const auto* in = static_cast<const char*>(send);
+  auto* out = static_cast<char*>(recv);
+  const auto ranks = static_cast<size_t>(size_);
+  // Each step carries the same `n` bytes of every block, block q at q * n in the slot; every rank has
+  // copied that range of all its blocks in before any rank writes it out, so send may equal recv.
+  const size_t chunk = std::max<size_t>(1, kSlotBytes / ranks);
+  for (size_t first = 0; first < block_bytes; first += chunk) {
+    const size_t n = std::min(chunk, block_bytes - first);
+    const uint32_t step = next_step();
+    char* mine = slot(step, rank_);
+    for (size_t q = 0; q < ranks; ++q) copy_bytes(mine + n * q, in + block_bytes * q + first, n);
+    publish(kAlltoall, block_bytes);
+    wait_for_all(step, deadline);
+    for (size_t q = 0; q < ranks; ++q) {
+      copy_bytes(out + block_bytes * q + first, slot(step, static_cast<int>(q)) + n * static_cast<size_t>(rank_), n);
+    }
   }
 }
 

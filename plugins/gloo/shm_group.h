@@ -64,6 +64,9 @@ class ShmGroup {
   // `send` holds size() blocks of `count` elements of `acc`; this rank's block of the reduction goes to recv.
   void reduce_scatter(const void* send, void* recv, size_t count, bpl_dtype acc, plugin::ReduceFn reduce,
                       std::chrono::milliseconds timeout);
+  // `send` holds size() blocks of `block_bytes`, block q for rank q; recv gets block `rank()` of every
+  // rank, in rank order. send may equal recv.
+  void alltoall(const void* send, void* recv, size_t block_bytes, std::chrono::milliseconds timeout);
   void barrier(std::chrono::milliseconds timeout);
 
   // Marks the group failed by this rank with `status` and `reason` (the first record wins) and wakes
