@@ -369,7 +369,7 @@ TEST(ShmGroupFailures, APeerProcessThatEndsIsRemoteNamingIt) {
       if (signal_number != 0) ::raise(signal_number);
       ::_exit(0);
     }
-    group->set_peer_processes({0, child});
+    group->set_peers({0, child});
     int child_status = 0;
     const Outcome waited = outcome_of([&] { group->barrier(kTimeout); });
     ::waitpid(child, &child_status, 0);

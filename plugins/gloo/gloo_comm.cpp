@@ -146,13 +146,16 @@ void GlooComm::set_timeout(std::chrono::milliseconds timeout) {
 }
 
 void GlooComm::abort() {
-  if (shm_) shm_->fail(BPL_ERR_ABORTED, "shared memory: aborted (bpl_comm_abort) by rank " + std::to_string(rank()) + " of this communicator");
+  const std::string reason = "shared memory: aborted (bpl_comm_abort) by rank " + std::to_string(rank()) + " of this communicator";
+  if (shm_) shm_->fail(BPL_ERR_ABORTED, reason);
+  if (machine_shm_) machine_shm_->fail(BPL_ERR_ABORTED, reason);
+  if (leaders_) leaders_->closeConnections();
   context_->closeConnections();
 }
 
 namespace {
 
-// BPL_GLOO_SHM: "1" or unset uses shared memory where every rank shares the machine, "0" never does.
+// BPL_GLOO_SHM: "1" or unset uses shared memory among the ranks that share a machine, "0" never does.
 bool shared_memory_wanted() {
   const char* value = std::getenv("BPL_GLOO_SHM");
   if (value == nullptr || std::strcmp(value, "1") == 0) return true;
@@ -160,40 +163,88 @@ bool shared_memory_wanted() {
   throw Error(BPL_ERR_INVALID_ARGUMENT, std::string("BPL_GLOO_SHM='") + value + "' is not valid: expected 0 or 1");
 }
 
+// BPL_GLOO_HOST_ID: ranks of one machine with different values are treated as on different machines
+// (as NCCL_HOSTID does), to run the hierarchical path on one machine. It can only split a machine.
+std::string machine_partition() {
+  const char* value = std::getenv("BPL_GLOO_HOST_ID");
+  return value == nullptr ? "" : std::string(" host id ") + value;
+}
+
 }  // namespace
 
-// Rank 0 creates the segment and publishes its name; every rank maps it and says whether it could;
-// the communicator uses it only if every rank could. Rank 0 removes the name once every rank has
-// answered, so nothing is left in /dev/shm whatever happens to the processes afterwards.
+// Ranks are grouped by machine (learn_peers). All on one: every collective goes through one segment.
+// Spanning machines with some sharing one: each machine's ranks share a segment, and one rank per
+// machine (its lowest) joins the leaders' Gloo mesh (hierarchical path). Otherwise: Gloo over TCP.
 void GlooComm::set_up_shared_memory(::gloo::rendezvous::Store& store) {
   const bool wanted = shared_memory_wanted();
   if (size() == 1) return;
-  if (std::count(local_pid_of_peer_.begin(), local_pid_of_peer_.end(), 0) != 1) {
-    path_ = "gloo over tcp (the ranks span machines)";
+  const int machine = machine_of_rank_[static_cast<size_t>(rank())];
+  const int machines = 1 + *std::max_element(machine_of_rank_.begin(), machine_of_rank_.end());
+  std::vector<int> local_ranks;  // this machine's, ascending
+  for (int r = 0; r < size(); ++r) {
+    if (machine_of_rank_[static_cast<size_t>(r)] == machine) local_ranks.push_back(r);
+  }
+  if (machines == size()) {
+    path_ = "gloo over tcp (each rank on a machine of its own)";
     return;
   }
+  std::string refusal;
+  std::unique_ptr<ShmGroup> group = map_machine_segment(store, local_ranks, wanted, refusal);
+  if (!refusal.empty()) {
+    path_ = "gloo over tcp (shared memory not used: " + refusal + ")";
+    return;
+  }
+  if (machines == 1) {
+    shm_ = std::move(group);
+    path_ = "shared memory (all " + std::to_string(size()) + " ranks on this machine)";
+    return;
+  }
+  machine_shm_ = std::move(group);  // none where this rank is alone on its machine
+  if (local_ranks.front() == rank()) {
+    auto leaders = std::make_shared<::gloo::rendezvous::Context>(machine, machines);
+    leaders->setTimeout(timeout());
+    ::gloo::rendezvous::PrefixStore leaders_store("leaders", store);
+    leaders->connectFullMesh(leaders_store, shared_->device);
+    leaders_ = std::move(leaders);
+  }
+  path_ = "shared memory within each of " + std::to_string(machines) + " machines, gloo over tcp between them (" +
+          std::to_string(local_ranks.size()) + " of " + std::to_string(size()) + " ranks on this one)";
+}
+
+// The lowest of `local_ranks` creates the machine's segment and publishes its name; the others map
+// it; then every rank of the communicator says whether it could, and `refusal` names the first rank
+// that could not ("" when all could: only then is shared memory used anywhere). The creator removes
+// the name once every rank has answered, so nothing is left in /dev/shm whatever happens to the
+// processes afterwards. Null for a rank alone on its machine.
+std::unique_ptr<ShmGroup> GlooComm::map_machine_segment(::gloo::rendezvous::Store& store,
+                                                        const std::vector<int>& local_ranks, bool wanted,
+                                                        std::string& refusal) {
+  const auto local_size = static_cast<int>(local_ranks.size());
+  const auto local_rank = static_cast<int>(std::find(local_ranks.begin(), local_ranks.end(), rank()) - local_ranks.begin());
+  const std::string name_key = "shm/name/" + std::to_string(local_ranks.front());
+  std::unique_ptr<ShmGroup> group;
   std::string name;
-  std::string answer;  // "1", or why this rank cannot use the segment
-  if (rank() == 0) {
-    name = ShmGroup::new_segment_name();
-    try {
-      if (!wanted) throw Error(BPL_ERR_UNSUPPORTED, "BPL_GLOO_SHM=0");
+  std::string answer = "1";  // or why this rank cannot use shared memory
+  try {
+    if (!wanted) throw Error(BPL_ERR_UNSUPPORTED, "BPL_GLOO_SHM=0");
+    if (local_size > 1 && local_rank == 0) {
+      name = ShmGroup::new_segment_name();
       ShmGroup::remove_abandoned_segments();
-      shm_ = ShmGroup::create(name, size());
-      answer = "1";
-    } catch (const Error& e) {
-      answer = e.what();
-      name = "";
+      group = ShmGroup::create(name, local_size);
     }
-    store.set("shm/name", std::vector<char>(name.begin(), name.end()));
-  } else {
-    const std::vector<char> published = store.get("shm/name");
+  } catch (const Error& e) {
+    answer = e.what();
+    name.clear();
+  }
+  if (local_size > 1 && local_rank == 0) {
+    store.set(name_key, std::vector<char>(name.begin(), name.end()));
+  } else if (local_size > 1) {
+    const std::vector<char> published = store.get(name_key);
     name.assign(published.begin(), published.end());
     try {
       if (!wanted) throw Error(BPL_ERR_UNSUPPORTED, "BPL_GLOO_SHM=0");
-      if (name.empty()) throw Error(BPL_ERR_UNSUPPORTED, "rank 0 has no segment");
-      shm_ = ShmGroup::open(name, rank(), size());
-      answer = "1";
+      if (name.empty()) throw Error(BPL_ERR_UNSUPPORTED, "rank " + std::to_string(local_ranks.front()) + " has no segment");
+      group = ShmGroup::open(name, local_rank, local_size);
     } catch (const Error& e) {
       answer = e.what();
     }
@@ -204,22 +255,21 @@ void GlooComm::set_up_shared_memory(::gloo::rendezvous::Store& store) {
     ~Unlink() {
       if (owner && !name.empty()) ::shm_unlink(name.c_str());
     }
-  } unlink{name, rank() == 0};
+  } unlink{name, local_rank == 0};
   store.set("shm/answer/" + std::to_string(rank()), std::vector<char>(answer.begin(), answer.end()));
-  std::string refusal;
   for (int r = 0; r < size(); ++r) {
     const std::vector<char> theirs = store.get("shm/answer/" + std::to_string(r));
     if (refusal.empty() && std::string(theirs.begin(), theirs.end()) != "1") {
       refusal = "rank " + std::to_string(r) + ": " + std::string(theirs.begin(), theirs.end());
     }
   }
-  if (!refusal.empty()) {
-    shm_.reset();
-    path_ = "gloo over tcp (shared memory not used: " + refusal + ")";
-    return;
+  if (!refusal.empty()) return nullptr;
+  if (group) {
+    std::vector<pid_t> pids;
+    for (int r : local_ranks) pids.push_back(local_pid_of_peer_[static_cast<size_t>(r)]);
+    group->set_peers(std::move(pids), local_ranks);
   }
-  shm_->set_peer_processes(local_pid_of_peer_);
-  path_ = "shared memory (all " + std::to_string(size()) + " ranks on this machine)";
+  return group;
 }
 
 namespace {
@@ -247,18 +297,35 @@ std::vector<std::string> lines_of(const std::vector<char>& bytes) {
 // from Gloo's own rendezvous records. The processes let a failure that names no known address still
 // be traced to a peer on this machine that has ended or is stopped.
 void GlooComm::learn_peers(::gloo::rendezvous::Store& store) {
+  machine_of_rank_.assign(static_cast<size_t>(size()), 0);
   if (size() == 1) return;
-  const std::string my_process_space = plugin::process_space_identity();
+  const std::string my_process_space = plugin::process_space_identity() + machine_partition();
   std::string mine = my_process_space + "\n" + std::to_string(::getpid()) + "\n";
   for (int r = 0; r < size(); ++r) mine += (r == rank() ? "" : context_->getPair(r)->address().str()) + "\n";
   store.set("peers/" + std::to_string(rank()), std::vector<char>(mine.begin(), mine.end()));
   local_pid_of_peer_.assign(static_cast<size_t>(size()), 0);
+  std::vector<std::string> process_space_of_rank(static_cast<size_t>(size()));
   for (int r = 0; r < size(); ++r) {
-    if (r == rank()) continue;
+    if (r == rank()) {
+      process_space_of_rank[static_cast<size_t>(r)] = my_process_space;
+      continue;
+    }
     const std::vector<std::string> theirs = lines_of(store.get("peers/" + std::to_string(r)));
-    if (theirs.size() != static_cast<size_t>(size()) + 2) continue;
+    if (theirs.size() != static_cast<size_t>(size()) + 2) {
+      process_space_of_rank[static_cast<size_t>(r)] = "unknown: rank " + std::to_string(r);
+      continue;
+    }
+    process_space_of_rank[static_cast<size_t>(r)] = theirs[0];
     if (theirs[0] == my_process_space) local_pid_of_peer_[static_cast<size_t>(r)] = std::atoi(theirs[1].c_str());
     peer_of_address_[theirs[2 + static_cast<size_t>(rank())]] = r;
+  }
+  // Machines numbered in order of their lowest rank, identically on every rank.
+  int machines = 0;
+  for (size_t r = 0; r < process_space_of_rank.size(); ++r) {
+    const auto first = static_cast<size_t>(
+        std::find(process_space_of_rank.begin(), process_space_of_rank.end(), process_space_of_rank[r]) -
+        process_space_of_rank.begin());
+    machine_of_rank_[r] = first == r ? machines++ : machine_of_rank_[first];
   }
   learn_announced_addresses(store);
 }
@@ -295,7 +362,9 @@ std::string GlooComm::failed_peers_note(const std::string& message, bpl_status s
   }
   // No address (a timeout) or none known: look for the peers of this machine that ended or are
   // stopped. A killed peer's sockets close a moment before its process is marked ended, hence the
-  // short wait for one.
+  // short wait for one, where there is one to wait for.
+  const bool any_local_peer = std::any_of(local_pid_of_peer_.begin(), local_pid_of_peer_.end(), [](pid_t pid) { return pid != 0; });
+  if (!any_local_peer) return "";
   const auto wanted = status == BPL_ERR_TIMEOUT ? plugin::ProcessState::kStopped : plugin::ProcessState::kEnded;
   const auto give_up = std::chrono::steady_clock::now() +
                        (status == BPL_ERR_TIMEOUT ? std::chrono::milliseconds(0) : std::chrono::milliseconds(200));
@@ -320,6 +389,10 @@ Error GlooComm::failure(const std::exception& e) {
     message += " (no peer of this rank in the operation made progress within " + std::to_string(timeout().count()) +
                " ms: one is stopped, stuck or far behind)";
   }
+  return recorded_failure(status, message);
+}
+
+Error GlooComm::recorded_failure(bpl_status status, const std::string& message) {
   if (status != BPL_ERR_REMOTE && status != BPL_ERR_TIMEOUT) return Error(status, message);
   // "<status>|<rank>|<message>": the first failure recorded for this communicator.
   const std::string mine = std::to_string(status) + "|" + std::to_string(rank()) + "|" + message;
@@ -380,6 +453,8 @@ void GlooComm::allreduce(const void* send, void* recv, size_t count, bpl_dtype d
   }
   if (shm_) {
     shm_->allreduce(work, work, count, acc, plugin::reduce_function(acc, op), timeout());
+  } else if (hierarchical()) {
+    hierarchical_allreduce(work, count, acc, op);
   } else if (size() > 1) {
     ::gloo::AllreduceOptions options(context_);
     with_element_type(acc, [&](auto zero) { options.setOutput(static_cast<decltype(zero)*>(work), count); });
@@ -415,6 +490,8 @@ void GlooComm::reduce(const void* send, void* recv, size_t count, bpl_dtype dtyp
   }
   if (shm_) {  // an allreduce whose result only the root keeps
     shm_->allreduce(work, work, count, acc, plugin::reduce_function(acc, op), timeout());
+  } else if (hierarchical()) {
+    hierarchical_allreduce(work, count, acc, op);
   } else if (size() > 1) {
     ::gloo::ReduceOptions options(context_);
     with_element_type(acc, [&](auto zero) { options.setOutput(static_cast<decltype(zero)*>(work), count); });
@@ -510,10 +587,62 @@ void GlooComm::alltoall(const void* send, void* recv, size_t count, bpl_dtype dt
 void GlooComm::barrier() {
   if (size() == 1) return;
   if (shm_) return shm_->barrier(timeout());
+  if (hierarchical()) {
+    return across_machines([&] {
+      if (machine_shm_) machine_shm_->barrier(timeout());
+      if (leaders_) {
+        ::gloo::BarrierOptions options(leaders_);
+        options.setTag(next_leaders_tag_++);
+        options.setTimeout(timeout());
+        ::gloo::barrier(options);
+      }
+      // Released by the leader, whose wait above is bounded by the timeout: hence twice that here.
+      if (machine_shm_) machine_shm_->barrier(2 * timeout());
+    });
+  }
   ::gloo::BarrierOptions options(context_);
   options.setTag(next_tag());
   options.setTimeout(timeout());
   ::gloo::barrier(options);
+}
+
+// Within each machine through its segment, between machines over the leaders' mesh, then from each
+// leader back to its machine: every rank ends with the leaders' result, bit-identical everywhere.
+void GlooComm::hierarchical_allreduce(void* work, size_t count, bpl_dtype acc, bpl_reduce_op op) {
+  const plugin::ReduceFn reduce = plugin::reduce_function(acc, op);
+  across_machines([&] {
+    if (machine_shm_) machine_shm_->allreduce(work, work, count, acc, reduce, timeout());
+    if (leaders_) {
+      ::gloo::AllreduceOptions options(leaders_);
+      with_element_type(acc, [&](auto zero) { options.setOutput(static_cast<decltype(zero)*>(work), count); });
+      options.setReduceFunction(reduce);
+      options.setTag(next_leaders_tag_++);
+      options.setTimeout(timeout());
+      ::gloo::allreduce(options);
+    }
+    // Sent by the leader, whose wait above is bounded by the timeout: hence twice that here.
+    if (machine_shm_) machine_shm_->broadcast(work, count * plugin::dtype_size(acc), 0, 2 * timeout());
+  });
+}
+
+// A failure on this machine's segment reaches the other machines as the leaders' mesh and the
+// communicator's connections close (their leaders then fail their own segments); a failure between
+// machines reaches this machine's ranks through its segment's failure record. Either way the
+// communicator's first failure is recorded in the store, so every rank names the same cause.
+template <typename Body>
+void GlooComm::across_machines(Body&& body) {
+  try {
+    body();
+  } catch (const std::bad_alloc&) {
+    throw;
+  } catch (const std::exception& e) {
+    const auto* own = dynamic_cast<const Error*>(&e);
+    Error error = own != nullptr ? recorded_failure(own->status(), own->what()) : failure(e);
+    if (machine_shm_) machine_shm_->fail(error.status(), error.what());
+    if (leaders_) leaders_->closeConnections();
+    context_->closeConnections();
+    throw error;
+  }
 }
 
 std::unique_ptr<GlooComm> GlooComm::split(int color, int key) {

@@ -54,7 +54,8 @@ class GlooComm {
 
   int rank() const { return context_->rank; }
   int size() const { return context_->size; }
-  // How its collectives travel: "shared memory (…)" or "gloo over tcp (…)".
+  // How its collectives travel: "shared memory (…)", "shared memory within each of N machines, …" or
+  // "gloo over tcp (…)".
   const std::string& path() const { return path_; }
 
   std::chrono::milliseconds timeout() const { return std::chrono::milliseconds(timeout_ms_.load(std::memory_order_relaxed)); }
@@ -91,8 +92,17 @@ class GlooComm {
   void learn_peers(::gloo::rendezvous::Store& store);
   // Adds the addresses the peers' pairs announced before connecting, from Gloo's rendezvous records.
   void learn_announced_addresses(::gloo::rendezvous::Store& store);
-  // Maps the communicator's shared-memory segment when every rank runs on this machine (BPL_GLOO_SHM).
+  // Maps the shared-memory segment of the ranks on this machine, and connects the leaders' mesh when
+  // the ranks span machines (BPL_GLOO_SHM); sets path_.
   void set_up_shared_memory(::gloo::rendezvous::Store& store);
+  std::unique_ptr<ShmGroup> map_machine_segment(::gloo::rendezvous::Store& store, const std::vector<int>& local_ranks,
+                                                bool wanted, std::string& refusal);
+  // Spanning machines, with a segment on at least one: collectives with a hierarchical form use it.
+  bool hierarchical() const { return machine_shm_ != nullptr || leaders_ != nullptr; }
+  void hierarchical_allreduce(void* work, size_t count, bpl_dtype acc, bpl_reduce_op op);
+  // Runs one hierarchical collective, carrying a failure on one machine to all the others.
+  template <typename Body>
+  void across_machines(Body&& body);
   // " (…)" naming the peer behind a failed operation's `message`, or "" when none can be named.
   std::string failed_peers_note(const std::string& message, bpl_status status) const;
   // What a failed Gloo call becomes: its status, its message with the peer's rank named, and, if the
@@ -100,6 +110,9 @@ class GlooComm {
   // out their timeout. A rank that fails because a peer closed on it reports the communicator's first
   // failure (recorded in the store), so that every rank names the same cause.
   Error failure(const std::exception& e);
+  // Records a REMOTE or TIMEOUT failure as the communicator's first unless one was recorded before,
+  // closes the connections, and returns the first failure (any other status is returned as is).
+  Error recorded_failure(bpl_status status, const std::string& message);
 
   std::shared_ptr<Shared> shared_;
   std::string uid_;
@@ -108,7 +121,13 @@ class GlooComm {
   // A peer's connection end or announced address, as Gloo writes them → its rank.
   std::map<std::string, int> peer_of_address_;
   std::vector<pid_t> local_pid_of_peer_;  // by rank; 0 for this rank and for peers on other machines
+  std::vector<int> machine_of_rank_;      // machines numbered in order of their lowest rank
   std::unique_ptr<ShmGroup> shm_;  // set when every rank runs on this machine: collectives go through it
+  // The hierarchical path (ranks span machines, some share one): this machine's ranks' segment (none
+  // if this rank is alone on it), and on each machine's lowest rank a mesh of one rank per machine.
+  std::unique_ptr<ShmGroup> machine_shm_;
+  std::shared_ptr<::gloo::Context> leaders_;
+  uint32_t next_leaders_tag_ = 0;
   std::string path_ = "single rank";
   plugin::OpQueue queue_;
   uint32_t next_tag_ = 0;

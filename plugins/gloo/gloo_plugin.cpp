@@ -49,7 +49,7 @@ bpl_status runtime_create(const bpl_launch_info* launch, bpl_plugin_runtime** ou
                                                 std::chrono::milliseconds(launch->timeout_ms));
     runtime->details = "gloo=" + std::to_string(GLOO_VERSION_MAJOR) + "." + std::to_string(GLOO_VERSION_MINOR) + "." +
                        std::to_string(GLOO_VERSION_PATCH) + "; " + joined.description + "; collectives of world: " +
-                       runtime->world->path() + "; a split uses shared memory when all its ranks share a machine";
+                       runtime->world->path() + "; a split takes its path from where its own ranks run";
     *out = runtime.release();
     return BPL_OK;
   });

@@ -275,7 +275,7 @@ void ShmGroup::throw_failure_record() {
   if (by_rank == rank_) throw plugin::Error(status, header_->reason);
   if (status == BPL_ERR_ABORTED) status = BPL_ERR_REMOTE;  // for the peers, a rank went away
   throw plugin::Error(status, std::string(header_->reason) + " [the communicator's first failure, seen by rank " +
-                                  std::to_string(by_rank) + "]");
+                                  std::to_string(rank_name(by_rank)) + "]");
 }
 
 void ShmGroup::wait_for(int peer, uint32_t step, std::chrono::steady_clock::time_point deadline) {
@@ -303,16 +303,16 @@ void ShmGroup::wait_for(int peer, uint32_t step, std::chrono::steady_clock::time
     const auto now = std::chrono::steady_clock::now();
     if (pid != 0 && now >= next_liveness_check) {
       if (plugin::process_state(pid) == plugin::ProcessState::kEnded) {
-        const std::string reason = "shared memory: " + plugin::local_peer_description(peer, pid, plugin::ProcessState::kEnded);
+        const std::string reason = "shared memory: " + plugin::local_peer_description(rank_name(peer), pid, plugin::ProcessState::kEnded);
         fail(BPL_ERR_REMOTE, reason);
         throw plugin::Error(BPL_ERR_REMOTE, reason);
       }
       next_liveness_check = now + kLivenessInterval;
     }
     if (now >= deadline) {
-      std::string reason = "shared memory: rank " + std::to_string(peer) + " did not arrive in time";
+      std::string reason = "shared memory: rank " + std::to_string(rank_name(peer)) + " did not arrive in time";
       if (pid != 0 && plugin::process_state(pid) == plugin::ProcessState::kStopped) {
-        reason += " (" + plugin::local_peer_description(peer, pid, plugin::ProcessState::kStopped) + ")";
+        reason += " (" + plugin::local_peer_description(rank_name(peer), pid, plugin::ProcessState::kStopped) + ")";
       }
       fail(BPL_ERR_TIMEOUT, reason);
       throw plugin::Error(BPL_ERR_TIMEOUT, reason);
@@ -334,7 +334,7 @@ void ShmGroup::wait_for_all(uint32_t step, std::chrono::steady_clock::time_point
     const Progress& theirs = progress_[r];
     if (theirs.kind[step % 2] != mine.kind[step % 2] || theirs.bytes[step % 2] != mine.bytes[step % 2]) {
       throw plugin::Error(BPL_ERR_MISMATCH,
-                          "shared memory: ranks disagree: rank " + std::to_string(r) + " calls " +
+                          "shared memory: ranks disagree: rank " + std::to_string(rank_name(r)) + " calls " +
                               kind_name(theirs.kind[step % 2]) + " of " + std::to_string(theirs.bytes[step % 2]) +
                               " bytes, this rank " + kind_name(mine.kind[step % 2]) + " of " +
                               std::to_string(mine.bytes[step % 2]) + " bytes");

@@ -52,8 +52,13 @@ class ShmGroup {
   ShmGroup(const ShmGroup&) = delete;
   ShmGroup& operator=(const ShmGroup&) = delete;
 
-  // The peers' processes (pid by rank, 0 for this rank), so that a wait can tell an ended peer.
-  void set_peer_processes(std::vector<pid_t> pids) { peer_pids_ = std::move(pids); }
+  // The peers' processes (pid by index in this group, 0 for this rank), so that a wait can tell an
+  // ended peer, and, when the group is part of a larger communicator, each index's rank in it, which
+  // messages name (by default the group's own indices).
+  void set_peers(std::vector<pid_t> pids, std::vector<int> communicator_ranks = {}) {
+    peer_pids_ = std::move(pids);
+    communicator_ranks_ = std::move(communicator_ranks);
+  }
 
   // Collectives, on this rank's buffers; each wait is bounded by `timeout`. Reductions run in `acc`
   // (the caller has widened the data) with `reduce`; send may equal recv.
@@ -92,6 +97,10 @@ class ShmGroup {
   // Waits until rank `peer` has published step `step`; throws on failure, a peer's end or the deadline.
   void wait_for(int peer, uint32_t step, std::chrono::steady_clock::time_point deadline);
   [[noreturn]] void throw_failure_record();
+  // Group index `index` as messages name it: its rank in the communicator.
+  int rank_name(int index) const {
+    return communicator_ranks_.empty() ? index : communicator_ranks_[static_cast<size_t>(index)];
+  }
 
   void* base_;
   size_t bytes_;
@@ -102,6 +111,7 @@ class ShmGroup {
   uint32_t steps_ = 0;  // this rank's published steps (= its counter)
   std::vector<const char*> inputs_;  // by rank: a reduction's operands, kept to spare an allocation per call
   std::vector<pid_t> peer_pids_;
+  std::vector<int> communicator_ranks_;
 };
 
 }  // namespace backplane::gloo_plugin
