@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -128,13 +129,34 @@ inline ProcessResult run_process(const std::vector<std::string>& argv, const std
   return finish_process(start_process(argv, env), timeout);
 }
 
-// A TCP port free on loopback right now (the kernel's choice).
+// A TCP port free on loopback right now, with the one after it free too (the neuron backend takes
+// MASTER_PORT + 1), chosen as bpl-run chooses: below the kernel's ephemeral range, since a port from it
+// may be taken by another test's outgoing connection before the ranks listen on it.
 inline int free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  int floor = 32768;
+  if (FILE* range = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
+    if (std::fscanf(range, "%d", &floor) != 1) floor = 32768;
+    std::fclose(range);
+  }
+  auto bind_loopback = [](int fd, int port) {
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    return bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  };
+  std::mt19937 chooser(std::random_device{}());
+  for (int attempt = 0; attempt < 200 && floor > 10001; ++attempt) {
+    const int port = std::uniform_int_distribution<int>(10000, floor - 2)(chooser);
+    const int first = socket(AF_INET, SOCK_STREAM, 0), second = socket(AF_INET, SOCK_STREAM, 0);
+    const bool free = bind_loopback(first, port) && bind_loopback(second, port + 1);
+    close(first);
+    close(second);
+    if (free) return port;
+  }
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);  // no room below the range: the kernel's choice
+  bind_loopback(fd, 0);
   sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
   socklen_t len = sizeof(addr);
   getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
   close(fd);
