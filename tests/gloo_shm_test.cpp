@@ -18,6 +18,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "dtypes.h"
@@ -44,10 +45,22 @@ class Segment {
  public:
   explicit Segment(int size) : name_(unique_segment_name()), size_(size) {}
   ~Segment() { ::shm_unlink(name_.c_str()); }
-  std::vector<std::unique_ptr<ShmGroup>> groups() {
+  // With `single_copy`, the groups read each other's buffers above the sizes where that pays (the
+  // ranks are threads of this process, which process_vm_readv reads like any other).
+  std::vector<std::unique_ptr<ShmGroup>> groups(bool single_copy = false) {
     std::vector<std::unique_ptr<ShmGroup>> all;
     all.push_back(ShmGroup::create(name_, size_));
     for (int r = 1; r < size_; ++r) all.push_back(ShmGroup::open(name_, r, size_));
+    for (auto& group : all) group->set_peers(std::vector<pid_t>(static_cast<size_t>(size_), ::getpid()));
+    std::vector<std::thread> threads;
+    std::vector<std::string> refusals(all.size());
+    for (size_t r = 0; r < all.size(); ++r) {
+      threads.emplace_back([&, r] { refusals[r] = all[r]->enable_single_copy(single_copy, kTimeout); });
+    }
+    for (std::thread& t : threads) t.join();
+    for (size_t r = 0; r < all.size(); ++r) {
+      EXPECT_EQ(all[r]->single_copy(), single_copy) << "rank " << r << ": " << refusals[r];
+    }
     return all;
   }
   const std::string& name() const { return name_; }
@@ -69,18 +82,26 @@ void run_threads(std::vector<std::unique_ptr<ShmGroup>>& groups, const std::func
 // Rank r's i-th value: small integers, so that sums in f32 are exact whatever the order.
 float value(int rank, size_t i) { return static_cast<float>(static_cast<int>((i * 7 + static_cast<size_t>(rank) * 13) % 101) - 50); }
 
-// Element counts around every boundary of the algorithms: the flat allreduce limit, one slot, several.
+// Element counts around every boundary of the algorithms: the flat allreduce limit, one slot, several,
+// and where single copy starts.
 std::vector<size_t> f32_counts() {
   const size_t flat = ShmGroup::kFlatAllreduceBytes / 4, slot = ShmGroup::kSlotBytes / 4;
-  return {1, 3, flat - 1, flat, flat + 1, slot - 1, slot, slot + 1, 3 * slot + 17};
+  const size_t gather = ShmGroup::kSingleCopyGatherBytes / 4, reduce = ShmGroup::kSingleCopyReduceBytes / 4;
+  return {1, 3, flat - 1, flat, flat + 1, slot - 1, slot, slot + 1, 3 * slot + 17, gather - 1, gather,
+          reduce - 1, reduce, reduce + 3};
 }
 
-class ShmGroupRanks : public ::testing::TestWithParam<int> {};
+// Ranks, and whether single copy is on.
+class ShmGroupRanks : public ::testing::TestWithParam<std::tuple<int, bool>> {
+ protected:
+  int size() const { return std::get<0>(GetParam()); }
+  std::vector<std::unique_ptr<ShmGroup>> groups(Segment& segment) { return segment.groups(std::get<1>(GetParam())); }
+};
 
 TEST_P(ShmGroupRanks, AllreduceSumsAtEverySizeInPlaceAndNot) {
-  const int size = GetParam();
+  const int size = this->size();
   Segment segment(size);
-  auto groups = segment.groups();
+  auto groups = this->groups(segment);
   const auto sum = reduce_function(BPL_DTYPE_F32, BPL_OP_SUM);
   for (size_t count : f32_counts()) {
     for (bool in_place : {false, true}) {
@@ -105,9 +126,9 @@ TEST_P(ShmGroupRanks, AllreduceSumsAtEverySizeInPlaceAndNot) {
 
 TEST_P(ShmGroupRanks, AllreduceResultsAreBitIdenticalOnEveryRank) {
   // Values whose f32 sum depends on the order of the additions: every rank must still agree exactly.
-  const int size = GetParam();
+  const int size = this->size();
   Segment segment(size);
-  auto groups = segment.groups();
+  auto groups = this->groups(segment);
   for (size_t count : f32_counts()) {
     std::vector<std::vector<float>> results(static_cast<size_t>(size), std::vector<float>(count));
     run_threads(groups, [&](int rank, ShmGroup& group) {
@@ -126,9 +147,9 @@ TEST_P(ShmGroupRanks, AllreduceResultsAreBitIdenticalOnEveryRank) {
 }
 
 TEST_P(ShmGroupRanks, MaxAndInt64ProdReduce) {
-  const int size = GetParam();
+  const int size = this->size();
   Segment segment(size);
-  auto groups = segment.groups();
+  auto groups = this->groups(segment);
   const size_t count = ShmGroup::kSlotBytes / 8 + 5;  // i64: the chunked path
   run_threads(groups, [&](int rank, ShmGroup& group) {
     std::vector<int64_t> data(count);
@@ -155,10 +176,11 @@ TEST_P(ShmGroupRanks, MaxAndInt64ProdReduce) {
 }
 
 TEST_P(ShmGroupRanks, BroadcastFromEveryRoot) {
-  const int size = GetParam();
+  const int size = this->size();
   Segment segment(size);
-  auto groups = segment.groups();
-  for (size_t bytes : {size_t{1}, size_t{1000}, ShmGroup::kSlotBytes, 2 * ShmGroup::kSlotBytes + 3}) {
+  auto groups = this->groups(segment);
+  for (size_t bytes : {size_t{1}, size_t{1000}, ShmGroup::kSlotBytes, 2 * ShmGroup::kSlotBytes + 3,
+                       ShmGroup::kSingleCopyBroadcastMaxBytes, ShmGroup::kSingleCopyBroadcastMaxBytes + 1}) {
     for (int root = 0; root < size; ++root) {
       run_threads(groups, [&](int rank, ShmGroup& group) {
         std::vector<unsigned char> data(bytes);
@@ -176,9 +198,9 @@ TEST_P(ShmGroupRanks, BroadcastFromEveryRoot) {
 }
 
 TEST_P(ShmGroupRanks, AllgatherAndReduceScatter) {
-  const int size = GetParam();
+  const int size = this->size();
   Segment segment(size);
-  auto groups = segment.groups();
+  auto groups = this->groups(segment);
   for (size_t count : f32_counts()) {
     run_threads(groups, [&](int rank, ShmGroup& group) {
       std::vector<float> block(count), gathered(count * static_cast<size_t>(size));
@@ -197,12 +219,30 @@ TEST_P(ShmGroupRanks, AllgatherAndReduceScatter) {
       for (size_t i = 0; i < blocks.size(); ++i) blocks[i] = value(rank, i);
       group.reduce_scatter(blocks.data(), mine.data(), count, BPL_DTYPE_F32, reduce_function(BPL_DTYPE_F32, BPL_OP_SUM),
                            kTimeout);
+      // In place, as the plugin calls them: reduce_scatter into this rank's own block of the input,
+      // allgather from this rank's block of the output.
+      std::vector<float> in_place = blocks;
+      float* own_block = in_place.data() + static_cast<size_t>(rank) * count;
+      group.reduce_scatter(in_place.data(), own_block, count, BPL_DTYPE_F32, reduce_function(BPL_DTYPE_F32, BPL_OP_SUM),
+                           kTimeout);
       for (size_t i = 0; i < count; ++i) {
         float expected = 0;
         for (int q = 0; q < size; ++q) expected += value(q, static_cast<size_t>(rank) * count + i);
-        if (mine[i] != expected) {
-          ADD_FAILURE() << "reduce_scatter: rank " << rank << " [" << i << "] = " << mine[i] << ", expected " << expected;
+        if (mine[i] != expected || own_block[i] != expected) {
+          ADD_FAILURE() << "reduce_scatter: rank " << rank << " [" << i << "] = " << mine[i] << ", in place "
+                        << own_block[i] << ", expected " << expected;
           return;
+        }
+      }
+      group.allgather(own_block, in_place.data(), count * 4, kTimeout);
+      for (int q = 0; q < size; ++q) {
+        for (size_t i = 0; i < count; ++i) {
+          float expected = 0;
+          for (int p = 0; p < size; ++p) expected += value(p, static_cast<size_t>(q) * count + i);
+          if (in_place[static_cast<size_t>(q) * count + i] != expected) {
+            ADD_FAILURE() << "allgather in place: rank " << rank << ", block " << q << " [" << i << "] wrong at " << count;
+            return;
+          }
         }
       }
     });
@@ -210,9 +250,9 @@ TEST_P(ShmGroupRanks, AllgatherAndReduceScatter) {
 }
 
 TEST_P(ShmGroupRanks, AlltoallInPlaceAndNot) {
-  const int size = GetParam();
+  const int size = this->size();
   Segment segment(size);
-  auto groups = segment.groups();
+  auto groups = this->groups(segment);
   for (size_t count : f32_counts()) {
     for (bool in_place : {false, true}) {
       run_threads(groups, [&](int rank, ShmGroup& group) {
@@ -240,13 +280,16 @@ TEST_P(ShmGroupRanks, AlltoallInPlaceAndNot) {
 TEST_P(ShmGroupRanks, ManyCollectivesInARowReuseTheBuffersSafely) {
   // A fast rank runs ahead into the next collective while slower ones still read the last: the
   // buffers alternate by step, and nothing else guards them, so mixed sizes in a row must stay right.
-  const int size = GetParam();
+  const int size = this->size();
   Segment segment(size);
-  auto groups = segment.groups();
+  auto groups = this->groups(segment);
+  // Flat, chunked and (where on) single-copy allreduces, and a single-copy-sized allgather, whose
+  // published buffer addresses share the progress records with the staged steps.
+  const size_t counts[] = {5, ShmGroup::kSlotBytes / 4 + 9, 2000, ShmGroup::kSingleCopyReduceBytes / 4 + 3};
   run_threads(groups, [&](int rank, ShmGroup& group) {
     const auto sum = reduce_function(BPL_DTYPE_F32, BPL_OP_SUM);
     for (int round = 0; round < 300; ++round) {
-      const size_t count = (round % 3 == 0) ? 5 : (round % 3 == 1) ? ShmGroup::kSlotBytes / 4 + 9 : 2000;
+      const size_t count = counts[round % 4];
       std::vector<float> data(count);
       for (size_t i = 0; i < count; ++i) data[i] = value(rank, i + static_cast<size_t>(round));
       group.allreduce(data.data(), data.data(), count, BPL_DTYPE_F32, sum, kTimeout);
@@ -258,14 +301,28 @@ TEST_P(ShmGroupRanks, ManyCollectivesInARowReuseTheBuffersSafely) {
           return;
         }
       }
+      if (round % 7 == 0) {
+        const size_t block = ShmGroup::kSingleCopyGatherBytes / 4;
+        std::vector<float> mine(block, static_cast<float>(rank + round)), all(block * static_cast<size_t>(size));
+        group.allgather(mine.data(), all.data(), block * 4, kTimeout);
+        for (int q = 0; q < size; ++q) {
+          if (all[static_cast<size_t>(q) * block] != static_cast<float>(q + round) ||
+              all[static_cast<size_t>(q + 1) * block - 1] != static_cast<float>(q + round)) {
+            ADD_FAILURE() << "rank " << rank << ", round " << round << ": allgather block " << q << " wrong";
+            return;
+          }
+        }
+      }
       if (round % 50 == 0) group.barrier(kTimeout);
     }
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(Ranks, ShmGroupRanks, ::testing::Values(2, 3), [](const auto& info) {
-  return std::to_string(info.param) + "ranks";
-});
+INSTANTIATE_TEST_SUITE_P(Ranks, ShmGroupRanks, ::testing::Combine(::testing::Values(2, 3), ::testing::Bool()),
+                         [](const auto& info) {
+                           return std::to_string(std::get<0>(info.param)) + "ranks" +
+                                  (std::get<1>(info.param) ? "_single_copy" : "_staged");
+                         });
 
 // The status and message a call ends with.
 struct Outcome {
@@ -319,6 +376,29 @@ TEST(ShmGroupFailures, DifferentSizesOrCollectivesAreAMismatchOnEveryRank) {
   EXPECT_EQ(outcomes[0].status, BPL_ERR_MISMATCH) << outcomes[0].message;
   EXPECT_NE(outcomes[0].message.find("rank 1 calls allgather"), std::string::npos) << outcomes[0].message;
   EXPECT_EQ(outcomes[1].status, BPL_ERR_MISMATCH) << outcomes[1].message;
+}
+
+TEST(ShmGroupFailures, AlltoallInPlaceOnOneRankOnlyIsAMismatchWhereTheOthersReadItsBuffer) {
+  // Above the single-copy size, a rank not in place reads its peers' send buffers, which a rank in
+  // place never publishes: both must fail, not read a stale address.
+  Segment segment(2);
+  auto groups = segment.groups(true);
+  const size_t block_bytes = ShmGroup::kSingleCopyGatherBytes;
+  std::vector<Outcome> outcomes(2);
+  run_threads(groups, [&](int rank, ShmGroup& group) {
+    std::vector<char> send(2 * block_bytes, static_cast<char>(rank)), recv(2 * block_bytes);
+    void* out = rank == 0 ? send.data() : recv.data();
+    outcomes[static_cast<size_t>(rank)] = outcome_of([&] { group.alltoall(send.data(), out, block_bytes, kTimeout); });
+  });
+  const std::string bytes = std::to_string(block_bytes);
+  EXPECT_EQ(outcomes[0].status, BPL_ERR_MISMATCH) << outcomes[0].message;
+  EXPECT_NE(outcomes[0].message.find("rank 1 calls alltoall of " + bytes + " bytes, this rank alltoall in place of " +
+                                     bytes + " bytes"),
+            std::string::npos)
+      << outcomes[0].message;
+  EXPECT_EQ(outcomes[1].status, BPL_ERR_MISMATCH) << outcomes[1].message;
+  EXPECT_NE(outcomes[1].message.find("rank 0 calls alltoall in place of " + bytes + " bytes"), std::string::npos)
+      << outcomes[1].message;
 }
 
 TEST(ShmGroupFailures, AnAbsentPeerIsATimeoutThatEveryRankThenSees) {
@@ -378,6 +458,213 @@ TEST(ShmGroupFailures, APeerProcessThatEndsIsRemoteNamingIt) {
               std::string::npos)
         << waited.message;
     EXPECT_LT(waited.seconds, 2.0) << "the end of a peer is noticed well before the timeout";
+  }
+}
+
+TEST(ShmGroupSingleCopy, ARankThatCannotReadItsPeersTurnsItOffEverywhereNamingIt) {
+  // Rank 0 is told that rank 1 is a process forked before the segment existed, which has not mapped
+  // it: reading rank 1's word there fails, as where the kernel refuses process_vm_readv.
+  const pid_t other = ::fork();
+  ASSERT_GE(other, 0);
+  if (other == 0) {
+    ::pause();
+    ::_exit(0);
+  }
+  Segment segment(2);
+  std::vector<std::unique_ptr<ShmGroup>> groups;
+  groups.push_back(ShmGroup::create(segment.name(), 2));
+  groups.push_back(ShmGroup::open(segment.name(), 1, 2));
+  groups[0]->set_peers({::getpid(), other});
+  groups[1]->set_peers({::getpid(), ::getpid()});
+  std::vector<std::string> refusals(2);
+  run_threads(groups, [&](int rank, ShmGroup& group) { refusals[static_cast<size_t>(rank)] = group.enable_single_copy(true, kTimeout); });
+  ::kill(other, SIGKILL);
+  ::waitpid(other, nullptr, 0);
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_FALSE(groups[static_cast<size_t>(rank)]->single_copy());
+    EXPECT_EQ(refusals[static_cast<size_t>(rank)].rfind("rank 0 may not read its peers' memory (process_vm_readv: ", 0), 0u)
+        << refusals[static_cast<size_t>(rank)];
+  }
+  groups[0]->set_peers({0, 0});  // the forked process is gone; rank 1 is a thread of this one
+  // The staged path still runs, at a size that would have been single copy.
+  const size_t count = ShmGroup::kSingleCopyReduceBytes / 4;
+  run_threads(groups, [&](int rank, ShmGroup& group) {
+    std::vector<float> data(count);
+    for (size_t i = 0; i < count; ++i) data[i] = value(rank, i);
+    group.allreduce(data.data(), data.data(), count, BPL_DTYPE_F32, reduce_function(BPL_DTYPE_F32, BPL_OP_SUM), kTimeout);
+    EXPECT_EQ(data[count - 1], value(0, count - 1) + value(1, count - 1)) << "rank " << rank;
+  });
+}
+
+TEST(ShmGroupSingleCopy, APeerThatEndsWhileItsBufferIsReadIsRemoteNamingIt) {
+  Segment segment(2);
+  auto group = ShmGroup::create(segment.name(), 2);
+  const size_t count = ShmGroup::kSingleCopyReduceBytes / 4;
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // Rank 1 agrees to single copy, publishes its buffers for an allreduce (on a thread, which waits
+    // for rank 0), and ends before rank 0 comes to read them.
+    auto peer = ShmGroup::open(segment.name(), 1, 2);
+    peer->set_peers({::getppid(), 0});
+    if (!peer->enable_single_copy(true, kTimeout).empty()) ::_exit(3);
+    static std::vector<float> data(count, 1.0f);
+    std::thread([&] {
+      try {
+        peer->allreduce(data.data(), data.data(), count, BPL_DTYPE_F32, reduce_function(BPL_DTYPE_F32, BPL_OP_SUM), kTimeout);
+      } catch (...) {
+      }
+    }).detach();
+    std::this_thread::sleep_for(milliseconds(100));
+    ::_exit(0);
+  }
+  group->set_peers({0, child});
+  ASSERT_EQ(group->enable_single_copy(true, kTimeout), "");
+  int child_status = 0;
+  ::waitpid(child, &child_status, 0);
+  ASSERT_TRUE(WIFEXITED(child_status) && WEXITSTATUS(child_status) == 0) << "the peer could not set up single copy";
+  std::vector<float> data(count, 2.0f);
+  const Outcome read = outcome_of([&] {
+    group->allreduce(data.data(), data.data(), count, BPL_DTYPE_F32, reduce_function(BPL_DTYPE_F32, BPL_OP_SUM), kTimeout);
+  });
+  EXPECT_EQ(read.status, BPL_ERR_REMOTE) << read.message;
+  EXPECT_NE(read.message.find("rank 1 of this communicator, process " + std::to_string(child) + " on this machine, has ended"),
+            std::string::npos)
+      << read.message;
+  EXPECT_LT(read.seconds, 2.0);
+}
+
+// Point to point through the mailboxes (single copy): rank 0 sends, rank 1 receives.
+TEST(ShmGroupPointToPoint, TagsMatchOutOfOrderAndTheSameTagInPostingOrder) {
+  Segment segment(2);
+  auto groups = segment.groups(true);
+  run_threads(groups, [&](int rank, ShmGroup& group) {
+    std::vector<int> one(1000, 1), two(3, 2), three(5, 3), four(5, 4);
+    if (rank == 0) {
+      // tag 7: one, then three and four under tag 9 (in that order), then two under tag 8.
+      auto a = group.post_send(one.data(), one.size() * 4, 1, 7, kTimeout);
+      auto b = group.post_send(three.data(), three.size() * 4, 1, 9, kTimeout);
+      auto c = group.post_send(four.data(), four.size() * 4, 1, 9, kTimeout);
+      auto d = group.post_send(two.data(), two.size() * 4, 1, 8, kTimeout);
+      for (const auto& ticket : {d, c, b, a}) group.wait_sent(ticket, kTimeout);
+    } else {
+      std::vector<int> got_two(3), got_first9(5), got_second9(5), got_one(1000);
+      auto r8 = group.post_recv(got_two.data(), 12, 0, 8);
+      auto r9a = group.post_recv(got_first9.data(), 20, 0, 9);
+      auto r9b = group.post_recv(got_second9.data(), 20, 0, 9);
+      group.wait_received(r9b, kTimeout);  // waited in reverse: still the second send of tag 9
+      group.wait_received(r9a, kTimeout);
+      group.wait_received(r8, kTimeout);
+      group.wait_received(group.post_recv(got_one.data(), 4000, 0, 7), kTimeout);
+      EXPECT_EQ(got_two, two);
+      EXPECT_EQ(got_first9, three);
+      EXPECT_EQ(got_second9, four);
+      EXPECT_EQ(got_one, one);
+    }
+  });
+}
+
+TEST(ShmGroupPointToPoint, ManyMoreSendsThanMailboxSlotsArriveInOrder) {
+  Segment segment(2);
+  auto groups = segment.groups(true);
+  const int messages = 3 * static_cast<int>(ShmGroup::kMailboxSlots) + 5;
+  run_threads(groups, [&](int rank, ShmGroup& group) {
+    if (rank == 0) {
+      // Posted ahead of the receiver: once the mailbox is full, a send waits for room.
+      std::vector<std::vector<int64_t>> payloads(static_cast<size_t>(messages));
+      std::vector<ShmGroup::SendTicket> tickets;
+      for (int m = 0; m < messages; ++m) {
+        // 0 to 144 bytes: sends inside the announcement and sends read from the sender's buffer, mixed.
+        payloads[static_cast<size_t>(m)].assign(static_cast<size_t>(m % 7) * 3, m);
+        tickets.push_back(group.post_send(payloads[static_cast<size_t>(m)].data(), payloads[static_cast<size_t>(m)].size() * 8, 1,
+                                          0, kTimeout));
+      }
+      for (const auto& ticket : tickets) group.wait_sent(ticket, kTimeout);
+    } else {
+      for (int m = 0; m < messages; ++m) {
+        std::vector<int64_t> got(static_cast<size_t>(m % 7) * 3, -1);
+        group.wait_received(group.post_recv(got.data(), got.size() * 8, 0, 0), kTimeout);
+        if (got != std::vector<int64_t>(static_cast<size_t>(m % 7) * 3, m)) {
+          ADD_FAILURE() << "message " << m << " wrong";
+          return;
+        }
+      }
+    }
+  });
+}
+
+TEST(ShmGroupPointToPoint, ASmallSendIsDoneBeforeItsRecvIsPosted) {
+  Segment segment(2);
+  auto groups = segment.groups(true);
+  char small[ShmGroup::kInlineSendBytes];
+  for (size_t i = 0; i < sizeof(small); ++i) small[i] = static_cast<char>(i + 1);
+  const Outcome sent = outcome_of([&] { groups[0]->wait_sent(groups[0]->post_send(small, sizeof(small), 1, 4, kTimeout), kTimeout); });
+  EXPECT_EQ(sent.status, BPL_OK) << sent.message;
+  EXPECT_LT(sent.seconds, 0.1) << "the bytes travel in the announcement: nothing to wait for";
+  std::memset(small, 0, sizeof(small));  // the sender's buffer is its own again
+  char got[ShmGroup::kInlineSendBytes] = {};
+  groups[1]->wait_received(groups[1]->post_recv(got, sizeof(got), 0, 4), kTimeout);
+  for (size_t i = 0; i < sizeof(got); ++i) ASSERT_EQ(got[i], static_cast<char>(i + 1)) << i;
+}
+
+TEST(ShmGroupPointToPoint, DifferentSizesAreAMismatchOnBothSides) {
+  Segment segment(2);
+  auto groups = segment.groups(true);
+  std::vector<Outcome> outcomes(2);
+  run_threads(groups, [&](int rank, ShmGroup& group) {
+    std::vector<char> data(rank == 0 ? 100 : 60);
+    outcomes[static_cast<size_t>(rank)] = outcome_of([&] {
+      if (rank == 0) {
+        group.wait_sent(group.post_send(data.data(), 100, 1, 3, kTimeout), kTimeout);
+      } else {
+        group.wait_received(group.post_recv(data.data(), 60, 0, 3), kTimeout);
+      }
+    });
+  });
+  EXPECT_EQ(outcomes[0].status, BPL_ERR_MISMATCH);
+  EXPECT_EQ(outcomes[0].message, "send of 100 bytes to rank 1 (tag 3) met a recv of 60 bytes");
+  EXPECT_EQ(outcomes[1].status, BPL_ERR_MISMATCH);
+  EXPECT_EQ(outcomes[1].message, "recv of 60 bytes from rank 0 (tag 3) met a send of 100 bytes");
+}
+
+TEST(ShmGroupPointToPoint, AnUnmatchedRecvTimesOutAndLeavesItsBufferAlone) {
+  Segment segment(2);
+  auto groups = segment.groups(true);
+  int buffer = 5;
+  const Outcome waited = outcome_of([&] { groups[1]->wait_received(groups[1]->post_recv(&buffer, 4, 0, 1), milliseconds(300)); });
+  EXPECT_EQ(waited.status, BPL_ERR_TIMEOUT) << waited.message;
+  EXPECT_NE(waited.message.find("recv from rank 0 (tag 1): no matching send in time"), std::string::npos) << waited.message;
+  EXPECT_GE(waited.seconds, 0.29);
+  // The group has failed: a send that comes now fails at once, and nothing is written to the buffer.
+  int late = 9;
+  const Outcome sent = outcome_of([&] { groups[0]->post_send(&late, 4, 1, 1, kTimeout); });
+  EXPECT_EQ(sent.status, BPL_ERR_TIMEOUT) << sent.message;
+  EXPECT_EQ(buffer, 5);
+}
+
+// The plugins' own bf16 <-> f32 loops (dtypes.h), which the widened reductions run, give c10's results
+// bit for bit: every bf16 value, and f32 values of every kind (ties, NaNs, infinities, subnormals).
+TEST(Bf16Conversion, MatchesC10BitForBit) {
+  std::vector<uint16_t> every(65536);
+  for (size_t i = 0; i < every.size(); ++i) every[i] = static_cast<uint16_t>(i);
+  std::vector<float> widened(every.size());
+  backplane::plugin::convert(every.data(), BPL_DTYPE_BF16, widened.data(), BPL_DTYPE_F32, every.size());
+  for (size_t i = 0; i < every.size(); ++i) {
+    c10::BFloat16 reference;
+    reference.x = every[i];
+    const float expected = static_cast<float>(reference);
+    ASSERT_EQ(std::memcmp(&widened[i], &expected, 4), 0) << "bf16 0x" << std::hex << every[i];
+  }
+  std::mt19937 random(7);
+  std::vector<uint32_t> bits = {0x00000000, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000, 0x7F800001, 0xFFFFFFFF,
+                                0x3F808000, 0x3F818000, 0x3F80FFFF, 0x00000001, 0x007FFFFF, 0x7F7FFFFF, 0x7F7F8000};
+  while (bits.size() < 200000) bits.push_back(random());
+  std::vector<float> values(bits.size());
+  std::memcpy(values.data(), bits.data(), bits.size() * 4);
+  std::vector<uint16_t> narrowed(values.size());
+  backplane::plugin::convert(values.data(), BPL_DTYPE_F32, narrowed.data(), BPL_DTYPE_BF16, values.size());
+  for (size_t i = 0; i < values.size(); ++i) {
+    ASSERT_EQ(narrowed[i], c10::BFloat16(values[i]).x) << "f32 bits 0x" << std::hex << bits[i];
   }
 }
 

@@ -115,8 +115,38 @@ inline ReduceFn reduce_function(bpl_dtype accumulation, bpl_reduce_op op) {
   });
 }
 
+namespace detail {
+
+// bf16 <-> f32 on the bits, in loops without branches that the compiler vectorises (c10::BFloat16's
+// conversion, element by element, is several times slower), with the same results: round to nearest
+// even, any NaN to the quiet NaN 0x7FC0.
+inline void bf16_to_f32(const uint16_t* src, float* dst, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t bits = static_cast<uint32_t>(src[i]) << 16;
+    std::memcpy(&dst[i], &bits, sizeof(bits));
+  }
+}
+
+inline void f32_to_bf16(const float* src, uint16_t* dst, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &src[i], sizeof(bits));
+    const uint32_t rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
+    const bool nan = (bits & 0x7FFFFFFFu) > 0x7F800000u;
+    dst[i] = static_cast<uint16_t>(nan ? 0x7FC0u : rounded);  // selected in 32 bits: vectorises
+  }
+}
+
+}  // namespace detail
+
 // dst[i] = (To) src[i], rounding to nearest even where the target is narrower.
 inline void convert(const void* src, bpl_dtype from, void* dst, bpl_dtype to, size_t n) {
+  if (from == BPL_DTYPE_BF16 && to == BPL_DTYPE_F32) {
+    return detail::bf16_to_f32(static_cast<const uint16_t*>(src), static_cast<float*>(dst), n);
+  }
+  if (from == BPL_DTYPE_F32 && to == BPL_DTYPE_BF16) {
+    return detail::f32_to_bf16(static_cast<const float*>(src), static_cast<uint16_t*>(dst), n);
+  }
   detail::visit(from, [&](auto from_zero) {
     using From = decltype(from_zero);
     detail::visit(to, [&](auto to_zero) {

@@ -8,6 +8,14 @@
 // peer that published s has finished reading step s - 1, so this rank may then write buffer (s+1) % 2
 // again: no other synchronisation guards a slot's reuse.
 //
+// Single copy: where the kernel lets the ranks read each other's memory (Linux cross-memory attach,
+// process_vm_readv, as Open MPI's shared-memory transport uses), large allreduce, reduce_scatter,
+// allgather, alltoall and broadcast skip the segment: each rank publishes its buffers' addresses in a
+// step and reads its peers' data straight from their buffers: one copy instead of two, and two or
+// three steps in all instead of one or two per slot's worth. Send and recv go that way too, through a
+// mailbox per pair of ranks (see post_send). Whether every rank may is settled once, collectively
+// (enable_single_copy).
+//
 // Waiting: a short spin, then yields, then futex waits in slices; every slice checks the deadline (the
 // communicator's timeout), the failure record, and whether a peer's process has ended.
 #pragma once
@@ -18,8 +26,12 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backplane/backplane.h"
@@ -34,6 +46,13 @@ class ShmGroup {
   // Up to this many bytes an allreduce is one step, every rank reducing the whole message; above it,
   // each rank reduces its share of every chunk (reduce-scatter) and then copies out the rest (all-gather).
   static constexpr size_t kFlatAllreduceBytes = 16 * 1024;
+  // Where single copy is enabled, from what size (of a rank's largest buffer) collectives take it.
+  // Measured on 2 ranks: below these sizes the system calls and the extra step cost more than the
+  // copy they save; above 1 MiB a staged broadcast is faster on 2 ranks, since the root's core copies
+  // in while the other copies out, where with single copy it idles.
+  static constexpr size_t kSingleCopyReduceBytes = 2 * 1024 * 1024;  // allreduce, reduce_scatter
+  static constexpr size_t kSingleCopyGatherBytes = 64 * 1024;        // allgather, alltoall, broadcast
+  static constexpr size_t kSingleCopyBroadcastMaxBytes = 1024 * 1024;
 
   // The segment's size for `size` ranks.
   static size_t segment_bytes(int size);
@@ -60,6 +79,33 @@ class ShmGroup {
     communicator_ranks_ = std::move(communicator_ranks);
   }
 
+  // Collective: every rank checks that it can read each peer's memory, and single copy is enabled
+  // only where all can (and `wanted`). Returns "" when enabled, else why not, the same on every rank.
+  std::string enable_single_copy(bool wanted, std::chrono::milliseconds timeout);
+  bool single_copy() const { return single_copy_; }
+
+  // Point to point, where single copy is enabled. A send announces its buffer in the mailbox of the
+  // pair (this rank, peer) and is done once the peer has read it; a recv takes the oldest announcement
+  // of its tag from `peer`, recvs matching in the order they were posted, and reads it straight from
+  // the sender's buffer. A small send (kInlineSendBytes) is copied into its announcement instead, and
+  // is done at once. A send waits for room when kMailboxSlots earlier sends to that peer are still
+  // unmatched. Sizes must agree: a recv of another size fails with MISMATCH, and so does the send,
+  // unless it was small.
+  static constexpr uint32_t kMailboxSlots = 64;
+  // Sends up to this size travel inside the announcement, and are done once announced.
+  static constexpr size_t kInlineSendBytes = 64;
+  struct SendTicket {
+    int peer;
+    int tag;
+    uint64_t bytes;
+    uint64_t sequence;  // of the sends from this rank to `peer`
+  };
+  struct PendingRecv;
+  SendTicket post_send(const void* buf, size_t bytes, int peer, int tag, std::chrono::milliseconds timeout);
+  void wait_sent(const SendTicket& ticket, std::chrono::milliseconds timeout);
+  std::shared_ptr<PendingRecv> post_recv(void* buf, size_t bytes, int peer, int tag);
+  void wait_received(const std::shared_ptr<PendingRecv>& recv, std::chrono::milliseconds timeout);
+
   // Collectives, on this rank's buffers; each wait is bounded by `timeout`. Reductions run in `acc`
   // (the caller has widened the data) with `reduce`; send may equal recv.
   void allreduce(const void* send, void* recv, size_t count, bpl_dtype acc, plugin::ReduceFn reduce,
@@ -82,9 +128,19 @@ class ShmGroup {
  private:
   struct Header;
   struct Progress;
+  struct Announcement;
+  struct Mailbox;
+  struct Arrival;
   ShmGroup(void* base, size_t bytes, int rank, int size);
   static size_t header_bytes();
   static size_t buffers_offset(int size);
+  static size_t mailboxes_offset(int size);
+  // The mailbox of the sends from rank `from` to rank `to`.
+  Mailbox& mailbox(int from, int to) const;
+  // Takes rank `peer`'s new announcements to this rank and completes the pending recvs they match.
+  // Called with p2p_mutex_ held; does nothing once the group has failed (a pending recv's buffer may
+  // be gone then).
+  void match_arrivals(int peer);
 
   // Rank `rank`'s slot in the buffer that step `step` writes.
   char* slot(uint32_t step, int rank) const;
@@ -94,9 +150,33 @@ class ShmGroup {
   uint32_t publish(uint32_t kind, uint64_t bytes);
   // Waits until every peer published `step`, then checks that they all do what this rank does.
   void wait_for_all(uint32_t step, std::chrono::steady_clock::time_point deadline);
+  // The same, except that a group that has failed once every rank arrived is not this wait's error.
+  void wait_for_peers(uint32_t step, std::chrono::steady_clock::time_point deadline);
   // Waits until rank `peer` has published step `step`; throws on failure, a peer's end or the deadline.
   void wait_for(int peer, uint32_t step, std::chrono::steady_clock::time_point deadline);
+  // Waits until reached() (which `word` changing may make true), with the same spin, yields and futex
+  // slices as any wait, bounded by `deadline`; rank `peer`'s end is REMOTE, the deadline a TIMEOUT
+  // saying late(). Both fail the group.
+  template <typename Reached, typename Late>
+  void wait_until(int peer, std::atomic<uint32_t>& word, Reached reached, std::chrono::steady_clock::time_point deadline,
+                  Late late);
   [[noreturn]] void throw_failure_record();
+  // Publishes this rank's next step with the addresses of its buffers for it, and waits for every
+  // peer's: the first step of a single-copy collective. Returns the step.
+  uint32_t publish_buffers(uint32_t kind, uint64_t bytes, const void* send, const void* recv,
+                           std::chrono::steady_clock::time_point deadline);
+  // The second step of a single-copy collective, after which no peer reads this rank's buffers.
+  void finish_single_copy(uint32_t kind, uint64_t bytes, std::chrono::steady_clock::time_point deadline);
+  pid_t peer_pid(int peer) const;
+  // Copies `n` bytes at `address` in rank `peer`'s process to `to`; on failure, fails the group.
+  void read_peer(int peer, void* to, uint64_t address, size_t n);
+  // Allreduce's single-copy path (the other collectives' fit in their own functions).
+  void allreduce_single_copy(const void* send, void* recv, size_t count, bpl_dtype acc, plugin::ReduceFn reduce,
+                             std::chrono::steady_clock::time_point deadline);
+  // Reduces `count` elements at byte `offset` of this rank's `send` with the same elements of every
+  // peer's send buffer published in `step`, in rank order, into `out`, a scratch piece at a time.
+  void reduce_from_peers(uint32_t step, const char* send, size_t offset, size_t count, char* out, size_t element,
+                         plugin::ReduceFn reduce);
   // Group index `index` as messages name it: its rank in the communicator.
   int rank_name(int index) const {
     return communicator_ranks_.empty() ? index : communicator_ranks_[static_cast<size_t>(index)];
@@ -110,6 +190,18 @@ class ShmGroup {
   Progress* progress_;  // by rank
   uint32_t steps_ = 0;  // this rank's published steps (= its counter)
   std::vector<const char*> inputs_;  // by rank: a reduction's operands, kept to spare an allocation per call
+  bool single_copy_ = false;
+  // Point to point, by peer, under p2p_mutex_: sends announced to it, its announcements taken, those
+  // not matched yet, and this rank's recvs from it not matched yet, in posting order.
+  std::mutex p2p_mutex_;
+  std::vector<uint64_t> sends_announced_;
+  std::vector<uint32_t> arrivals_taken_;
+  std::vector<std::deque<Arrival>> arrived_;
+  std::vector<std::deque<std::shared_ptr<PendingRecv>>> pending_recvs_;
+  // Sends the receiver refused (by peer and sequence: the size its recv asked for) whose mailbox slot
+  // a later send took before they were waited for.
+  std::map<std::pair<int, uint64_t>, uint64_t> refused_sends_;
+  std::vector<char> scratch_;  // single copy: the peers' pieces of a reduction, one after another
   std::vector<pid_t> peer_pids_;
   std::vector<int> communicator_ranks_;
 };
