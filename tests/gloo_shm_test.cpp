@@ -574,17 +574,17 @@ TEST(ShmGroupPointToPoint, ManyMoreSendsThanMailboxSlotsArriveInOrder) {
       std::vector<std::vector<int64_t>> payloads(static_cast<size_t>(messages));
       std::vector<ShmGroup::SendTicket> tickets;
       for (int m = 0; m < messages; ++m) {
-        // 0 to 144 bytes: sends inside the announcement and sends read from the sender's buffer, mixed.
-        payloads[static_cast<size_t>(m)].assign(static_cast<size_t>(m % 7) * 3, m);
+        // 0 to 1920 bytes: sends inside the announcement and sends read from the sender's buffer, mixed.
+        payloads[static_cast<size_t>(m)].assign(static_cast<size_t>(m % 7) * 40, m);
         tickets.push_back(group.post_send(payloads[static_cast<size_t>(m)].data(), payloads[static_cast<size_t>(m)].size() * 8, 1,
                                           0, kTimeout));
       }
       for (const auto& ticket : tickets) group.wait_sent(ticket, kTimeout);
     } else {
       for (int m = 0; m < messages; ++m) {
-        std::vector<int64_t> got(static_cast<size_t>(m % 7) * 3, -1);
+        std::vector<int64_t> got(static_cast<size_t>(m % 7) * 40, -1);
         group.wait_received(group.post_recv(got.data(), got.size() * 8, 0, 0), kTimeout);
-        if (got != std::vector<int64_t>(static_cast<size_t>(m % 7) * 3, m)) {
+        if (got != std::vector<int64_t>(static_cast<size_t>(m % 7) * 40, m)) {
           ADD_FAILURE() << "message " << m << " wrong";
           return;
         }
@@ -608,23 +608,26 @@ TEST(ShmGroupPointToPoint, ASmallSendIsDoneBeforeItsRecvIsPosted) {
 }
 
 TEST(ShmGroupPointToPoint, DifferentSizesAreAMismatchOnBothSides) {
+  // Both sizes above the inline limit, so that the sender waits for the recv and learns its size.
   Segment segment(2);
   auto groups = segment.groups(true);
+  const size_t sent_bytes = ShmGroup::kInlineSendBytes + 100, recv_bytes = ShmGroup::kInlineSendBytes + 60;
   std::vector<Outcome> outcomes(2);
   run_threads(groups, [&](int rank, ShmGroup& group) {
-    std::vector<char> data(rank == 0 ? 100 : 60);
+    std::vector<char> data(rank == 0 ? sent_bytes : recv_bytes);
     outcomes[static_cast<size_t>(rank)] = outcome_of([&] {
       if (rank == 0) {
-        group.wait_sent(group.post_send(data.data(), 100, 1, 3, kTimeout), kTimeout);
+        group.wait_sent(group.post_send(data.data(), sent_bytes, 1, 3, kTimeout), kTimeout);
       } else {
-        group.wait_received(group.post_recv(data.data(), 60, 0, 3), kTimeout);
+        group.wait_received(group.post_recv(data.data(), recv_bytes, 0, 3), kTimeout);
       }
     });
   });
+  const std::string sent = std::to_string(sent_bytes), received = std::to_string(recv_bytes);
   EXPECT_EQ(outcomes[0].status, BPL_ERR_MISMATCH);
-  EXPECT_EQ(outcomes[0].message, "send of 100 bytes to rank 1 (tag 3) met a recv of 60 bytes");
+  EXPECT_EQ(outcomes[0].message, "send of " + sent + " bytes to rank 1 (tag 3) met a recv of " + received + " bytes");
   EXPECT_EQ(outcomes[1].status, BPL_ERR_MISMATCH);
-  EXPECT_EQ(outcomes[1].message, "recv of 60 bytes from rank 0 (tag 3) met a send of 100 bytes");
+  EXPECT_EQ(outcomes[1].message, "recv of " + received + " bytes from rank 0 (tag 3) met a send of " + sent + " bytes");
 }
 
 TEST(ShmGroupPointToPoint, AnUnmatchedRecvTimesOutAndLeavesItsBufferAlone) {
