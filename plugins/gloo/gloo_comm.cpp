@@ -152,22 +152,12 @@ void GlooComm::abort() {
 
 namespace {
 
-// BPL_GLOO_SHM: "1" or unset uses shared memory among the ranks that share a machine, "0" never does.
-bool shared_memory_wanted() {
-  const char* value = std::getenv("BPL_GLOO_SHM");
+// A switch of this plugin's environment: "1" or unset is on, "0" off.
+bool switched_on(const char* variable) {
+  const char* value = std::getenv(variable);
   if (value == nullptr || std::strcmp(value, "1") == 0) return true;
   if (std::strcmp(value, "0") == 0) return false;
-  throw Error(BPL_ERR_INVALID_ARGUMENT, std::string("BPL_GLOO_SHM='") + value + "' is not valid: expected 0 or 1");
-}
-
-// BPL_GLOO_SINGLE_COPY: "1" or unset lets large collectives, and send/recv, read the peers' buffers
-// directly where the kernel allows (see ShmGroup); "0" keeps every collective's bytes going through the
-// segment, and send/recv on Gloo.
-bool single_copy_wanted() {
-  const char* value = std::getenv("BPL_GLOO_SINGLE_COPY");
-  if (value == nullptr || std::strcmp(value, "1") == 0) return true;
-  if (std::strcmp(value, "0") == 0) return false;
-  throw Error(BPL_ERR_INVALID_ARGUMENT, std::string("BPL_GLOO_SINGLE_COPY='") + value + "' is not valid: expected 0 or 1");
+  throw Error(BPL_ERR_INVALID_ARGUMENT, std::string(variable) + "='" + value + "' is not valid: expected 0 or 1");
 }
 
 // BPL_GLOO_HOST_ID: ranks of one machine with different values are treated as on different machines
@@ -183,8 +173,11 @@ std::string machine_partition() {
 // Spanning machines with some sharing one: each machine's ranks share a segment, and one rank per
 // machine (its lowest) joins the leaders' Gloo mesh (hierarchical path). Otherwise: Gloo over TCP.
 void GlooComm::set_up_shared_memory(::gloo::rendezvous::Store& store) {
-  const bool wanted = shared_memory_wanted();
-  const bool single_copy = single_copy_wanted();
+  // BPL_GLOO_SHM: shared memory among the ranks that share a machine. BPL_GLOO_SINGLE_COPY: large
+  // collectives, and send/recv, read the peers' buffers directly where the kernel allows (see
+  // ShmGroup); off, every collective's bytes go through the segment, and send/recv over Gloo.
+  const bool wanted = switched_on("BPL_GLOO_SHM");
+  const bool single_copy = switched_on("BPL_GLOO_SINGLE_COPY");
   if (size() == 1) return;
   const int machine = machine_of_rank_[static_cast<size_t>(rank())];
   const int machines = 1 + *std::max_element(machine_of_rank_.begin(), machine_of_rank_.end());
