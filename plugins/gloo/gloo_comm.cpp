@@ -391,19 +391,28 @@ std::string GlooComm::failed_peers_note(const std::string& message, bpl_status s
 Error GlooComm::failure(const std::exception& e) {
   const bpl_status status = classify_exception(e);
   std::string message = e.what();
-  if (status == BPL_ERR_REMOTE || status == BPL_ERR_TIMEOUT) message += failed_peers_note(message, status);
+  const std::string peers_note =
+      status == BPL_ERR_REMOTE || status == BPL_ERR_TIMEOUT ? failed_peers_note(message, status) : "";
+  message += peers_note;
+  std::chrono::milliseconds defer(0);
   if (status == BPL_ERR_TIMEOUT) {
     message += " (no peer of this rank in the operation made progress within " + std::to_string(timeout().count()) +
                " ms: one is stopped, stuck or far behind)";
+    // A timeout whose cause is on another machine (a stopped rank there, or the ranks its leader
+    // waits for) is seen at about the same moment by a rank of that machine, which can name it: give
+    // that rank's record a moment to come first, so that this rank reports the cause too.
+    const bool spans_machines =
+        std::any_of(machine_of_rank_.begin(), machine_of_rank_.end(), [](int machine) { return machine > 0; });
+    if (peers_note.empty() && spans_machines) defer = std::min(timeout() / 4, std::chrono::milliseconds(1000));
   }
-  return recorded_failure(status, message);
+  return recorded_failure(status, message, defer);
 }
 
-Error GlooComm::recorded_failure(bpl_status status, const std::string& message) {
+Error GlooComm::recorded_failure(bpl_status status, const std::string& message, std::chrono::milliseconds defer) {
   if (status != BPL_ERR_REMOTE && status != BPL_ERR_TIMEOUT) return Error(status, message);
   // "<status>|<rank>|<message>": the first failure recorded for this communicator.
   const std::string mine = std::to_string(status) + "|" + std::to_string(rank()) + "|" + message;
-  const std::string first = shared_->record_first(uid_ + "/first_failure", mine);
+  const std::string first = shared_->record_first(uid_ + "/first_failure", mine, defer);
   context_->closeConnections();
   const size_t bar1 = first.find('|'), bar2 = first.find('|', bar1 + 1);
   if (first == mine || bar1 == std::string::npos || bar2 == std::string::npos) return Error(status, message);

@@ -110,9 +110,11 @@ class GlooComm {
   // out their timeout. A rank that fails because a peer closed on it reports the communicator's first
   // failure (recorded in the store), so that every rank names the same cause.
   Error failure(const std::exception& e);
-  // Records a REMOTE or TIMEOUT failure as the communicator's first unless one was recorded before,
-  // closes the connections, and returns the first failure (any other status is returned as is).
-  Error recorded_failure(bpl_status status, const std::string& message);
+  // Records a REMOTE or TIMEOUT failure as the communicator's first unless one was recorded before
+  // (or, with `defer`, is recorded by another rank within that long), closes the connections, and
+  // returns the first failure (any other status is returned as is).
+  Error recorded_failure(bpl_status status, const std::string& message,
+                         std::chrono::milliseconds defer = std::chrono::milliseconds(0));
 
   std::shared_ptr<Shared> shared_;
   std::string uid_;

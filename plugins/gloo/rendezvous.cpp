@@ -137,7 +137,7 @@ Rendezvous rendezvous(const bpl_launch_info& launch, const RendezvousOptions& re
   if (launch.world_size == 1) {
     result.store = std::make_shared<::gloo::rendezvous::HashStore>();
     result.description = "store=in-process; transport=" + transport;
-    result.record_first = [](const std::string&, const std::string& value) { return value; };
+    result.record_first = [](const std::string&, const std::string& value, std::chrono::milliseconds) { return value; };
     return result;
   }
   if (addr.empty() || launch.master_port <= 0) {
@@ -200,8 +200,14 @@ Rendezvous rendezvous(const bpl_launch_info& launch, const RendezvousOptions& re
     throw Error(BPL_ERR_IO, "rendezvous at " + where + " as rank " + std::to_string(launch.rank) +
                                 " failed to open a second connection to the store: " + e.what());
   }
-  result.record_first = [board, prefix](const std::string& key, const std::string& value) {
+  result.record_first = [board, prefix](const std::string& key, const std::string& value,
+                                        std::chrono::milliseconds defer) {
     try {
+      // Polled: this TCPStore's wait is not woken by a compareSet.
+      const auto give_up = std::chrono::steady_clock::now() + defer;
+      while (std::chrono::steady_clock::now() < give_up && !board->check({prefix + "/" + key})) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
       return text_of(board->compareSet(prefix + "/" + key, {}, bytes_of(value)));
     } catch (const std::exception&) {
       return value;

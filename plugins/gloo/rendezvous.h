@@ -16,9 +16,11 @@
 namespace backplane::gloo_plugin {
 
 // Records the first value set for a key and returns it: `value` if this caller was first, else the
-// earlier one. Made for the failure path: bounded by a short timeout of its own, and on any store
-// error it returns `value` (the store's host may be the rank that failed).
-using FirstRecord = std::function<std::string(const std::string& key, const std::string& value)>;
+// earlier one. With `defer` above zero it first waits that long for another caller's value, for a
+// caller that knows less than its peers may. Made for the failure path: bounded by a short timeout of
+// its own, and on any store error it returns `value` (the store's host may be the rank that failed).
+using FirstRecord =
+    std::function<std::string(const std::string& key, const std::string& value, std::chrono::milliseconds defer)>;
 
 struct Rendezvous {
   std::shared_ptr<::gloo::rendezvous::Store> store;    // every key under this job's prefix
