@@ -135,13 +135,15 @@ class OpQueue {
   }
 
   // Runs `body` after everything posted before it and returns when it ended. When the queue is idle
-  // it runs right here on the caller's thread. Throws what `body` threw.
-  void run(const std::function<void()>& body) {
+  // it runs right here on the caller's thread, never copied (a small collective's whole cost is a few
+  // hundred nanoseconds: no allocation on this path). Throws what `body` threw.
+  template <typename Body>
+  void run(Body&& body) {
     {
       std::unique_lock<std::mutex> lock(mutex_);
       if (!pending_.empty() || busy_) {
         lock.unlock();
-        std::shared_ptr<Operation> op = post(body);
+        std::shared_ptr<Operation> op = post(std::function<void()>(std::forward<Body>(body)));
         if (!op->wait_for_deadline()) {
           throw QueuedFailure{BPL_ERR_TIMEOUT, "the operation, queued behind others, did not end within their timeouts"};
         }

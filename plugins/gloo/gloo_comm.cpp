@@ -421,26 +421,21 @@ Error GlooComm::recorded_failure(bpl_status status, const std::string& message, 
                                  first.substr(bar1 + 1, bar2 - bar1 - 1) + "; here: " + message + "]");
 }
 
-void GlooComm::submit(std::function<void()> body, bpl_plugin_request** req) {
-  auto checked = [this, body = std::move(body)] {
-    try {
-      body();
-    } catch (const Error&) {
-      throw;  // the plugin's own, already classified
-    } catch (const std::bad_alloc&) {
-      throw;
-    } catch (const std::exception& e) {
-      throw failure(e);
-    }
-  };
-  if (req != nullptr) {
-    *req = reinterpret_cast<bpl_plugin_request*>(static_cast<Request*>(new QueuedRequest(queue_.post(std::move(checked)))));
-    return;
-  }
+void GlooComm::post(std::function<void()> body, bpl_plugin_request** req) {
+  *req = reinterpret_cast<bpl_plugin_request*>(static_cast<Request*>(new QueuedRequest(queue_.post(std::move(body)))));
+}
+
+void GlooComm::rethrow_classified(const std::exception_ptr& thrown) {
   try {
-    queue_.run(checked);
+    std::rethrow_exception(thrown);
+  } catch (const Error&) {
+    throw;  // the plugin's own, already classified
+  } catch (const std::bad_alloc&) {
+    throw;
   } catch (const plugin::OpQueue::QueuedFailure& queued) {
     throw Error(queued.status, queued.message);
+  } catch (const std::exception& e) {
+    throw failure(e);
   }
 }
 

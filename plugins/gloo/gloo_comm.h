@@ -11,6 +11,8 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <exception>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -65,8 +67,25 @@ class GlooComm {
   // the latest, the peers' at once with a connection error naming this rank. Never blocks.
   void abort();
 
-  // Runs `body` in this communicator's order: now (req == NULL) or as a request in *req.
-  void submit(std::function<void()> body, bpl_plugin_request** req);
+  // Runs `body` in this communicator's order: now (req == NULL) or as a request in *req. Now, on an
+  // idle communicator, it runs on this thread without being copied.
+  template <typename Body>
+  void submit(Body&& body, bpl_plugin_request** req) {
+    // Owns `body`: it may run on the worker (queued behind a request), even after a caller gave up.
+    auto checked = [this, body = std::forward<Body>(body)]() mutable {
+      try {
+        body();
+      } catch (...) {
+        rethrow_classified(std::current_exception());
+      }
+    };
+    if (req != nullptr) return post(std::function<void()>(std::move(checked)), req);
+    try {
+      queue_.run(std::move(checked));
+    } catch (const plugin::OpQueue::QueuedFailure&) {
+      rethrow_classified(std::current_exception());
+    }
+  }
 
   // The operations themselves; they run inside submit's order and block until done.
   void allreduce(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_reduce_op op);
@@ -100,6 +119,10 @@ class GlooComm {
   // Spanning machines, with a segment on at least one: collectives with a hierarchical form use it.
   bool hierarchical() const { return machine_shm_ != nullptr || leaders_ != nullptr; }
   void hierarchical_allreduce(void* work, size_t count, bpl_dtype acc, bpl_reduce_op op);
+  void post(std::function<void()> body, bpl_plugin_request** req);
+  // Throws what a body threw as the plugin's Error: Gloo's and the queue's failures classified, the
+  // plugin's own and bad_alloc as they are.
+  [[noreturn]] void rethrow_classified(const std::exception_ptr& thrown);
   // Runs one hierarchical collective, carrying a failure on one machine to all the others.
   template <typename Body>
   void across_machines(Body&& body);

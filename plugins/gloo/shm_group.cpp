@@ -354,7 +354,7 @@ void ShmGroup::throw_failure_record() {
                                   std::to_string(rank_name(by_rank)) + "]");
 }
 
-void ShmGroup::wait_for(int peer, uint32_t step, std::chrono::steady_clock::time_point deadline) {
+void ShmGroup::wait_for(int peer, uint32_t step, const Deadline& deadline) {
   std::atomic<uint32_t>& counter = progress_[peer].step;
   wait_until(peer, counter, [&] { return static_cast<int32_t>(counter.load(std::memory_order_acquire) - step) >= 0; },
              deadline, [&] { return "rank " + std::to_string(rank_name(peer)) + " did not arrive in time"; });
@@ -362,14 +362,20 @@ void ShmGroup::wait_for(int peer, uint32_t step, std::chrono::steady_clock::time
 
 template <typename Reached, typename Late>
 void ShmGroup::wait_until(int peer, std::atomic<uint32_t>& word, Reached reached,
-                          std::chrono::steady_clock::time_point deadline, Late late) {
+                          const Deadline& deadline, Late late) {
   auto failed = [&] { return header_->failed_by.load(std::memory_order_acquire) != 0; };
-  const auto spin_until = std::chrono::steady_clock::now() + kSpin;
+  std::chrono::steady_clock::time_point spin_until{};  // read once the first 63 spins did not do
   for (uint32_t i = 1;; ++i) {
     if (reached()) return;
     if ((i & 63) == 0) {
       if (failed()) throw_failure_record();
-      if (std::chrono::steady_clock::now() >= spin_until) break;
+      const auto now = std::chrono::steady_clock::now();
+      if (spin_until == std::chrono::steady_clock::time_point{}) {
+        spin_until = now + kSpin;
+        deadline.at();  // starts the operation's clock
+      } else if (now >= spin_until) {
+        break;
+      }
     }
     cpu_relax();
   }
@@ -391,7 +397,7 @@ void ShmGroup::wait_until(int peer, std::atomic<uint32_t>& word, Reached reached
       }
       next_liveness_check = now + kLivenessInterval;
     }
-    if (now >= deadline) {
+    if (now >= deadline.at()) {
       std::string reason = "shared memory: " + late();
       if (pid != 0 && plugin::process_state(pid) == plugin::ProcessState::kStopped) {
         reason += " (" + plugin::local_peer_description(rank_name(peer), pid, plugin::ProcessState::kStopped) + ")";
@@ -402,20 +408,20 @@ void ShmGroup::wait_until(int peer, std::atomic<uint32_t>& word, Reached reached
     header_->sleepers.fetch_add(1, std::memory_order_seq_cst);
     const uint32_t seen = word.load(std::memory_order_seq_cst);
     if (!reached() && !failed()) {
-      futex_wait(&word, seen, std::min<std::chrono::nanoseconds>(kSleepSlice, deadline - now));
+      futex_wait(&word, seen, std::min<std::chrono::nanoseconds>(kSleepSlice, deadline.at() - now));
     }
     header_->sleepers.fetch_sub(1, std::memory_order_seq_cst);
   }
 }
 
-void ShmGroup::wait_for_all(uint32_t step, std::chrono::steady_clock::time_point deadline) {
+void ShmGroup::wait_for_all(uint32_t step, const Deadline& deadline) {
   wait_for_peers(step, deadline);
   // A step every rank reached still fails once the group has failed: a rank that aborted or timed out
   // does not see this operation through, so no peer may report it as done.
   if (header_->failed_by.load(std::memory_order_acquire) != 0) throw_failure_record();
 }
 
-void ShmGroup::wait_for_peers(uint32_t step, std::chrono::steady_clock::time_point deadline) {
+void ShmGroup::wait_for_peers(uint32_t step, const Deadline& deadline) {
   const Progress& mine = progress_[rank_];
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) continue;
@@ -436,10 +442,6 @@ void ShmGroup::wait_for_peers(uint32_t step, std::chrono::steady_clock::time_poi
 
 namespace {
 
-std::chrono::steady_clock::time_point deadline_after(std::chrono::milliseconds timeout) {
-  return std::chrono::steady_clock::now() + timeout;
-}
-
 // out = a[0] op a[1] op ... in rank order, so that every rank computes bit-identical results.
 void reduce_in_rank_order(void* out, const std::vector<const char*>& inputs, size_t count, plugin::ReduceFn reduce) {
   reduce(out, inputs[0], inputs[1], count);
@@ -450,7 +452,7 @@ void reduce_in_rank_order(void* out, const std::vector<const char*>& inputs, siz
 
 void ShmGroup::allreduce(const void* send, void* recv, size_t count, bpl_dtype acc, plugin::ReduceFn reduce,
                          std::chrono::milliseconds timeout) {
-  const auto deadline = deadline_after(timeout);
+  const Deadline deadline(timeout);
   const size_t element = plugin::dtype_size(acc);
   const size_t total = count * element;
   const auto* in = static_cast<const char*>(send);
@@ -496,7 +498,7 @@ void ShmGroup::allreduce(const void* send, void* recv, size_t count, bpl_dtype a
 }
 
 void ShmGroup::broadcast(void* buf, size_t bytes, int root, std::chrono::milliseconds timeout) {
-  const auto deadline = deadline_after(timeout);
+  const Deadline deadline(timeout);
   auto* data = static_cast<char*>(buf);
   if (single_copy_ && bytes >= kSingleCopyGatherBytes && bytes <= kSingleCopyBroadcastMaxBytes) {
     const uint32_t buffers = publish_buffers(kBroadcast, bytes, buf, buf, deadline);
@@ -514,7 +516,7 @@ void ShmGroup::broadcast(void* buf, size_t bytes, int root, std::chrono::millise
 }
 
 void ShmGroup::allgather(const void* send, void* recv, size_t block_bytes, std::chrono::milliseconds timeout) {
-  const auto deadline = deadline_after(timeout);
+  const Deadline deadline(timeout);
   const auto* in = static_cast<const char*>(send);
   auto* out = static_cast<char*>(recv);
   if (single_copy_ && block_bytes * static_cast<size_t>(size_) >= kSingleCopyGatherBytes) {
@@ -541,7 +543,7 @@ void ShmGroup::allgather(const void* send, void* recv, size_t block_bytes, std::
 
 void ShmGroup::reduce_scatter(const void* send, void* recv, size_t count, bpl_dtype acc, plugin::ReduceFn reduce,
                               std::chrono::milliseconds timeout) {
-  const auto deadline = deadline_after(timeout);
+  const Deadline deadline(timeout);
   const size_t element = plugin::dtype_size(acc);
   const auto* in = static_cast<const char*>(send);
   auto* out = static_cast<char*>(recv);
@@ -570,7 +572,7 @@ void ShmGroup::reduce_scatter(const void* send, void* recv, size_t count, bpl_dt
 }
 
 void ShmGroup::alltoall(const void* send, void* recv, size_t block_bytes, std::chrono::milliseconds timeout) {
-  const auto deadline = deadline_after(timeout);
+  const Deadline deadline(timeout);
   const auto* in = static_cast<const char*>(send);
   auto* out = static_cast<char*>(recv);
   const auto ranks = static_cast<size_t>(size_);
@@ -609,7 +611,7 @@ void ShmGroup::alltoall(const void* send, void* recv, size_t block_bytes, std::c
 
 void ShmGroup::barrier(std::chrono::milliseconds timeout) {
   const uint32_t step = publish(kBarrier, 0);
-  wait_for_all(step, deadline_after(timeout));
+  wait_for_all(step, Deadline(timeout));
 }
 
 
@@ -623,7 +625,7 @@ constexpr size_t kSingleCopyPiece = 128 * 1024;
 }  // namespace
 
 std::string ShmGroup::enable_single_copy(bool wanted, std::chrono::milliseconds timeout) {
-  const auto deadline = deadline_after(timeout);
+  const Deadline deadline(timeout);
   Progress& mine = progress_[rank_];
   // Each rank publishes the address of a word that holds that address: a peer that reads the word
   // with process_vm_readv and finds the same value can read this process's memory.
@@ -668,7 +670,7 @@ pid_t ShmGroup::peer_pid(int peer) const {
 }
 
 uint32_t ShmGroup::publish_buffers(uint32_t kind, uint64_t bytes, const void* send, const void* recv,
-                                   std::chrono::steady_clock::time_point deadline) {
+                                   const Deadline& deadline) {
   const uint32_t step = next_step();
   progress_[rank_].send_address[step % 2] = reinterpret_cast<uint64_t>(send);
   progress_[rank_].recv_address[step % 2] = reinterpret_cast<uint64_t>(recv);
@@ -677,7 +679,7 @@ uint32_t ShmGroup::publish_buffers(uint32_t kind, uint64_t bytes, const void* se
   return step;
 }
 
-void ShmGroup::finish_single_copy(uint32_t kind, uint64_t bytes, std::chrono::steady_clock::time_point deadline) {
+void ShmGroup::finish_single_copy(uint32_t kind, uint64_t bytes, const Deadline& deadline) {
   // No rank may return, and let its caller touch its buffers, while a peer may still read them.
   const uint32_t done = publish(kind, bytes);
   wait_for_all(done, deadline);
@@ -734,7 +736,7 @@ void ShmGroup::reduce_from_peers(uint32_t step, const char* send, size_t offset,
 }
 
 void ShmGroup::allreduce_single_copy(const void* send, void* recv, size_t count, bpl_dtype acc, plugin::ReduceFn reduce,
-                                     std::chrono::steady_clock::time_point deadline) {
+                                     const Deadline& deadline) {
   const size_t element = plugin::dtype_size(acc);
   const size_t total = count * element;
   auto* out = static_cast<char*>(recv);
@@ -760,7 +762,7 @@ void ShmGroup::allreduce_single_copy(const void* send, void* recv, size_t count,
 
 ShmGroup::SendTicket ShmGroup::post_send(const void* buf, size_t bytes, int peer, int tag,
                                          std::chrono::milliseconds timeout) {
-  const auto deadline = deadline_after(timeout);
+  const Deadline deadline(timeout);
   if (header_->failed_by.load(std::memory_order_acquire) != 0) throw_failure_record();
   uint64_t sequence;
   {
@@ -804,7 +806,7 @@ void ShmGroup::wait_sent(const SendTicket& ticket, std::chrono::milliseconds tim
   const auto sent = static_cast<uint32_t>(ticket.sequence + 1);
   // Done once the slot's count of reads reaches this send's (a later send may have taken it since).
   wait_until(ticket.peer, box.done, [&] { return static_cast<int32_t>(slot.done.load(std::memory_order_acquire) - sent) >= 0; },
-             deadline_after(timeout), [&] {
+             Deadline(timeout), [&] {
                return "send to rank " + std::to_string(rank_name(ticket.peer)) + " (tag " + std::to_string(tag) +
                       ") was not received in time";
              });
@@ -844,7 +846,7 @@ void ShmGroup::wait_received(const std::shared_ptr<PendingRecv>& recv, std::chro
                  match_arrivals(peer);
                  return recv->done;
                },
-               deadline_after(timeout), [&] {
+               Deadline(timeout), [&] {
                  return "recv from rank " + std::to_string(rank_name(peer)) + " (tag " + std::to_string(recv->tag) +
                         "): no matching send in time";
                });
