@@ -119,6 +119,7 @@ class GlooComm {
   // Spanning machines, with a segment on at least one: collectives with a hierarchical form use it.
   bool hierarchical() const { return machine_shm_ != nullptr || leaders_ != nullptr; }
   void hierarchical_allreduce(void* work, size_t count, bpl_dtype acc, bpl_reduce_op op);
+  // Queues `body` behind this communicator's earlier operations, as the request in *req.
   void post(std::function<void()> body, bpl_plugin_request** req);
   // Throws what a body threw as the plugin's Error: Gloo's and the queue's failures classified, the
   // plugin's own and bad_alloc as they are.

@@ -364,7 +364,7 @@ template <typename Reached, typename Late>
 void ShmGroup::wait_until(int peer, std::atomic<uint32_t>& word, Reached reached,
                           const Deadline& deadline, Late late) {
   auto failed = [&] { return header_->failed_by.load(std::memory_order_acquire) != 0; };
-  std::chrono::steady_clock::time_point spin_until{};  // read once the first 63 spins did not do
+  std::chrono::steady_clock::time_point spin_until{};  // the clock is first read after 63 spins
   for (uint32_t i = 1;; ++i) {
     if (reached()) return;
     if ((i & 63) == 0) {
