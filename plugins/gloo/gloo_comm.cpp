@@ -690,38 +690,36 @@ std::unique_ptr<GlooComm> GlooComm::split(int color, int key) {
                                     new_rank, static_cast<int>(members.size()), timeout());
 }
 
-// Posted now; `complete` waits for the transfer, here or on a request's waiter.
+// Posted now; `complete` waits for the transfer, here (uncopied: a small send is a hot path) or on a
+// request's waiter.
 void GlooComm::point_to_point(void* buf, size_t bytes, int peer, int tag, bool is_send, bpl_plugin_request** req) {
-  std::function<void()> complete;
+  auto finish = [req](auto complete) {
+    if (req == nullptr) return complete();
+    *req = reinterpret_cast<bpl_plugin_request*>(
+        static_cast<Request*>(new PointToPointRequest(std::function<void()>(std::move(complete)))));
+  };
   if (shm_ && shm_->single_copy()) {
     // Within the machine, the receiver reads the sender's buffer (ShmGroup's mailboxes).
     if (is_send) {
-      complete = [group = shm_.get(), ticket = shm_->post_send(buf, bytes, peer, tag, timeout()), timeout = timeout()] {
+      return finish([group = shm_.get(), ticket = shm_->post_send(buf, bytes, peer, tag, timeout()), timeout = timeout()] {
         group->wait_sent(ticket, timeout);
-      };
-    } else {
-      complete = [group = shm_.get(), recv = shm_->post_recv(buf, bytes, peer, tag), timeout = timeout()] {
-        group->wait_received(recv, timeout);
-      };
+      });
     }
+    return finish([group = shm_.get(), recv = shm_->post_recv(buf, bytes, peer, tag), timeout = timeout()] {
+      group->wait_received(recv, timeout);
+    });
+  }
+  const uint64_t slot = ::gloo::Slot::build(kPointToPointSlotPrefix, static_cast<uint32_t>(tag));
+  std::shared_ptr<::gloo::transport::UnboundBuffer> buffer = context_->createUnboundBuffer(buf, bytes);
+  if (is_send) {
+    buffer->send(peer, slot);
   } else {
-    const uint64_t slot = ::gloo::Slot::build(kPointToPointSlotPrefix, static_cast<uint32_t>(tag));
-    std::shared_ptr<::gloo::transport::UnboundBuffer> buffer = context_->createUnboundBuffer(buf, bytes);
-    if (is_send) {
-      buffer->send(peer, slot);
-    } else {
-      buffer->recv(peer, slot);
-    }
-    complete = [buffer, is_send, timeout = timeout()] {
-      const bool completed = is_send ? buffer->waitSend(timeout) : buffer->waitRecv(timeout);
-      if (!completed) throw Error(BPL_ERR_INTERNAL, std::string(is_send ? "send" : "recv") + " aborted");
-    };
+    buffer->recv(peer, slot);
   }
-  if (req != nullptr) {
-    *req = reinterpret_cast<bpl_plugin_request*>(static_cast<Request*>(new PointToPointRequest(std::move(complete))));
-    return;
-  }
-  complete();
+  finish([buffer, is_send, timeout = timeout()] {
+    const bool completed = is_send ? buffer->waitSend(timeout) : buffer->waitRecv(timeout);
+    if (!completed) throw Error(BPL_ERR_INTERNAL, std::string(is_send ? "send" : "recv") + " aborted");
+  });
 }
 
 void GlooComm::send(const void* buf, size_t bytes, int peer, int tag, bpl_plugin_request** req) {

@@ -3,10 +3,10 @@
 // socket involved. Communicators that span machines do not have one and go through Gloo over TCP.
 //
 // Layout: a header (the failure record, the count of sleeping waiters), one progress record per rank,
-// two buffers of one slot per rank, then a mailbox per ordered pair of ranks (send/recv). A collective is a sequence of steps; in step s a rank writes
-// into its own slot of buffer s % 2, publishes s, waits until every peer published s, and reads. A
-// peer that published s has finished reading step s - 1, so this rank may then write buffer (s+1) % 2
-// again: no other synchronisation guards a slot's reuse.
+// two buffers of one slot per rank, then a mailbox per ordered pair of ranks (send/recv). A collective
+// is a sequence of steps; in step s a rank writes into its own slot of buffer s % 2, publishes s, waits
+// until every peer published s, and reads. A peer that published s has finished reading step s - 1, so
+// this rank may then write buffer (s+1) % 2 again: no other synchronisation guards a slot's reuse.
 //
 // Single copy: where the kernel lets the ranks read each other's memory (Linux cross-memory attach,
 // process_vm_readv, as Open MPI's shared-memory transport uses), large allreduce, reduce_scatter,
