@@ -83,12 +83,12 @@ void run_threads(std::vector<std::unique_ptr<ShmGroup>>& groups, const std::func
 float value(int rank, size_t i) { return static_cast<float>(static_cast<int>((i * 7 + static_cast<size_t>(rank) * 13) % 101) - 50); }
 
 // Element counts around every boundary of the algorithms: the flat allreduce limit, one slot, several,
-// and where single copy starts.
+// where single copy starts, and where a copy into the segment starts streaming.
 std::vector<size_t> f32_counts() {
   const size_t flat = ShmGroup::kFlatAllreduceBytes / 4, slot = ShmGroup::kSlotBytes / 4;
-  const size_t gather = ShmGroup::kSingleCopyGatherBytes / 4, reduce = ShmGroup::kSingleCopyReduceBytes / 4;
-  return {1, 3, flat - 1, flat, flat + 1, slot - 1, slot, slot + 1, 3 * slot + 17, gather - 1, gather,
-          reduce - 1, reduce, reduce + 3};
+  const size_t gather = ShmGroup::kSingleCopyGatherBytes / 4;
+  return {1, 3, 511, 512, 513, flat - 1, flat, flat + 1, slot - 1, slot, slot + 1, 3 * slot + 17, gather - 1, gather,
+          gather + 3};
 }
 
 // Ranks, and whether single copy is on.
@@ -283,9 +283,9 @@ TEST_P(ShmGroupRanks, ManyCollectivesInARowReuseTheBuffersSafely) {
   const int size = this->size();
   Segment segment(size);
   auto groups = this->groups(segment);
-  // Flat, chunked and (where on) single-copy allreduces, and a single-copy-sized allgather, whose
-  // published buffer addresses share the progress records with the staged steps.
-  const size_t counts[] = {5, ShmGroup::kSlotBytes / 4 + 9, 2000, ShmGroup::kSingleCopyReduceBytes / 4 + 3};
+  // Flat and chunked allreduces, and a single-copy-sized allgather (where on), whose published buffer
+  // addresses share the progress records with the staged steps.
+  const size_t counts[] = {5, ShmGroup::kSlotBytes / 4 + 9, 2000, 4 * ShmGroup::kSlotBytes / 4 + 3};
   run_threads(groups, [&](int rank, ShmGroup& group) {
     const auto sum = reduce_function(BPL_DTYPE_F32, BPL_OP_SUM);
     for (int round = 0; round < 300; ++round) {
@@ -487,31 +487,31 @@ TEST(ShmGroupSingleCopy, ARankThatCannotReadItsPeersTurnsItOffEverywhereNamingIt
   }
   groups[0]->set_peers({0, 0});  // the forked process is gone; rank 1 is a thread of this one
   // The staged path still runs, at a size that would have been single copy.
-  const size_t count = ShmGroup::kSingleCopyReduceBytes / 4;
+  const size_t block = ShmGroup::kSingleCopyGatherBytes;
   run_threads(groups, [&](int rank, ShmGroup& group) {
-    std::vector<float> data(count);
-    for (size_t i = 0; i < count; ++i) data[i] = value(rank, i);
-    group.allreduce(data.data(), data.data(), count, BPL_DTYPE_F32, reduce_function(BPL_DTYPE_F32, BPL_OP_SUM), kTimeout);
-    EXPECT_EQ(data[count - 1], value(0, count - 1) + value(1, count - 1)) << "rank " << rank;
+    std::vector<char> mine(block, static_cast<char>('a' + rank)), all(2 * block);
+    group.allgather(mine.data(), all.data(), block, kTimeout);
+    EXPECT_EQ(all[block - 1], 'a') << "rank " << rank;
+    EXPECT_EQ(all[2 * block - 1], 'b') << "rank " << rank;
   });
 }
 
 TEST(ShmGroupSingleCopy, APeerThatEndsWhileItsBufferIsReadIsRemoteNamingIt) {
   Segment segment(2);
   auto group = ShmGroup::create(segment.name(), 2);
-  const size_t count = ShmGroup::kSingleCopyReduceBytes / 4;
+  const size_t block = ShmGroup::kSingleCopyGatherBytes;
   const pid_t child = ::fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
-    // Rank 1 agrees to single copy, publishes its buffers for an allreduce (on a thread, which waits
+    // Rank 1 agrees to single copy, publishes its buffers for an allgather (on a thread, which waits
     // for rank 0), and ends before rank 0 comes to read them.
     auto peer = ShmGroup::open(segment.name(), 1, 2);
     peer->set_peers({::getppid(), 0});
     if (!peer->enable_single_copy(true, kTimeout).empty()) ::_exit(3);
-    static std::vector<float> data(count, 1.0f);
+    static std::vector<char> mine(block, 'b'), all(2 * block);
     std::thread([&] {
       try {
-        peer->allreduce(data.data(), data.data(), count, BPL_DTYPE_F32, reduce_function(BPL_DTYPE_F32, BPL_OP_SUM), kTimeout);
+        peer->allgather(mine.data(), all.data(), block, kTimeout);
       } catch (...) {
       }
     }).detach();
@@ -523,10 +523,8 @@ TEST(ShmGroupSingleCopy, APeerThatEndsWhileItsBufferIsReadIsRemoteNamingIt) {
   int child_status = 0;
   ::waitpid(child, &child_status, 0);
   ASSERT_TRUE(WIFEXITED(child_status) && WEXITSTATUS(child_status) == 0) << "the peer could not set up single copy";
-  std::vector<float> data(count, 2.0f);
-  const Outcome read = outcome_of([&] {
-    group->allreduce(data.data(), data.data(), count, BPL_DTYPE_F32, reduce_function(BPL_DTYPE_F32, BPL_OP_SUM), kTimeout);
-  });
+  std::vector<char> mine(block, 'a'), all(2 * block);
+  const Outcome read = outcome_of([&] { group->allgather(mine.data(), all.data(), block, kTimeout); });
   EXPECT_EQ(read.status, BPL_ERR_REMOTE) << read.message;
   EXPECT_NE(read.message.find("rank 1 of this communicator, process " + std::to_string(child) + " on this machine, has ended"),
             std::string::npos)

@@ -9,12 +9,11 @@
 // this rank may then write buffer (s+1) % 2 again: no other synchronisation guards a slot's reuse.
 //
 // Single copy: where the kernel lets the ranks read each other's memory (Linux cross-memory attach,
-// process_vm_readv, as Open MPI's shared-memory transport uses), large allreduce, reduce_scatter,
-// allgather, alltoall and broadcast skip the segment: each rank publishes its buffers' addresses in a
-// step and reads its peers' data straight from their buffers: one copy instead of two, and two or
-// three steps in all instead of one or two per slot's worth. Send and recv go that way too, through a
-// mailbox per pair of ranks (see post_send). Whether every rank may is settled once, collectively
-// (enable_single_copy).
+// process_vm_readv, as Open MPI's shared-memory transport uses), large allgather, alltoall and
+// broadcast skip the segment: each rank publishes its buffers' addresses in a step and reads its
+// peers' data straight from their buffers: one copy instead of two, and two steps in all instead of
+// one per slot's worth. Send and recv go that way too, through a mailbox per pair of ranks (see
+// post_send). Whether every rank may is settled once, collectively (enable_single_copy).
 //
 // Waiting: a short spin, then yields, then futex waits in slices; every slice checks the deadline (the
 // communicator's timeout), the failure record, and whether a peer's process has ended. A wait that
@@ -64,16 +63,17 @@ class ShmGroup {
   // Up to this many bytes an allreduce is one step, every rank reducing the whole message; above it,
   // each rank reduces its share of every chunk (reduce-scatter) and then copies out the rest (all-gather).
   static constexpr size_t kFlatAllreduceBytes = 16 * 1024;
-  // Where single copy is enabled, from what size (of a rank's largest buffer) collectives take it.
-  // Measured on 2 ranks: below these sizes the system calls and the extra step cost more than the
-  // copy they save. Above 16 MiB a staged broadcast is faster on 2 ranks, since the root's core copies
-  // in while the other copies out, where with single copy it idles (64 MiB: 8.3 ms staged, 15.4 ms
-  // for Open MPI's single copy on a Xeon VM; 11-13 ms staged, 13-14 ms single on an EPYC VM); below,
-  // the CPUs differ (4 MiB: staged 335 us against MPI's single 384 us on the Xeon; single 223-246 us
-  // against staged 776-804 us on the EPYC), and the EPYC's gain is the larger.
-  static constexpr size_t kSingleCopyReduceBytes = 2 * 1024 * 1024;  // allreduce, reduce_scatter
-  static constexpr size_t kSingleCopyGatherBytes = 64 * 1024;        // allgather, alltoall, broadcast
-  static constexpr size_t kSingleCopyBroadcastMaxBytes = 16 * 1024 * 1024;
+  // Where single copy is enabled, the sizes (of a rank's largest buffer) at which allgather, alltoall
+  // and broadcast take it. Allreduce and reduce_scatter never do: since the segment is written with
+  // streaming stores (copy_to_peers), staging through it runs faster at every size (allreduce on 2
+  // ranks of an EPYC VM, staged against single copy: 4 MiB 433 against 473-515 us, 16 MiB 2.0-2.2
+  // against 2.8-5.5 ms, 64 MiB 9.5 against 16.6-39.6 ms). For the others, measured there on 2 ranks:
+  // below 256 KiB the system calls and the extra step cost more than the copy saved (64 KiB allgather:
+  // 5.0 us staged, 7.5 single); from 256 KiB single copy is faster (allgather 256 KiB: 13.7 against
+  // 15.9 us; 4 MiB: 242 against 308), except for a broadcast above 1 MiB, where the root's core copies
+  // in while the others copy out, and with single copy it idles (4 MiB: 195 staged, 232 single).
+  static constexpr size_t kSingleCopyGatherBytes = 256 * 1024;  // allgather, alltoall, broadcast
+  static constexpr size_t kSingleCopyBroadcastMaxBytes = 1024 * 1024;
 
   // The segment's size for `size` ranks.
   static size_t segment_bytes(int size);
@@ -194,13 +194,6 @@ class ShmGroup {
   pid_t peer_pid(int peer) const;
   // Copies `n` bytes at `address` in rank `peer`'s process to `to`; on failure, fails the group.
   void read_peer(int peer, void* to, uint64_t address, size_t n);
-  // Allreduce's single-copy path (the other collectives' fit in their own functions).
-  void allreduce_single_copy(const void* send, void* recv, size_t count, bpl_dtype acc, plugin::ReduceFn reduce,
-                             const Deadline& deadline);
-  // Reduces `count` elements at byte `offset` of this rank's `send` with the same elements of every
-  // peer's send buffer published in `step`, in rank order, into `out`, a scratch piece at a time.
-  void reduce_from_peers(uint32_t step, const char* send, size_t offset, size_t count, char* out, size_t element,
-                         plugin::ReduceFn reduce);
   // Group index `index` as messages name it: its rank in the communicator.
   int rank_name(int index) const {
     return communicator_ranks_.empty() ? index : communicator_ranks_[static_cast<size_t>(index)];
@@ -225,7 +218,7 @@ class ShmGroup {
   // Sends the receiver refused (by peer and sequence: the size its recv asked for) whose mailbox slot
   // a later send took before they were waited for.
   std::map<std::pair<int, uint64_t>, uint64_t> refused_sends_;
-  std::vector<char> scratch_;  // single copy: the peers' pieces of a reduction, one after another
+  std::vector<char> scratch_;  // a reduction in place: this rank's own operand, which the result would overwrite
   std::vector<pid_t> peer_pids_;
   std::vector<int> communicator_ranks_;
 };
