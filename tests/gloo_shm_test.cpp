@@ -83,12 +83,12 @@ void run_threads(std::vector<std::unique_ptr<ShmGroup>>& groups, const std::func
 float value(int rank, size_t i) { return static_cast<float>(static_cast<int>((i * 7 + static_cast<size_t>(rank) * 13) % 101) - 50); }
 
 // Element counts around every boundary of the algorithms: the flat allreduce limit, one slot, several,
-// where single copy starts, and where a copy into the segment starts streaming.
+// where single copy starts and ends, and where a copy into the segment starts streaming.
 std::vector<size_t> f32_counts() {
   const size_t flat = ShmGroup::kFlatAllreduceBytes / 4, slot = ShmGroup::kSlotBytes / 4;
-  const size_t gather = ShmGroup::kSingleCopyGatherBytes / 4;
-  return {1, 3, 511, 512, 513, flat - 1, flat, flat + 1, slot - 1, slot, slot + 1, 3 * slot + 17, gather - 1, gather,
-          gather + 3};
+  const size_t single_min = ShmGroup::kSingleCopyMinBytes / 4, single_max = ShmGroup::kSingleCopyMaxBytes / 4;
+  return {1, 3, 511, 512, 513, flat - 1, flat, flat + 1, slot - 1, slot, slot + 1, 3 * slot + 17, single_min - 1,
+          single_min, single_min + 3, single_max / 2, single_max, single_max + 1};
 }
 
 // Ranks, and whether single copy is on.
@@ -302,7 +302,7 @@ TEST_P(ShmGroupRanks, ManyCollectivesInARowReuseTheBuffersSafely) {
         }
       }
       if (round % 7 == 0) {
-        const size_t block = ShmGroup::kSingleCopyGatherBytes / 4;
+        const size_t block = ShmGroup::kSingleCopyMinBytes / 4;
         std::vector<float> mine(block, static_cast<float>(rank + round)), all(block * static_cast<size_t>(size));
         group.allgather(mine.data(), all.data(), block * 4, kTimeout);
         for (int q = 0; q < size; ++q) {
@@ -383,7 +383,7 @@ TEST(ShmGroupFailures, AlltoallInPlaceOnOneRankOnlyIsAMismatchWhereTheOthersRead
   // place never publishes: both must fail, not read a stale address.
   Segment segment(2);
   auto groups = segment.groups(true);
-  const size_t block_bytes = ShmGroup::kSingleCopyGatherBytes;
+  const size_t block_bytes = ShmGroup::kSingleCopyMinBytes;
   std::vector<Outcome> outcomes(2);
   run_threads(groups, [&](int rank, ShmGroup& group) {
     std::vector<char> send(2 * block_bytes, static_cast<char>(rank)), recv(2 * block_bytes);
@@ -487,7 +487,7 @@ TEST(ShmGroupSingleCopy, ARankThatCannotReadItsPeersTurnsItOffEverywhereNamingIt
   }
   groups[0]->set_peers({0, 0});  // the forked process is gone; rank 1 is a thread of this one
   // The staged path still runs, at a size that would have been single copy.
-  const size_t block = ShmGroup::kSingleCopyGatherBytes;
+  const size_t block = ShmGroup::kSingleCopyMinBytes;
   run_threads(groups, [&](int rank, ShmGroup& group) {
     std::vector<char> mine(block, static_cast<char>('a' + rank)), all(2 * block);
     group.allgather(mine.data(), all.data(), block, kTimeout);
@@ -499,7 +499,7 @@ TEST(ShmGroupSingleCopy, ARankThatCannotReadItsPeersTurnsItOffEverywhereNamingIt
 TEST(ShmGroupSingleCopy, APeerThatEndsWhileItsBufferIsReadIsRemoteNamingIt) {
   Segment segment(2);
   auto group = ShmGroup::create(segment.name(), 2);
-  const size_t block = ShmGroup::kSingleCopyGatherBytes;
+  const size_t block = ShmGroup::kSingleCopyMinBytes;
   const pid_t child = ::fork();
   ASSERT_GE(child, 0);
   if (child == 0) {

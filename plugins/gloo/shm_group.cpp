@@ -546,7 +546,7 @@ void ShmGroup::allreduce(const void* send, void* recv, size_t count, bpl_dtype a
 void ShmGroup::broadcast(void* buf, size_t bytes, int root, std::chrono::milliseconds timeout) {
   const Deadline deadline(timeout);
   auto* data = static_cast<char*>(buf);
-  if (single_copy_ && bytes >= kSingleCopyGatherBytes && bytes <= kSingleCopyBroadcastMaxBytes) {
+  if (takes_single_copy(bytes, kSingleCopyBroadcastMaxBytes)) {
     const uint32_t buffers = publish_buffers(kBroadcast, bytes, buf, buf, deadline);
     if (rank_ != root) read_peer(root, data, progress_[root].send_address[buffers % 2], bytes);
     return finish_single_copy(kBroadcast, bytes, deadline);
@@ -565,7 +565,7 @@ void ShmGroup::allgather(const void* send, void* recv, size_t block_bytes, std::
   const Deadline deadline(timeout);
   const auto* in = static_cast<const char*>(send);
   auto* out = static_cast<char*>(recv);
-  if (single_copy_ && block_bytes * static_cast<size_t>(size_) >= kSingleCopyGatherBytes) {
+  if (takes_single_copy(block_bytes * static_cast<size_t>(size_))) {
     const uint32_t buffers = publish_buffers(kAllgather, block_bytes, send, recv, deadline);
     for (int q = 0; q < size_; ++q) {
       char* target = out + block_bytes * static_cast<size_t>(q);
@@ -628,7 +628,7 @@ void ShmGroup::alltoall(const void* send, void* recv, size_t block_bytes, std::c
   const auto* in = static_cast<const char*>(send);
   auto* out = static_cast<char*>(recv);
   const auto ranks = static_cast<size_t>(size_);
-  const bool single_copy_size = single_copy_ && block_bytes * ranks >= kSingleCopyGatherBytes;
+  const bool single_copy_size = takes_single_copy(block_bytes * ranks);
   if (single_copy_size && send != recv) {
     // Block q of recv from block `rank()` of rank q's send. (In place, a peer could still be reading
     // a block this rank overwrites: that goes through the segment.)

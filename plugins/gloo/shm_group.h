@@ -9,11 +9,12 @@
 // this rank may then write buffer (s+1) % 2 again: no other synchronisation guards a slot's reuse.
 //
 // Single copy: where the kernel lets the ranks read each other's memory (Linux cross-memory attach,
-// process_vm_readv, as Open MPI's shared-memory transport uses), large allgather, alltoall and
-// broadcast skip the segment: each rank publishes its buffers' addresses in a step and reads its
-// peers' data straight from their buffers: one copy instead of two, and two steps in all instead of
-// one per slot's worth. Send and recv go that way too, through a mailbox per pair of ranks (see
-// post_send). Whether every rank may is settled once, collectively (enable_single_copy).
+// process_vm_readv, as Open MPI's shared-memory transport uses), allgather, alltoall and broadcast of
+// middling sizes (kSingleCopyMinBytes) skip the segment: each rank publishes its buffers' addresses
+// in a step and reads its peers' data straight from their buffers: one copy instead of two, and two
+// steps in all instead of one per slot's worth. Send and recv go that way too, through a mailbox per
+// pair of ranks (see post_send). Whether every rank may is settled once, collectively
+// (enable_single_copy).
 //
 // Waiting: a short spin, then yields, then futex waits in slices; every slice checks the deadline (the
 // communicator's timeout), the failure record, and whether a peer's process has ended. A wait that
@@ -62,18 +63,22 @@ class ShmGroup {
   static constexpr size_t kSlotBytes = 256 * 1024;
   // Up to this many bytes an allreduce is one step, every rank reducing the whole message; above it,
   // each rank reduces its share of every chunk (reduce-scatter) and then copies out the rest (all-gather).
-  static constexpr size_t kFlatAllreduceBytes = 16 * 1024;
+  // On 2 ranks of an EPYC VM the two steps are faster from 8 KiB (8 KiB: 2.3-2.4 against 2.7-2.8 us;
+  // 16 KiB: 3.3-3.4 against 3.9-4.3).
+  static constexpr size_t kFlatAllreduceBytes = 4 * 1024;
   // Where single copy is enabled, the sizes (of a rank's largest buffer) at which allgather, alltoall
   // and broadcast take it. Allreduce and reduce_scatter never do: since the segment is written with
   // streaming stores (copy_to_peers), staging through it runs faster at every size (allreduce on 2
   // ranks of an EPYC VM, staged against single copy: 4 MiB 433 against 473-515 us, 16 MiB 2.0-2.2
   // against 2.8-5.5 ms, 64 MiB 9.5 against 16.6-39.6 ms). For the others, measured there on 2 ranks:
   // below 256 KiB the system calls and the extra step cost more than the copy saved (64 KiB allgather:
-  // 5.0 us staged, 7.5 single); from 256 KiB single copy is faster (allgather 256 KiB: 13.7 against
-  // 15.9 us; 4 MiB: 242 against 308), except for a broadcast above 1 MiB, where the root's core copies
-  // in while the others copy out, and with single copy it idles (4 MiB: 195 staged, 232 single).
-  static constexpr size_t kSingleCopyGatherBytes = 256 * 1024;  // allgather, alltoall, broadcast
-  static constexpr size_t kSingleCopyBroadcastMaxBytes = 1024 * 1024;
+  // 5.0 us staged, 7.5 single); from 256 KiB to 4 MiB single copy is faster (allgather 256 KiB: 13.7
+  // against 15.9 us; 4 MiB: 195 against 216); above, staging is again (16 MiB: 1.4 against 1.7 ms; 64
+  // MiB: 6.2 against 10.2), and for a broadcast already above 512 KiB, where the root's core copies
+  // in while the others copy out, and with single copy it idles (1 MiB: 48 staged, 78 single).
+  static constexpr size_t kSingleCopyMinBytes = 256 * 1024;
+  static constexpr size_t kSingleCopyMaxBytes = 4 * 1024 * 1024;
+  static constexpr size_t kSingleCopyBroadcastMaxBytes = 512 * 1024;
 
   // The segment's size for `size` ranks.
   static size_t segment_bytes(int size);
@@ -191,6 +196,10 @@ class ShmGroup {
                            const Deadline& deadline);
   // The second step of a single-copy collective, after which no peer reads this rank's buffers.
   void finish_single_copy(uint32_t kind, uint64_t bytes, const Deadline& deadline);
+  // Whether a collective whose largest buffer holds `bytes` reads the peers' buffers directly.
+  bool takes_single_copy(size_t bytes, size_t max_bytes = kSingleCopyMaxBytes) const {
+    return single_copy_ && bytes >= kSingleCopyMinBytes && bytes <= max_bytes;
+  }
   pid_t peer_pid(int peer) const;
   // Copies `n` bytes at `address` in rank `peer`'s process to `to`; on failure, fails the group.
   void read_peer(int peer, void* to, uint64_t address, size_t n);
