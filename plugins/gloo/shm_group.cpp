@@ -487,6 +487,13 @@ void reduce_in_rank_order(void* out, const std::vector<const char*>& inputs, siz
 
 }  // namespace
 
+const char* ShmGroup::own_operand(const char* own, const char* result, size_t bytes) {
+  if (rank_ < 2 || own != result) return own;
+  // In place, the first reduction (of ranks 0 and 1) would overwrite this operand before it is read.
+  scratch_.assign(own, own + bytes);
+  return scratch_.data();
+}
+
 void ShmGroup::allreduce(const void* send, void* recv, size_t count, bpl_dtype acc, plugin::ReduceFn reduce,
                          std::chrono::milliseconds timeout) {
   const Deadline deadline(timeout);
@@ -520,13 +527,8 @@ void ShmGroup::allreduce(const void* send, void* recv, size_t count, bpl_dtype a
     }
     publish(kAllreduce, total);
     wait_for_all(copy_step, deadline);
-    const char* own = in + (first + mine) * element;
     char* result = out + (first + mine) * element;
-    if (rank_ >= 2 && own == result) {
-      // In place, the first reduction (of ranks 0 and 1) would overwrite this operand before it is read.
-      scratch_.assign(own, own + mine_n * element);
-      own = scratch_.data();
-    }
+    const char* own = own_operand(in + (first + mine) * element, result, mine_n * element);
     for (int q = 0; q < size_; ++q) inputs[static_cast<size_t>(q)] = slot(copy_step, q) + mine * element;
     inputs[static_cast<size_t>(rank_)] = own;
     const uint32_t reduce_step = next_step();
@@ -609,13 +611,8 @@ void ShmGroup::reduce_scatter(const void* send, void* recv, size_t count, bpl_dt
       }
     }
     publish(kReduceScatter, count * element);
-    const char* own = in + (count * static_cast<size_t>(rank_) + first) * element;
     char* result = out + first * element;
-    if (rank_ >= 2 && own == result) {
-      // In place, the first reduction (of ranks 0 and 1) would overwrite this operand before it is read.
-      scratch_.assign(own, own + n * element);
-      own = scratch_.data();
-    }
+    const char* own = own_operand(in + (count * static_cast<size_t>(rank_) + first) * element, result, n * element);
     wait_for_all(step, deadline);
     for (int q = 0; q < size_; ++q) inputs[static_cast<size_t>(q)] = slot(step, q) + n * element * static_cast<size_t>(rank_);
     inputs[static_cast<size_t>(rank_)] = own;

@@ -196,6 +196,9 @@ class ShmGroup {
                            const Deadline& deadline);
   // The second step of a single-copy collective, after which no peer reads this rank's buffers.
   void finish_single_copy(uint32_t kind, uint64_t bytes, const Deadline& deadline);
+  // This rank's operand at `own` of a reduction (in rank order) into `result`, or a copy of it where
+  // the reduction would overwrite it before reading it.
+  const char* own_operand(const char* own, const char* result, size_t bytes);
   // Whether a collective whose largest buffer holds `bytes` reads the peers' buffers directly.
   bool takes_single_copy(size_t bytes, size_t max_bytes = kSingleCopyMaxBytes) const {
     return single_copy_ && bytes >= kSingleCopyMinBytes && bytes <= max_bytes;
@@ -227,7 +230,7 @@ class ShmGroup {
   // Sends the receiver refused (by peer and sequence: the size its recv asked for) whose mailbox slot
   // a later send took before they were waited for.
   std::map<std::pair<int, uint64_t>, uint64_t> refused_sends_;
-  std::vector<char> scratch_;  // a reduction in place: this rank's own operand, which the result would overwrite
+  std::vector<char> scratch_;  // see own_operand
   std::vector<pid_t> peer_pids_;
   std::vector<int> communicator_ranks_;
 };
