@@ -79,6 +79,25 @@ inline void cpu_relax() {
 #endif
 }
 
+#if defined(__SSE2__)
+// Copies a line (kLine bytes) at a time with 16-byte vector moves, ordinary or streaming stores, until
+// less than a line is left; advances the pointers and `n` past what it copied.
+template <bool streaming>
+void copy_whole_lines(char*& dst, const char*& src, size_t& n) {
+  for (; n >= kLine; n -= kLine, src += kLine, dst += kLine) {
+    __m128i line[4];
+    for (int i = 0; i < 4; ++i) line[i] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 16 * i));
+    for (int i = 0; i < 4; ++i) {
+      if constexpr (streaming) {
+        _mm_stream_si128(reinterpret_cast<__m128i*>(dst + 16 * i), line[i]);
+      } else {
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 16 * i), line[i]);
+      }
+    }
+  }
+}
+#endif
+
 // Copies between a caller's buffer and the segment: memcpy, except on AMD. glibc 2.36 copies a few
 // KiB and more with `rep movsb`, which on AMD Zen runs 4-7x slower when source and destination lie a
 // few bytes apart modulo 4096 (page aliasing, glibc bug 30994), and that is the common case here: a
@@ -96,16 +115,7 @@ void copy_bytes(void* to, const void* from, size_t n) {
   if (avoid_rep_movsb) {
     auto* dst = static_cast<char*>(to);
     const auto* src = static_cast<const char*>(from);
-    for (; n >= 64; n -= 64, src += 64, dst += 64) {
-      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
-      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 16));
-      const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 32));
-      const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 48));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), a);
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 16), b);
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 32), c);
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 48), d);
-    }
+    copy_whole_lines</*streaming=*/false>(dst, src, n);
     std::memcpy(dst, src, n);
     return;
   }
@@ -132,16 +142,7 @@ void copy_to_peers(void* to, const void* from, size_t n) {
     const size_t head = (kLine - reinterpret_cast<std::uintptr_t>(dst) % kLine) % kLine;  // to a line's start
     copy_bytes(dst, src, head);
     dst += head, src += head, n -= head;
-    for (; n >= kLine; n -= kLine, src += kLine, dst += kLine) {
-      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
-      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 16));
-      const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 32));
-      const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 48));
-      _mm_stream_si128(reinterpret_cast<__m128i*>(dst), a);
-      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + 16), b);
-      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + 32), c);
-      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + 48), d);
-    }
+    copy_whole_lines</*streaming=*/true>(dst, src, n);  // dst is at a line's start: whole lines streamed
     copy_bytes(dst, src, n);
     _mm_sfence();  // streamed stores are weakly ordered: all of them land before the step is published
     return;
