@@ -357,7 +357,7 @@ TEST(ShmGroupFailures, DifferentSizesOrCollectivesAreAMismatchOnEveryRank) {
     });
   });
   EXPECT_EQ(outcomes[0].status, BPL_ERR_MISMATCH) << outcomes[0].message;
-  EXPECT_NE(outcomes[0].message.find("rank 1 calls allreduce of 32 bytes, this rank allreduce of 16 bytes"), std::string::npos)
+  EXPECT_NE(outcomes[0].message.find("rank 0 calls allreduce of 16 bytes; rank 1 calls allreduce of 32 bytes"), std::string::npos)
       << outcomes[0].message;
   EXPECT_EQ(outcomes[1].status, BPL_ERR_MISMATCH) << outcomes[1].message;
 
@@ -392,7 +392,7 @@ TEST(ShmGroupFailures, AlltoallInPlaceOnOneRankOnlyIsAMismatchWhereTheOthersRead
   });
   const std::string bytes = std::to_string(block_bytes);
   EXPECT_EQ(outcomes[0].status, BPL_ERR_MISMATCH) << outcomes[0].message;
-  EXPECT_NE(outcomes[0].message.find("rank 1 calls alltoall of " + bytes + " bytes, this rank alltoall in place of " +
+  EXPECT_NE(outcomes[0].message.find("rank 0 calls alltoall in place of " + bytes + " bytes; rank 1 calls alltoall of " +
                                      bytes + " bytes"),
             std::string::npos)
       << outcomes[0].message;

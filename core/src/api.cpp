@@ -174,10 +174,25 @@ void check_op(const bpl_comm* comm, bpl_reduce_op op) {
   }
 }
 
-// Bytes of `count` elements times `blocks`, rejecting negative counts and sizes no memory can hold.
+// The bytes a process can address: user space ends below 2^47 on x86-64 (2^48 on AArch64), or 2^56
+// where the kernel has handed out an address above that (5-level page tables).
+constexpr uint64_t kAddressSpaceBytes = uint64_t{1} << (sizeof(void*) < 8 ? 32 :
+#if defined(__aarch64__)
+                                                                            48
+#else
+                                                                            47
+#endif
+                                                        );
+
+uint64_t address_space_of(const void* buffer) {
+  return reinterpret_cast<uintptr_t>(buffer) < kAddressSpaceBytes ? kAddressSpaceBytes : uint64_t{1} << 56;
+}
+
+// Bytes of `count` elements times `blocks`, rejecting negative counts and sizes no process can address
+// (a buffer that large cannot exist: the backend would read or write memory it does not own).
 size_t check_count(int64_t count, size_t element_size, int64_t blocks, const char* param) {
   REQUIRE(count >= 0, std::string(param) + " = " + std::to_string(count) + ": expected >= 0");
-  const int64_t limit = std::numeric_limits<int64_t>::max() / static_cast<int64_t>(element_size) / blocks;
+  const auto limit = static_cast<int64_t>(kAddressSpaceBytes / element_size / static_cast<uint64_t>(blocks));
   REQUIRE(count <= limit, std::string(param) + " = " + std::to_string(count) + ": " + std::to_string(blocks) +
                               " block(s) of it exceed the address space (at most " + std::to_string(limit) + ")");
   return static_cast<size_t>(count) * element_size * static_cast<size_t>(blocks);
@@ -185,6 +200,8 @@ size_t check_count(int64_t count, size_t element_size, int64_t blocks, const cha
 
 void check_buffer(const void* buffer, size_t bytes, const char* param) {
   REQUIRE(buffer != nullptr || bytes == 0, std::string(param) + " is NULL but holds " + std::to_string(bytes) + " bytes");
+  REQUIRE(bytes <= address_space_of(buffer) - std::min<uint64_t>(reinterpret_cast<uintptr_t>(buffer), address_space_of(buffer)),
+          std::string(param) + " + " + std::to_string(bytes) + " bytes runs past the end of the address space");
 }
 
 bool overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
@@ -274,11 +291,14 @@ bpl_status check_fingerprints(bpl_comm* comm, const Fingerprint& mine) {
     return status;
   }
   std::vector<Fingerprint> fingerprints;
-  try {
-    for (int32_t r = 0; r < comm->size; ++r) fingerprints.push_back(decode(all[static_cast<size_t>(r)], r));
-  } catch (const Error& e) {
-    set_last_error(e.what());
-    return e.status();
+  for (int32_t r = 0; r < comm->size; ++r) {
+    const std::optional<Fingerprint> theirs = decode(all[static_cast<size_t>(r)]);
+    if (!theirs) {
+      set_last_error("rank " + std::to_string(r) +
+                     " sent no BPL_DEBUG=detail fingerprint: is BPL_DEBUG=detail set on every rank?");
+      return BPL_ERR_INTERNAL;
+    }
+    fingerprints.push_back(*theirs);
   }
   const std::string report = compare(fingerprints);
   if (report.empty()) return BPL_OK;
@@ -1135,7 +1155,7 @@ bpl_status bpl_request_wait(bpl_request* req, int64_t timeout_ms) {
     bpl_comm* comm = r->comm;
     const bpl_plugin_api& api = comm->runtime->api();
     const int64_t comm_timeout_ms = comm->state.timeout_ms();
-    if (timeout_ms == BPL_TIMEOUT_DEFAULT) timeout_ms = comm_timeout_ms;
+    timeout_ms = timeout_ms == BPL_TIMEOUT_DEFAULT ? comm_timeout_ms : std::min(timeout_ms, kLongestTimeoutMs);
     // A wait as long as the communicator's timeout that still sees the operation in flight has seen it
     // overrun its bound; a shorter wait is only a poll with a deadline.
     const bool overran_if_timed_out = timeout_ms >= comm_timeout_ms;
@@ -1197,7 +1217,7 @@ bpl_status bpl_comm_set_timeout(bpl_comm* comm, int64_t timeout_ms) {
     REQUIRE(timeout_ms > 0 || timeout_ms == BPL_TIMEOUT_DEFAULT,
             "timeout_ms = " + std::to_string(timeout_ms) + ": expected > 0 (milliseconds) or BPL_TIMEOUT_DEFAULT (-1)");
     bpl_runtime* rt = c->runtime;
-    if (timeout_ms == BPL_TIMEOUT_DEFAULT) timeout_ms = rt->launch.timeout_ms;
+    timeout_ms = timeout_ms == BPL_TIMEOUT_DEFAULT ? rt->launch.timeout_ms : std::min(timeout_ms, kLongestTimeoutMs);
     auto fn = rt->plugin->optional(&bpl_plugin_api::comm_set_timeout);
     if (fn == nullptr) {
       throw Error(BPL_ERR_UNSUPPORTED, std::string("backend '") + rt->backend() + "' (plugin ABI " +

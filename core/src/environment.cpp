@@ -1,5 +1,7 @@
 #include "environment.h"
 
+#include <algorithm>
+
 #include <cctype>
 #include <cerrno>
 #include <cstdlib>
@@ -171,11 +173,11 @@ LaunchInfo resolve_launch(const bpl_init_options& options, const EnvLookup& env)
   }
 
   if (options.timeout_ms > 0) {
-    info.timeout_ms = options.timeout_ms;
+    info.timeout_ms = std::min(options.timeout_ms, kLongestTimeoutMs);
   } else if (options.timeout_ms != -1) {
     throw Error(BPL_ERR_INVALID_ARGUMENT,
                 "options.timeout_ms = " + std::to_string(options.timeout_ms) + ": expected > 0, or -1 for the default");
-  } else if (auto timeout = env_integer(env, "BPL_TIMEOUT_MS", 1, INT64_C(1) << 40)) {
+  } else if (auto timeout = env_integer(env, "BPL_TIMEOUT_MS", 1, kLongestTimeoutMs)) {
     info.timeout_ms = *timeout;
   }
   return info;

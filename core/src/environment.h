@@ -32,6 +32,10 @@ std::optional<int64_t> env_integer(const EnvLookup& env, const std::string& name
 std::vector<std::string> split_path_list(const std::string& text);
 
 constexpr int64_t kDefaultTimeoutMs = 300000;
+// The longest timeout any wait honours: 2^40 ms, about 35 years, which every backend's deadline
+// arithmetic holds. A longer one given through the API (INT64_MAX for "no bound") means this one;
+// BPL_TIMEOUT_MS refuses it, naming the range.
+constexpr int64_t kLongestTimeoutMs = int64_t{1} << 40;
 
 // Where this process sits in the job, from explicit options and the launch environment, highest first:
 // options > torchrun (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE) > Open MPI (OMPI_COMM_WORLD_*) >

@@ -2,8 +2,6 @@
 
 #include <algorithm>
 
-#include "error.h"
-
 namespace backplane {
 namespace {
 
@@ -27,11 +25,8 @@ FingerprintWords encode(const Fingerprint& f) {
   return {kFingerprintMagic, f.sequence, f.op, f.dtype, f.count, f.root, f.reduce_op, 0};
 }
 
-Fingerprint decode(const FingerprintWords& words, int rank) {
-  if (words[0] != kFingerprintMagic) {
-    throw Error(BPL_ERR_INTERNAL, "rank " + std::to_string(rank) +
-                                      " sent no BPL_DEBUG=detail fingerprint: is BPL_DEBUG=detail set on every rank?");
-  }
+std::optional<Fingerprint> decode(const FingerprintWords& words) {
+  if (words[0] != kFingerprintMagic) return std::nullopt;
   Fingerprint f;
   f.sequence = words[1];
   f.op = words[2];
@@ -43,8 +38,8 @@ Fingerprint decode(const FingerprintWords& words, int rank) {
 }
 
 std::string describe(const Fingerprint& f) {
-  std::string text = std::string(bpl_collective_name(static_cast<bpl_collective>(f.op))) + " #" +
-                     std::to_string(f.sequence);
+  std::string text = std::string(bpl_collective_name(static_cast<bpl_collective>(f.op))) +
+                     (f.sequence > 0 ? " #" + std::to_string(f.sequence) : "");
   std::string args;
   auto add = [&](const std::string& item) { args += (args.empty() ? "" : ", ") + item; };
   if (f.dtype >= 0) add(bpl_dtype_name(static_cast<bpl_dtype>(f.dtype)));
@@ -55,25 +50,29 @@ std::string describe(const Fingerprint& f) {
 }
 
 std::string compare(const std::vector<Fingerprint>& all) {
-  if (std::all_of(all.begin(), all.end(), [&](const Fingerprint& f) { return f == all.front(); })) return "";
+  std::vector<std::pair<int, Fingerprint>> by_rank;
+  for (size_t rank = 0; rank < all.size(); ++rank) by_rank.emplace_back(static_cast<int>(rank), all[rank]);
+  return compare(by_rank);
+}
 
-  // Distinct fingerprints in order of first appearance, with the ranks that sent each.
-  std::vector<std::pair<Fingerprint, std::vector<int>>> groups;
-  for (int rank = 0; rank < static_cast<int>(all.size()); ++rank) {
-    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == all[rank]; });
+std::string disagreement(const std::vector<std::pair<int, std::string>>& call_of_rank) {
+  // Distinct calls in order of first appearance, with the ranks that make each.
+  std::vector<std::pair<std::string, std::vector<int>>> groups;
+  for (const auto& [rank, call] : call_of_rank) {
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == call; });
     if (it == groups.end()) {
-      groups.push_back({all[rank], {rank}});
+      groups.push_back({call, {rank}});
     } else {
       it->second.push_back(rank);
     }
   }
-  std::string report = "ranks disagree on the collective they call: ";
+  if (groups.size() < 2) return "";
+  std::string report;
   for (size_t i = 0; i < groups.size(); ++i) {
     report += (i ? "; " : "") + rank_list(groups[i].second) + (groups[i].second.size() == 1 ? " calls " : " call ") +
-              describe(groups[i].first);
+              groups[i].first;
   }
-
-  // The most common fingerprint (rank 0's on a tie) is the reference; the others are named as differing.
+  // The most common call (the first on a tie) is the reference; the others are named as differing.
   const auto reference = std::max_element(groups.begin(), groups.end(), [](const auto& a, const auto& b) {
     return a.second.size() < b.second.size();
   });
@@ -85,7 +84,16 @@ std::string compare(const std::vector<Fingerprint>& all) {
     std::sort(odd.begin(), odd.end());
     report += "; " + rank_list(odd) + " differ" + (odd.size() == 1 ? "s" : "") + " from the others";
   }
+  return report;
+}
 
+std::string compare(const std::vector<std::pair<int, Fingerprint>>& by_rank) {
+  std::vector<std::pair<int, std::string>> calls;
+  for (const auto& [rank, fingerprint] : by_rank) calls.emplace_back(rank, describe(fingerprint));
+  const std::string groups = disagreement(calls);
+  if (groups.empty()) return "";
+  std::vector<Fingerprint> all;
+  for (const auto& [rank, fingerprint] : by_rank) all.push_back(fingerprint);
   std::vector<std::string> fields;
   auto differs = [&](int64_t Fingerprint::*field) {
     return std::any_of(all.begin(), all.end(), [&](const Fingerprint& f) { return f.*field != all.front().*field; });
@@ -96,7 +104,7 @@ std::string compare(const std::vector<Fingerprint>& all) {
   if (differs(&Fingerprint::count)) fields.push_back("count");
   if (differs(&Fingerprint::root)) fields.push_back("root");
   if (differs(&Fingerprint::reduce_op)) fields.push_back("reduce op");
-  report += "; differ in: ";
+  std::string report = "ranks disagree on the collective they call: " + groups + "; differ in: ";
   for (size_t i = 0; i < fields.size(); ++i) report += (i ? ", " : "") + fields[i];
   return report;
 }

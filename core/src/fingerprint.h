@@ -1,15 +1,19 @@
-// BPL_DEBUG=detail: before each collective, the ranks of the communicator exchange what they are about
-// to run (a fingerprint) and compare, so that ranks calling different collectives, or the same one
-// with different arguments, get BPL_ERR_MISMATCH naming the ranks and the differing fields instead of
-// a hang, a timeout or a silently wrong result.
+// What a rank is about to run (a fingerprint), and the comparison of every rank's: ranks calling
+// different collectives, or the same one with different arguments, get BPL_ERR_MISMATCH naming the
+// ranks and the differing fields instead of a hang, a timeout or a silently wrong result.
 //
-// The exchange is an allgather of a fixed number of int64 words on the communicator itself: its shape
-// never depends on the arguments being checked, so it cannot mismatch even when they do.
+// BPL_DEBUG=detail exchanges fingerprints before each collective, as an allgather of a fixed number of
+// int64 words on the communicator itself: its shape never depends on the arguments being checked, so
+// it cannot mismatch even when they do. Plugins use the same words to explain an operation that
+// stalled (gloo through its store, mpi on a communicator of its own), so that their reports read alike;
+// this file and names.cpp are built into them too (bpl_fingerprint), depending on nothing else.
 #pragma once
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backplane/backplane.h"
@@ -18,7 +22,7 @@ namespace backplane {
 
 // -1 marks a field the operation does not have (a barrier has no dtype, a broadcast no reduce op).
 struct Fingerprint {
-  int64_t sequence = 0;  // 1-based number of the collective on its communicator
+  int64_t sequence = 0;  // 1-based number of the collective on its communicator (0: not shown)
   int64_t op = -1;       // bpl_collective
   int64_t dtype = -1;
   int64_t count = -1;
@@ -32,8 +36,8 @@ constexpr size_t kFingerprintWords = 8;
 using FingerprintWords = std::array<int64_t, kFingerprintWords>;
 
 FingerprintWords encode(const Fingerprint& fingerprint);
-// Throws Error(INTERNAL) when `words` were not made by encode (a peer running another version).
-Fingerprint decode(const FingerprintWords& words, int rank);
+// Nothing when `words` were not made by encode (a peer running another version, or not checking).
+std::optional<Fingerprint> decode(const FingerprintWords& words);
 
 // "allreduce #5 (f32, count 16, sum)"
 std::string describe(const Fingerprint& fingerprint);
@@ -42,5 +46,11 @@ std::string describe(const Fingerprint& fingerprint);
 // BPL_ERR_MISMATCH: each distinct fingerprint with the ranks that sent it, the ranks that differ from
 // the most common one, and "differ in: …" naming the fields. One line.
 std::string compare(const std::vector<Fingerprint>& all);
+// The same for the fingerprints of some ranks only: (rank, fingerprint) pairs.
+std::string compare(const std::vector<std::pair<int, Fingerprint>>& by_rank);
+
+// The ranks grouped by what they call, given as (rank, description) pairs (equal descriptions, same
+// call): "ranks 0,2 call X; rank 1 calls Y; rank 1 differs from the others". "" when all agree.
+std::string disagreement(const std::vector<std::pair<int, std::string>>& call_of_rank);
 
 }  // namespace backplane

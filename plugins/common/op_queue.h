@@ -17,6 +17,7 @@
 #include <tuple>
 
 #include "backplane/backplane.h"
+#include "plugin_support.h"
 
 namespace backplane::plugin {
 
@@ -126,7 +127,7 @@ class OpQueue {
     auto op = std::make_shared<Operation>(std::move(body));
     std::lock_guard<std::mutex> lock(mutex_);
     const auto ahead = static_cast<int64_t>(pending_.size()) + (busy_ ? 1 : 0);
-    op->deadline_ = std::chrono::steady_clock::now() + op_timeout_ * (ahead + 1) + std::chrono::seconds(1);
+    op->deadline_ = deadline_after(op_timeout_ * (ahead + 1) + std::chrono::seconds(1));
     if (!worker_.joinable()) worker_ = std::thread([this] { work(); });
     pending_.push_back(op);
     queued_.fetch_add(1, std::memory_order_release);

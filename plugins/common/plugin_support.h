@@ -2,6 +2,7 @@
 // turns any exception into a status plus a message through the host's set_error (plugin.h contract).
 #pragma once
 
+#include <chrono>
 #include <new>
 #include <stdexcept>
 #include <string>
@@ -18,6 +19,14 @@ class Error : public std::runtime_error {
  private:
   bpl_status status_;
 };
+
+// `timeout` from now, or the latest time the clock can hold when that is further away (a caller's
+// INT64_MAX milliseconds must not wrap into the past). Every deadline of a plugin is computed here.
+inline std::chrono::steady_clock::time_point deadline_after(std::chrono::milliseconds timeout) {
+  const auto now = std::chrono::steady_clock::now();
+  const auto room = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::time_point::max() - now);
+  return timeout >= room ? std::chrono::steady_clock::time_point::max() : now + timeout;
+}
 
 // Set by the plugin's bpl_plugin_open_v1; valid while the plugin is loaded.
 inline const bpl_host_api*& host() {

@@ -12,7 +12,11 @@
 #include <gloo/transport/tcp/address.h>
 #include <gloo/types.h>
 
+#include <dirent.h>
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,6 +24,10 @@
 #include <cstring>
 #include <functional>
 #include <numeric>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
 #include <tuple>
 
 #include "dtypes.h"
@@ -133,21 +141,103 @@ GlooComm::GlooComm(std::shared_ptr<Shared> shared, std::string uid, int rank, in
   context_ = std::move(context);
   learn_peers(store);
   set_up_shared_memory(store);
+  watch_connections();
 }
 
-GlooComm::~GlooComm() { queue_.shut_down(); }
+GlooComm::~GlooComm() {
+  queue_.shut_down();
+  if (watched_ != 0) shared_->watch->unwatch(watched_);
+  for (const PairSocket& socket : sockets_) ::close(socket.fd);
+  // Before the connections close: the peers' watches then know this rank left, and did not fail.
+  if (size() > 1 && !failed_.load()) shared_->board->publish(uid_ + "/left/" + std::to_string(rank()), "1");
+}
 
 void GlooComm::set_timeout(std::chrono::milliseconds timeout) {
   timeout_ms_.store(timeout.count(), std::memory_order_relaxed);
   queue_.set_op_timeout(timeout);
 }
 
+namespace {
+
+}  // namespace
+
 void GlooComm::abort() {
-  const std::string reason = "shared memory: aborted (bpl_comm_abort) by rank " + std::to_string(rank()) + " of this communicator";
-  if (shm_) shm_->fail(BPL_ERR_ABORTED, reason);
-  if (machine_shm_) machine_shm_->fail(BPL_ERR_ABORTED, reason);
-  if (leaders_) leaders_->closeConnections();
-  context_->closeConnections();
+  failed_ = true;
+  if (aborted_.exchange(true)) return;
+  const std::string reason = "the communicator was aborted (bpl_comm_abort) by rank " + std::to_string(rank()) +
+                             " of this communicator";
+  // Recorded first, so that a peer whose connection to this rank fails names the abort.
+  if (size() > 1) shared_->board->record_first(uid_ + "/first_failure", std::to_string(BPL_ERR_REMOTE) + "|" +
+                                                                         std::to_string(rank()) + "|" + reason,
+                                               std::chrono::milliseconds(0));
+  if (shm_) shm_->fail(BPL_ERR_ABORTED, "shared memory: " + reason);
+  if (machine_shm_) machine_shm_->fail(BPL_ERR_ABORTED, "shared memory: " + reason);
+  shut_down_connections();
+}
+
+namespace {
+
+std::string address_of(int fd, bool local) {
+  sockaddr_storage address{};
+  socklen_t length = sizeof(address);
+  const int got = local ? ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length)
+                        : ::getpeername(fd, reinterpret_cast<sockaddr*>(&address), &length);
+  if (got != 0 || (address.ss_family != AF_INET && address.ss_family != AF_INET6)) return "";
+  return ::gloo::transport::tcp::Address(address).str();
+}
+
+}  // namespace
+
+void GlooComm::watch_connections() {
+  if (!shared_->watch) return;
+  std::map<std::string, int> peer_of_end;  // a pair's local end → rank in this communicator
+  for (int r = 0; r < size(); ++r) {
+    if (r != rank() && context_->getPair(r)) peer_of_end[context_->getPair(r)->address().str()] = r;
+  }
+  if (leaders_) {
+    for (int m = 0; m < leaders_->size; ++m) {
+      if (m == leaders_->rank || !leaders_->getPair(m)) continue;
+      const int leader = static_cast<int>(std::find(machine_of_rank_.begin(), machine_of_rank_.end(), m) - machine_of_rank_.begin());
+      peer_of_end[leaders_->getPair(m)->address().str()] = leader;
+    }
+  }
+  DIR* descriptors = ::opendir("/proc/self/fd");
+  if (descriptors == nullptr) return;
+  while (dirent* entry = ::readdir(descriptors)) {
+    const int fd = std::atoi(entry->d_name);
+    struct stat status {};
+    if (fd <= 2 || ::fstat(fd, &status) != 0 || !S_ISSOCK(status.st_mode)) continue;
+    const auto peer = peer_of_end.find(address_of(fd, true));
+    if (peer == peer_of_end.end()) continue;
+    // A descriptor of its own for the same socket: still valid after Gloo closes its own (the watch
+    // then still sees the connection end, and a shutdown never reaches a socket that took the number).
+    const int own = ::fcntl(fd, F_DUPFD_CLOEXEC, 3);
+    if (own >= 0) sockets_.push_back({own, peer->second});
+  }
+  ::closedir(descriptors);
+  std::vector<std::pair<int, int>> watched;
+  for (const PairSocket& socket : sockets_) watched.emplace_back(socket.fd, socket.peer);
+  watched_ = shared_->watch->watch(watched, [this](int peer) { connection_ended(peer); });
+}
+
+void GlooComm::shut_down_connections() {
+  for (const PairSocket& socket : sockets_) ::shutdown(socket.fd, SHUT_RDWR);
+  // The sends and recvs in flight: released here, whatever state the connection left Gloo's pair in.
+  std::lock_guard<std::mutex> lock(transfers_mutex_);
+  for (const auto& weak : transfers_) {
+    if (auto buffer = weak.lock()) {
+      buffer->abortWaitSend();
+      buffer->abortWaitRecv();
+    }
+  }
+}
+
+void GlooComm::connection_ended(int peer) {
+  if (aborted_.load()) return;  // this rank's own abort shut them down
+  if (shared_->board->gather({uid_ + "/left/" + std::to_string(peer)}, std::chrono::milliseconds(0)).front()) return;
+  int none = -1;
+  first_ended_.compare_exchange_strong(none, peer);
+  shut_down_connections();
 }
 
 namespace {
@@ -298,11 +388,12 @@ std::vector<std::string> lines_of(const std::vector<char>& bytes) {
 
 }  // namespace
 
-// A Gloo pair names its peer by the connection's remote end or, on some pairs of Debian's Gloo, by
-// the address the peer announced before connecting. Each rank publishes its process (process space
-// and pid) and its own end of each connection through the store; the announced addresses are read
-// from Gloo's own rendezvous records. The processes let a failure that names no known address still
-// be traced to a peer on this machine that has ended or is stopped.
+// A connected Gloo pair names its peer by the connection's remote end. Each rank publishes its process
+// (process space and pid) and its own end of each connection through the store. (The addresses a
+// pair announced before connecting are not used: a pair that connects gives up its listening port,
+// which a later socket of any rank may then take, so that port would name the wrong rank.) The
+// processes let a failure that names no known address still be traced to a peer on this machine that
+// has ended or is stopped.
 void GlooComm::learn_peers(::gloo::rendezvous::Store& store) {
   machine_of_rank_.assign(static_cast<size_t>(size()), 0);
   if (size() == 1) return;
@@ -334,86 +425,166 @@ void GlooComm::learn_peers(::gloo::rendezvous::Store& store) {
         process_space_of_rank.begin());
     machine_of_rank_[r] = first == r ? machines++ : machine_of_rank_[first];
   }
-  learn_announced_addresses(store);
 }
 
-// connectFullMesh keeps, under key "<r>", the addresses rank r's pairs announced: one serialized
-// tcp::Address per peer, in rank order, skipping r. Read only if they are there and of that shape
-// (another Gloo may keep them otherwise); naming then falls back on the processes.
-void GlooComm::learn_announced_addresses(::gloo::rendezvous::Store& store) {
-  std::vector<std::string> keys;
-  for (int r = 0; r < size(); ++r) {
-    if (r != rank()) keys.push_back(std::to_string(r));
-  }
-  try {
-    store.wait(keys, std::chrono::milliseconds(100));
-  } catch (const std::exception&) {
-    return;
-  }
-  const size_t entry_size = context_->getPair(rank() == 0 ? 1 : 0)->address().bytes().size();
-  for (int r = 0; r < size(); ++r) {
-    if (r == rank()) continue;
-    const std::vector<char> record = store.get(std::to_string(r));
-    if (record.size() != entry_size * static_cast<size_t>(size() - 1)) continue;
-    const auto entry = record.begin() + static_cast<ptrdiff_t>(entry_size) * (rank() < r ? rank() : rank() - 1);
-    const ::gloo::transport::tcp::Address announced(std::vector<char>(entry, entry + static_cast<ptrdiff_t>(entry_size)));
-    peer_of_address_.emplace(announced.str(), r);
-  }
-}
-
+// Names the peer behind a failure, or says what is unknown here, never a wrong one. The peers of this
+// machine whose process ended (REMOTE) or is stopped (TIMEOUT) are named first. A connection that
+// ended names its peer as the cause only if that peer's process ended, or runs here and failed on its
+// own (it aborted): a peer on another machine may have closed it after a failure it saw itself, and
+// is then only said to have closed it (the store's record, when it can be read, names the cause).
 std::string GlooComm::failed_peers_note(const std::string& message, bpl_status status) const {
-  for (const auto& [address, peer] : peer_of_address_) {
-    if (message.find(address) != std::string::npos) {
-      return " (peer " + address + " is rank " + std::to_string(peer) + " of this communicator)";
-    }
+  // The watch saw this peer's connection end first: what this rank's own operation saw after that is
+  // its own connections being failed in turn. Otherwise the address in Gloo's message, "[host]:port",
+  // looked up whole (one port may be another's prefix).
+  int closed_by = status == BPL_ERR_REMOTE ? first_ended_.load() : -1;
+  static const std::regex address_in_message(R"(\[[^\]]*\]:\d+)");
+  for (std::sregex_iterator it(message.begin(), message.end(), address_in_message), end; closed_by < 0 && it != end; ++it) {
+    const auto known = peer_of_address_.find(it->str());
+    if (known != peer_of_address_.end()) closed_by = known->second;
   }
-  // No address (a timeout) or none known: look for the peers of this machine that ended or are
-  // stopped. A killed peer's sockets close a moment before its process is marked ended, hence the
-  // short wait for one, where there is one to wait for.
+  auto local_pid = [&](int r) { return local_pid_of_peer_.empty() ? 0 : local_pid_of_peer_[static_cast<size_t>(r)]; };
   const bool any_local_peer = std::any_of(local_pid_of_peer_.begin(), local_pid_of_peer_.end(), [](pid_t pid) { return pid != 0; });
-  if (!any_local_peer) return "";
-  const auto wanted = status == BPL_ERR_TIMEOUT ? plugin::ProcessState::kStopped : plugin::ProcessState::kEnded;
-  const auto give_up = std::chrono::steady_clock::now() +
-                       (status == BPL_ERR_TIMEOUT ? std::chrono::milliseconds(0) : std::chrono::milliseconds(200));
-  for (;;) {
-    std::string note;
-    for (int r = 0; r < size(); ++r) {
-      const pid_t pid = local_pid_of_peer_.empty() ? 0 : local_pid_of_peer_[static_cast<size_t>(r)];
-      if (pid == 0 || plugin::process_state(pid) != wanted) continue;
-      note += (note.empty() ? " (" : "; ") + plugin::local_peer_description(r, pid, wanted);
+  if (any_local_peer) {
+    // A killed peer's sockets close a moment before its process is marked ended, hence the short
+    // wait for one.
+    const auto wanted = status == BPL_ERR_TIMEOUT ? plugin::ProcessState::kStopped : plugin::ProcessState::kEnded;
+    const auto give_up = std::chrono::steady_clock::now() +
+                         (status == BPL_ERR_TIMEOUT ? std::chrono::milliseconds(0) : std::chrono::milliseconds(200));
+    for (;;) {
+      std::string note;
+      for (int r = 0; r < size(); ++r) {
+        const pid_t pid = local_pid(r);
+        if (pid == 0 || plugin::process_state(pid) != wanted) continue;
+        note += (note.empty() ? " (" : "; ") + plugin::local_peer_description(r, pid, wanted);
+      }
+      if (!note.empty()) return note + ")";
+      if (std::chrono::steady_clock::now() >= give_up) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
-    if (!note.empty()) return note + ")";
-    if (std::chrono::steady_clock::now() >= give_up) return "";
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
+  if (closed_by < 0) return "";
+  if (local_pid(closed_by) == 0) {
+    return " (the connection to rank " + std::to_string(closed_by) +
+           ", on another machine, ended: it ended, aborted, or closed it after a failure of its own)";
+  }
+  return " (the connection to rank " + std::to_string(closed_by) + " ended while its process " +
+         std::to_string(local_pid(closed_by)) + " on this machine runs: it aborted, or closed it after a failure of its own)";
 }
+
+namespace {
+
+// How long a rank that timed out waits for the others' word about the stalled operation: they time
+// out at about the same moment, give or take how late each came to it.
+std::chrono::milliseconds explanation_window(std::chrono::milliseconds timeout) {
+  return std::min(timeout / 4, std::chrono::milliseconds(1000));
+}
+
+std::string words_text(const FingerprintWords& words) {
+  std::string text;
+  for (int64_t word : words) text += std::to_string(word) + " ";
+  return text;
+}
+
+std::optional<Fingerprint> fingerprint_of_text(const std::string& text) {
+  FingerprintWords words{};
+  std::istringstream in(text);
+  for (int64_t& word : words) {
+    if (!(in >> word)) return std::nullopt;
+  }
+  return decode(words);
+}
+
+}  // namespace
 
 Error GlooComm::failure(const std::exception& e) {
+  if (aborted_.load()) {
+    return Error(BPL_ERR_ABORTED, "the communicator was aborted (bpl_comm_abort) on this rank (" +
+                                      std::string(e.what()) + ")");
+  }
   const bpl_status status = classify_exception(e);
+  // A stall is explained by what the ranks called; so is a connection that ended because a peer's own
+  // stall timed out (Gloo closes the pair it waited on), which this rank then only reads, not waits for.
+  if (status == BPL_ERR_TIMEOUT || status == BPL_ERR_REMOTE) {
+    const auto wait = status == BPL_ERR_TIMEOUT ? explanation_window(timeout()) : std::chrono::milliseconds(0);
+    if (std::optional<std::string> mismatch = explain_stall(wait)) return recorded_failure(BPL_ERR_MISMATCH, *mismatch);
+  }
   std::string message = e.what();
   const std::string peers_note =
       status == BPL_ERR_REMOTE || status == BPL_ERR_TIMEOUT ? failed_peers_note(message, status) : "";
   message += peers_note;
-  std::chrono::milliseconds defer(0);
   if (status == BPL_ERR_TIMEOUT) {
     message += " (no peer of this rank in the operation made progress within " + std::to_string(timeout().count()) +
                " ms: one is stopped, stuck or far behind)";
-    // A timeout whose cause is on another machine (a stopped rank there, or the ranks its leader
-    // waits for) is seen at about the same moment by a rank of that machine, which can name it: give
-    // that rank's record a moment to come first, so that this rank reports the cause too.
-    const bool spans_machines =
-        std::any_of(machine_of_rank_.begin(), machine_of_rank_.end(), [](int machine) { return machine > 0; });
-    if (peers_note.empty() && spans_machines) defer = std::min(timeout() / 4, std::chrono::milliseconds(1000));
   }
-  return recorded_failure(status, message, defer);
+  return recorded_failure(status, message, record_defer(status, peers_note));
+}
+
+// A failure whose cause may be on another machine is seen at about the same moment by a rank of that
+// machine, which can name it (a stopped rank there, or a peer there whose process ended): a timeout
+// this rank cannot explain, or a connection to another machine that ended (it may only have followed
+// a failure there), waits a moment for that rank's record to come first.
+std::chrono::milliseconds GlooComm::record_defer(bpl_status status, const std::string& peers_note) const {
+  const bool spans_machines =
+      std::any_of(machine_of_rank_.begin(), machine_of_rank_.end(), [](int machine) { return machine > 0; });
+  const bool unexplained = status == BPL_ERR_TIMEOUT ? peers_note.empty()
+                                                     : peers_note.find("on another machine") != std::string::npos;
+  return spans_machines && unexplained ? explanation_window(timeout()) : std::chrono::milliseconds(0);
+}
+
+void GlooComm::begin(bpl_collective op, bpl_dtype dtype, size_t count, int root, int reduce_op) {
+  current_.sequence = static_cast<int64_t>(++collectives_);
+  current_.op = op;
+  current_.dtype = dtype;
+  current_.count = dtype < 0 ? -1 : static_cast<int64_t>(count);
+  current_.root = root;
+  current_.reduce_op = reduce_op;
+}
+
+uint32_t GlooComm::tag() const {
+  uint64_t hash = 14695981039346656037ull;  // FNV-1a over the fingerprint's words
+  for (int64_t word : encode(current_)) {
+    for (int byte = 0; byte < 8; ++byte) {
+      hash ^= (static_cast<uint64_t>(word) >> (8 * byte)) & 0xff;
+      hash *= 1099511628211ull;
+    }
+  }
+  return static_cast<uint32_t>(hash ^ (hash >> 32));
+}
+
+std::optional<std::string> GlooComm::explain_stall(std::chrono::milliseconds wait) {
+  if (shm_ || current_.sequence == 0) return std::nullopt;  // shared memory tells a mismatch itself
+  const std::string key = uid_ + "/stalled/" + std::to_string(current_.sequence) + "/";
+  shared_->board->publish(key + std::to_string(rank()), words_text(encode(current_)));
+  std::vector<std::string> keys;
+  for (int r = 0; r < size(); ++r) keys.push_back(key + std::to_string(r));
+  const std::vector<std::optional<std::string>> said = shared_->board->gather(keys, wait);
+  std::vector<std::pair<int, Fingerprint>> fingerprints;
+  std::string silent;
+  for (int r = 0; r < size(); ++r) {
+    std::optional<Fingerprint> theirs = said[static_cast<size_t>(r)] ? fingerprint_of_text(*said[static_cast<size_t>(r)])
+                                                                     : std::nullopt;
+    if (!theirs) {
+      silent += (silent.empty() ? "" : ",") + std::to_string(r);
+      continue;
+    }
+    theirs->sequence = 0;  // this plugin's numbering, not the caller's
+    fingerprints.emplace_back(r, *theirs);
+  }
+  const std::string report = compare(fingerprints);
+  if (report.empty()) return std::nullopt;
+  return report + " (found when the operation stalled over Gloo's TCP pairs" +
+         (silent.empty() ? "" : "; ranks " + silent + " did not say what they call") + ")";
 }
 
 Error GlooComm::recorded_failure(bpl_status status, const std::string& message, std::chrono::milliseconds defer) {
-  if (status != BPL_ERR_REMOTE && status != BPL_ERR_TIMEOUT) return Error(status, message);
+  if (status != BPL_ERR_REMOTE && status != BPL_ERR_TIMEOUT && status != BPL_ERR_MISMATCH) return Error(status, message);
   // "<status>|<rank>|<message>": the first failure recorded for this communicator.
   const std::string mine = std::to_string(status) + "|" + std::to_string(rank()) + "|" + message;
-  const std::string first = shared_->record_first(uid_ + "/first_failure", mine, defer);
-  context_->closeConnections();
+  failed_ = true;
+  const std::string first = shared_->board->record_first(uid_ + "/first_failure", mine, defer);
+  shut_down_connections();
+  // A rank that found the ranks disagreeing says so, whatever another rank recorded before it knew.
+  if (status == BPL_ERR_MISMATCH) return Error(status, message);
   const size_t bar1 = first.find('|'), bar2 = first.find('|', bar1 + 1);
   if (first == mine || bar1 == std::string::npos || bar2 == std::string::npos) return Error(status, message);
   const auto first_status = static_cast<bpl_status>(std::atoi(first.c_str()));
@@ -449,6 +620,7 @@ char* GlooComm::scratch(size_t slot, size_t bytes) {
 // widened into scratch, reduced, divided for AVG, and narrowed once at the end (through shared memory,
 // piece by piece).
 void GlooComm::allreduce(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_reduce_op op) {
+  begin(BPL_COLL_ALLREDUCE, dtype, count, -1, op);
   if (count == 0) return;
   const bpl_dtype acc = plugin::accumulation_dtype(dtype, op);
   if (shm_ && acc == dtype) {  // straight from send to recv, no copy beforehand
@@ -484,7 +656,7 @@ void GlooComm::allreduce(const void* send, void* recv, size_t count, bpl_dtype d
     ::gloo::AllreduceOptions options(context_);
     with_element_type(acc, [&](auto zero) { options.setOutput(static_cast<decltype(zero)*>(work), count); });
     options.setReduceFunction(plugin::reduce_function(acc, op));
-    options.setTag(next_tag());
+    options.setTag(tag());
     options.setTimeout(timeout());
     ::gloo::allreduce(options);
   }
@@ -492,17 +664,19 @@ void GlooComm::allreduce(const void* send, void* recv, size_t count, bpl_dtype d
 }
 
 void GlooComm::broadcast(void* buf, size_t count, bpl_dtype dtype, int root) {
+  begin(BPL_COLL_BROADCAST, dtype, count, root);
   if (count == 0 || size() == 1) return;
   if (shm_) return shm_->broadcast(buf, count * plugin::dtype_size(dtype), root, timeout());
   ::gloo::BroadcastOptions options(context_);
   options.setOutput(static_cast<uint8_t*>(buf), count * plugin::dtype_size(dtype));
   options.setRoot(root);
-  options.setTag(next_tag());
+  options.setTag(tag());
   options.setTimeout(timeout());
   ::gloo::broadcast(options);
 }
 
 void GlooComm::reduce(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_reduce_op op, int root) {
+  begin(BPL_COLL_REDUCE, dtype, count, root, op);
   if (count == 0) return;
   const bpl_dtype acc = plugin::accumulation_dtype(dtype, op);
   const bool is_root = rank() == root;
@@ -522,7 +696,7 @@ void GlooComm::reduce(const void* send, void* recv, size_t count, bpl_dtype dtyp
     with_element_type(acc, [&](auto zero) { options.setOutput(static_cast<decltype(zero)*>(work), count); });
     options.setRoot(root);
     options.setReduceFunction(plugin::reduce_function(acc, op));
-    options.setTag(next_tag());
+    options.setTag(tag());
     options.setTimeout(timeout());
     ::gloo::reduce(options);
   }
@@ -530,6 +704,7 @@ void GlooComm::reduce(const void* send, void* recv, size_t count, bpl_dtype dtyp
 }
 
 void GlooComm::allgather(const void* send, void* recv, size_t count, bpl_dtype dtype) {
+  begin(BPL_COLL_ALLGATHER, dtype, count);
   if (count == 0) return;
   const size_t block = count * plugin::dtype_size(dtype);
   char* own_block = static_cast<char*>(recv) + block * static_cast<size_t>(rank());
@@ -542,7 +717,7 @@ void GlooComm::allgather(const void* send, void* recv, size_t count, bpl_dtype d
   // In place (send already at recv's own block) Gloo reads the block from the output buffer.
   if (send != own_block) options.setInput(static_cast<uint8_t*>(const_cast<void*>(send)), block);
   options.setOutput(static_cast<uint8_t*>(recv), block * static_cast<size_t>(size()));
-  options.setTag(next_tag());
+  options.setTag(tag());
   options.setTimeout(timeout());
   ::gloo::allgather(options);
 }
@@ -552,6 +727,7 @@ void GlooComm::allgather(const void* send, void* recv, size_t count, bpl_dtype d
 // after the last step it holds the full reduction of its own block. Each rank sends (N-1)/N of the
 // data once, as an allreduce's first half would.
 void GlooComm::reduce_scatter(const void* send, void* recv, size_t recvcount, bpl_dtype dtype, bpl_reduce_op op) {
+  begin(BPL_COLL_REDUCE_SCATTER, dtype, recvcount, -1, op);
   if (recvcount == 0) return;
   const int n = size();
   const int me = rank();
@@ -569,7 +745,7 @@ void GlooComm::reduce_scatter(const void* send, void* recv, size_t recvcount, bp
   } else if (n > 1) {
     char* incoming = scratch(1, block);
     const plugin::ReduceFn reduce_fn = plugin::reduce_function(acc, op);
-    const uint64_t slot = ::gloo::Slot::build(kReduceScatterSlotPrefix, next_tag());
+    const uint64_t slot = ::gloo::Slot::build(kReduceScatterSlotPrefix, tag());
     const int right = (me + 1) % n;
     const int left = (me + n - 1) % n;
     auto in = context_->createUnboundBuffer(incoming, block);
@@ -589,6 +765,7 @@ void GlooComm::reduce_scatter(const void* send, void* recv, size_t recvcount, bp
 }
 
 void GlooComm::alltoall(const void* send, void* recv, size_t count, bpl_dtype dtype) {
+  begin(BPL_COLL_ALLTOALL, dtype, count);
   if (count == 0) return;
   if (shm_) return shm_->alltoall(send, recv, count * plugin::dtype_size(dtype), timeout());
   const size_t total = count * plugin::dtype_size(dtype) * static_cast<size_t>(size());
@@ -604,12 +781,13 @@ void GlooComm::alltoall(const void* send, void* recv, size_t count, bpl_dtype dt
   ::gloo::AlltoallOptions options(context_);
   options.setInput(static_cast<uint8_t*>(const_cast<void*>(input)), total);
   options.setOutput(static_cast<uint8_t*>(recv), total);
-  options.setTag(next_tag());
+  options.setTag(tag());
   options.setTimeout(timeout());
   ::gloo::alltoall(options);
 }
 
 void GlooComm::barrier() {
+  begin(BPL_COLL_BARRIER);
   if (size() == 1) return;
   if (shm_) return shm_->barrier(timeout());
   if (hierarchical()) {
@@ -617,7 +795,7 @@ void GlooComm::barrier() {
       if (machine_shm_) machine_shm_->barrier(timeout());
       if (leaders_) {
         ::gloo::BarrierOptions options(leaders_);
-        options.setTag(next_leaders_tag_++);
+        options.setTag(tag());
         options.setTimeout(timeout());
         ::gloo::barrier(options);
       }
@@ -626,7 +804,7 @@ void GlooComm::barrier() {
     });
   }
   ::gloo::BarrierOptions options(context_);
-  options.setTag(next_tag());
+  options.setTag(tag());
   options.setTimeout(timeout());
   ::gloo::barrier(options);
 }
@@ -641,7 +819,7 @@ void GlooComm::hierarchical_allreduce(void* work, size_t count, bpl_dtype acc, b
       ::gloo::AllreduceOptions options(leaders_);
       with_element_type(acc, [&](auto zero) { options.setOutput(static_cast<decltype(zero)*>(work), count); });
       options.setReduceFunction(reduce);
-      options.setTag(next_leaders_tag_++);
+      options.setTag(tag());
       options.setTimeout(timeout());
       ::gloo::allreduce(options);
     }
@@ -664,8 +842,7 @@ void GlooComm::across_machines(Body&& body) {
     const auto* own = dynamic_cast<const Error*>(&e);
     Error error = own != nullptr ? recorded_failure(own->status(), own->what()) : failure(e);
     if (machine_shm_) machine_shm_->fail(error.status(), error.what());
-    if (leaders_) leaders_->closeConnections();
-    context_->closeConnections();
+    shut_down_connections();
     throw error;
   }
 }
@@ -691,7 +868,9 @@ std::unique_ptr<GlooComm> GlooComm::split(int color, int key) {
 }
 
 // Posted now; `complete` waits for the transfer, here (uncopied: a small send is a hot path) or on a
-// request's waiter.
+// request's waiter. Over Gloo's pairs the slot carries the tag and 24 bits of a hash of the size: a
+// send and a recv of different sizes never match (they stall, time out, and are told why) instead of
+// the larger overflowing the smaller, which Gloo's transport answers with abort().
 void GlooComm::point_to_point(void* buf, size_t bytes, int peer, int tag, bool is_send, bpl_plugin_request** req) {
   auto finish = [req](auto complete) {
     if (req == nullptr) return complete();
@@ -709,17 +888,67 @@ void GlooComm::point_to_point(void* buf, size_t bytes, int peer, int tag, bool i
       group->wait_received(recv, timeout);
     });
   }
-  const uint64_t slot = ::gloo::Slot::build(kPointToPointSlotPrefix, static_cast<uint32_t>(tag));
+  uint64_t size_hash = bytes * 0x9E3779B97F4A7C15ull;
+  size_hash ^= size_hash >> 29;
+  const uint64_t slot = (static_cast<uint64_t>(kPointToPointSlotPrefix) << 56) |
+                        (static_cast<uint64_t>(static_cast<uint32_t>(tag)) << 24) | (size_hash & 0xffffff);
   std::shared_ptr<::gloo::transport::UnboundBuffer> buffer = context_->createUnboundBuffer(buf, bytes);
+  {
+    std::lock_guard<std::mutex> lock(transfers_mutex_);
+    transfers_.erase(std::remove_if(transfers_.begin(), transfers_.end(), [](const auto& weak) { return weak.expired(); }),
+                     transfers_.end());
+    transfers_.push_back(buffer);
+  }
+  if (failed_.load()) {  // a failure that released the transfers before this one was listed
+    buffer->abortWaitSend();
+    buffer->abortWaitRecv();
+  }
   if (is_send) {
     buffer->send(peer, slot);
   } else {
     buffer->recv(peer, slot);
   }
-  finish([buffer, is_send, timeout = timeout()] {
-    const bool completed = is_send ? buffer->waitSend(timeout) : buffer->waitRecv(timeout);
-    if (!completed) throw Error(BPL_ERR_INTERNAL, std::string(is_send ? "send" : "recv") + " aborted");
+  finish([this, buffer, is_send, peer, tag, bytes, timeout = timeout()] {
+    try {
+      const bool completed = is_send ? buffer->waitSend(timeout) : buffer->waitRecv(timeout);
+      // Released by shut_down_connections: the communicator failed or was aborted.
+      if (!completed) throw ::gloo::IoException(std::string(is_send ? "send" : "recv") + " released: the communicator's connections ended");
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw point_to_point_failure(e, is_send, peer, tag, bytes);
+    }
   });
+}
+
+// Sender and receiver each leave what they posted in the store, under the pair of ranks and the tag;
+// each then compares with the other's.
+Error GlooComm::point_to_point_failure(const std::exception& e, bool is_send, int peer, int tag, size_t bytes) {
+  if (aborted_.load()) return failure(e);
+  const bpl_status status = classify_exception(e);
+  if (status == BPL_ERR_TIMEOUT) {
+    const int sender = is_send ? rank() : peer, receiver = is_send ? peer : rank();
+    const std::string key = uid_ + "/p2p/" + std::to_string(sender) + "-" + std::to_string(receiver) + "/" +
+                            std::to_string(tag) + "/";
+    shared_->board->publish(key + (is_send ? "send" : "recv"), std::to_string(bytes));
+    const std::optional<std::string> theirs =
+        shared_->board->gather({key + (is_send ? "recv" : "send")}, explanation_window(timeout())).front();
+    if (theirs && *theirs != std::to_string(bytes)) {
+      const std::string sent = is_send ? std::to_string(bytes) : *theirs;
+      const std::string received = is_send ? *theirs : std::to_string(bytes);
+      return recorded_failure(BPL_ERR_MISMATCH, "rank " + std::to_string(sender) + " sends " + sent + " bytes to rank " +
+                                                    std::to_string(receiver) + " with tag " + std::to_string(tag) +
+                                                    ", which receives " + received + " bytes with that tag");
+    }
+  }
+  std::string message = e.what();
+  const std::string peers_note = failed_peers_note(message, status);
+  message += peers_note;
+  if (status == BPL_ERR_TIMEOUT) {
+    message += std::string(" (rank ") + std::to_string(peer) + " posted no matching " + (is_send ? "recv" : "send") +
+               " with tag " + std::to_string(tag) + " within " + std::to_string(timeout().count()) + " ms)";
+  }
+  return recorded_failure(status, message, record_defer(status, peers_note));
 }
 
 void GlooComm::send(const void* buf, size_t bytes, int peer, int tag, bpl_plugin_request** req) {

@@ -6,6 +6,7 @@
 #include <gloo/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/device.h>
+#include <gloo/transport/unbound_buffer.h>
 #include <sys/types.h>
 
 #include <atomic>
@@ -15,11 +16,15 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "backplane/plugin.h"
+#include "connection_watch.h"
+#include "fingerprint.h"
 #include "op_queue.h"
 #include "plugin_support.h"
 #include "rendezvous.h"
@@ -42,7 +47,8 @@ struct Shared {
   std::shared_ptr<::gloo::rendezvous::Store> store;
   std::shared_ptr<::gloo::transport::Device> device;
   std::chrono::milliseconds timeout;
-  FirstRecord record_first;  // each communicator's first failure, so that ranks name its cause alike
+  std::shared_ptr<FailureBoard> board;  // each communicator's first failure, and what each rank ran
+  std::shared_ptr<ConnectionWatch> watch;  // null for a world of one
 };
 
 using plugin::Error;
@@ -63,8 +69,9 @@ class GlooComm {
   std::chrono::milliseconds timeout() const { return std::chrono::milliseconds(timeout_ms_.load(std::memory_order_relaxed)); }
   // Bounds the operations started from now on.
   void set_timeout(std::chrono::milliseconds timeout);
-  // Closes every connection of the communicator: operations in flight here end at their timeout at
-  // the latest, the peers' at once with a connection error naming this rank. Never blocks.
+  // Fails every connection of the communicator: operations in flight here end at once with ABORTED,
+  // the peers' with a connection error naming this rank (which it first records as the communicator's
+  // first failure, within the store's short bound).
   void abort();
 
   // Runs `body` in this communicator's order: now (req == NULL) or as a request in *req. Now, on an
@@ -87,7 +94,8 @@ class GlooComm {
     }
   }
 
-  // The operations themselves; they run inside submit's order and block until done.
+  // The operations themselves; they run inside submit's order and block until done. Each collective
+  // first records what it is (begin), on every path, so that ranks number their collectives alike.
   void allreduce(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_reduce_op op);
   void broadcast(void* buf, size_t count, bpl_dtype dtype, int root);
   void reduce(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_reduce_op op, int root);
@@ -102,15 +110,25 @@ class GlooComm {
   void recv(void* buf, size_t bytes, int peer, int tag, bpl_plugin_request** req);
 
  private:
-  uint32_t next_tag() { return next_tag_++; }
+  // Numbers and fingerprints the collective about to run (fingerprint.h; sequence set here).
+  void begin(bpl_collective op, bpl_dtype dtype = static_cast<bpl_dtype>(-1), size_t count = 0, int root = -1,
+             int reduce_op = -1);
+  // The Gloo tag of the running collective: a hash of its number and fingerprint, so that ranks that
+  // disagree on it post messages that never match (they stall, time out, and explain_stall says why)
+  // instead of one overflowing the other's buffer, which Gloo's transport answers with abort().
+  uint32_t tag() const;
+  // After a failure on Gloo's transport: every rank leaves its fingerprint of the stalled collective
+  // in the store and reads the others', waiting up to `wait` for all of them. The report of MISMATCH
+  // when they disagree.
+  std::optional<std::string> explain_stall(std::chrono::milliseconds wait);
+  // A send or recv that failed: named, explained (a size or tag its peer does not share) and recorded.
+  Error point_to_point_failure(const std::exception& e, bool is_send, int peer, int tag, size_t bytes);
   // A per-communicator scratch buffer, reused across operations (they never overlap in time).
   char* scratch(size_t slot, size_t bytes);
   void point_to_point(void* buf, size_t bytes, int peer, int tag, bool is_send, bpl_plugin_request** req);
   // Publishes this rank's process and its end of each connection, and learns the peers', so that a
   // failure can name the rank behind it.
   void learn_peers(::gloo::rendezvous::Store& store);
-  // Adds the addresses the peers' pairs announced before connecting, from Gloo's rendezvous records.
-  void learn_announced_addresses(::gloo::rendezvous::Store& store);
   // Maps the shared-memory segment of the ranks on this machine, and connects the leaders' mesh when
   // the ranks span machines (BPL_GLOO_SHM); sets path_.
   void set_up_shared_memory(::gloo::rendezvous::Store& store);
@@ -119,6 +137,17 @@ class GlooComm {
   // Spanning machines, with a segment on at least one: collectives with a hierarchical form use it.
   bool hierarchical() const { return machine_shm_ != nullptr || leaders_ != nullptr; }
   void hierarchical_allreduce(void* work, size_t count, bpl_dtype acc, bpl_reduce_op op);
+  // The sockets of this communicator's pairs (and of the leaders' mesh), found among the process's
+  // descriptors by their local address (unique: each pair listened on a port of its own, or connected
+  // from one), held through descriptors of its own and put under the connection watch.
+  void watch_connections();
+  // Shuts down every one of those sockets: each pair then sees its connection end, fails, and wakes
+  // its waiters, as when a peer dies (Gloo's closeConnections only closes them, which wakes no one,
+  // and its call that fails a pair is protected); the peers see this rank's connections end.
+  void shut_down_connections();
+  // The watch's call when a connection of this communicator ends: unless that peer left normally (it
+  // destroyed the communicator, and said so in the store first), fail every connection here too.
+  void connection_ended(int peer);
   // Queues `body` behind this communicator's earlier operations, as the request in *req.
   void post(std::function<void()> body, bpl_plugin_request** req);
   // Throws what a body threw as the plugin's Error: Gloo's and the queue's failures classified, the
@@ -134,9 +163,13 @@ class GlooComm {
   // out their timeout. A rank that fails because a peer closed on it reports the communicator's first
   // failure (recorded in the store), so that every rank names the same cause.
   Error failure(const std::exception& e);
-  // Records a REMOTE or TIMEOUT failure as the communicator's first unless one was recorded before
-  // (or, with `defer`, is recorded by another rank within that long), closes the connections, and
-  // returns the first failure (any other status is returned as is).
+  // How long a failure waits, before it records itself, for a rank of another machine to record the
+  // cause (see the definition).
+  std::chrono::milliseconds record_defer(bpl_status status, const std::string& peers_note) const;
+  // Records a REMOTE, TIMEOUT or MISMATCH failure as the communicator's first unless one was recorded
+  // before (or, with `defer`, is recorded by another rank within that long), shuts the connections
+  // down, and returns the first failure; a MISMATCH, which names every rank's call, is returned as
+  // found here (any other status is returned as is, nothing recorded).
   Error recorded_failure(bpl_status status, const std::string& message,
                          std::chrono::milliseconds defer = std::chrono::milliseconds(0));
 
@@ -153,10 +186,24 @@ class GlooComm {
   // if this rank is alone on it), and on each machine's lowest rank a mesh of one rank per machine.
   std::unique_ptr<ShmGroup> machine_shm_;
   std::shared_ptr<::gloo::Context> leaders_;
-  uint32_t next_leaders_tag_ = 0;
+  struct PairSocket {
+    int fd;    // this communicator's own descriptor of the socket (closed with it)
+    int peer;  // rank in this communicator
+  };
+  std::vector<PairSocket> sockets_;
+  ConnectionWatch::Handle watched_ = 0;
+  std::atomic<int> first_ended_{-1};  // the peer whose connection the watch saw end first
+  // The buffers of the sends and recvs in flight over Gloo's pairs (ours: Gloo's collectives keep
+  // theirs), released by shut_down_connections.
+  std::mutex transfers_mutex_;
+  std::vector<std::weak_ptr<::gloo::transport::UnboundBuffer>> transfers_;
   std::string path_ = "single rank";
   plugin::OpQueue queue_;
-  uint32_t next_tag_ = 0;
+  Fingerprint current_;          // the collective running now
+  uint64_t collectives_ = 0;     // collectives begun so far
+  std::atomic<bool> aborted_{false};
+  // Set on this rank's first failure or abort: the communicator then does not leave normally.
+  std::atomic<bool> failed_{false};
   uint32_t splits_ = 0;
   std::vector<std::vector<char>> scratch_;
 };

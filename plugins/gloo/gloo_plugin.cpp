@@ -1,6 +1,7 @@
 // libbackplane-gloo.so: CPU mode. Collectives on Gloo over TCP, rendezvous through LibTorch's
 // TCPStore, one host device. This file is the C boundary: it unwraps handles and converts exceptions.
 #include <gloo/config.h>
+#include <signal.h>
 
 #include <memory>
 #include <string>
@@ -39,12 +40,29 @@ Request* unwrap(bpl_plugin_request* req) { return reinterpret_cast<Request*>(req
 
 size_t bytes_of(int64_t count, bpl_dtype dtype) { return static_cast<size_t>(count) * plugin::dtype_size(dtype); }
 
+// Gloo writes to its sockets with writev, and a peer that died or shut its connection down makes that
+// raise SIGPIPE, whose default action ends the process silently. The failure must become an error on
+// this rank instead (Gloo then sees EPIPE): SIGPIPE is ignored unless the program handles it itself,
+// as network libraries that cannot pass MSG_NOSIGNAL do.
+void ignore_sigpipe_unless_handled() {
+  struct sigaction current {};
+  if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+    struct sigaction ignore {};
+    ignore.sa_handler = SIG_IGN;
+    ::sigemptyset(&ignore.sa_mask);
+    ::sigaction(SIGPIPE, &ignore, nullptr);
+    plugin::log(BPL_LOG_INFO, kName, "SIGPIPE is now ignored: a connection a peer closed is an error, not the end of this process");
+  }
+}
+
 bpl_status runtime_create(const bpl_launch_info* launch, bpl_plugin_runtime** out) {
   return guarded([&] {
+    ignore_sigpipe_unless_handled();
     auto runtime = std::make_unique<bpl_plugin_runtime>();
     Rendezvous joined = rendezvous(*launch);
     runtime->shared = std::make_shared<Shared>(
-        Shared{joined.store, joined.device, std::chrono::milliseconds(launch->timeout_ms), joined.record_first});
+        Shared{joined.store, joined.device, std::chrono::milliseconds(launch->timeout_ms), joined.board,
+               launch->world_size > 1 ? std::make_shared<ConnectionWatch>() : nullptr});
     runtime->world = std::make_unique<GlooComm>(runtime->shared, "world", launch->rank, launch->world_size,
                                                 std::chrono::milliseconds(launch->timeout_ms));
     runtime->details = "gloo=" + std::to_string(GLOO_VERSION_MAJOR) + "." + std::to_string(GLOO_VERSION_MINOR) + "." +

@@ -6,13 +6,16 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <netdb.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <thread>
 
+#include "bounded_store.h"
 #include "plugin_support.h"
 
 namespace backplane::gloo_plugin {
@@ -53,7 +56,7 @@ std::vector<uint8_t> bytes_of(const std::string& text) { return std::vector<uint
 // disagreeing on the world size, or, at its timeout, ranks missing) records why in the store, and
 // every rank waiting there fails at once with the same message.
 void check_arrivals(c10d::Store& store, const std::string& prefix, const bpl_launch_info& launch,
-                    std::chrono::milliseconds timeout, const std::string& where) {
+                    std::chrono::milliseconds timeout) {
   using backplane::plugin::Error;
   const std::string outcome_key = prefix + "failed";
   char host[256] = {};
@@ -64,8 +67,7 @@ void check_arrivals(c10d::Store& store, const std::string& prefix, const bpl_lau
     const std::string first =
         text_of(store.compareSet(outcome_key, {}, bytes_of(std::to_string(status) + "|" + reason)));
     const size_t bar = first.find('|');
-    throw Error(static_cast<bpl_status>(std::atoi(first.c_str())), "rendezvous at " + where + " failed: " +
-                                                                        first.substr(bar == std::string::npos ? 0 : bar + 1));
+    throw Error(static_cast<bpl_status>(std::atoi(first.c_str())), first.substr(bar == std::string::npos ? 0 : bar + 1));
   };
 
   const std::string world = std::to_string(launch.world_size);
@@ -103,6 +105,94 @@ void check_arrivals(c10d::Store& store, const std::string& prefix, const bpl_lau
                                      " joined, missing ranks [" + missing + "]");
 }
 
+// A world of one: nobody to tell.
+class InProcessBoard : public FailureBoard {
+ public:
+  std::string record_first(const std::string&, const std::string& value, std::chrono::milliseconds) override {
+    return value;
+  }
+  void publish(const std::string&, const std::string&) override {}
+  std::vector<std::optional<std::string>> gather(const std::vector<std::string>& keys, std::chrono::milliseconds) override {
+    return std::vector<std::optional<std::string>>(keys.size());
+  }
+};
+
+// On a BoundedStore connection of its own (every call bounded), keys under the job's prefix. Polled:
+// this TCPStore's wait is not woken by a compareSet, and a wait that times out would end the connection.
+class StoreBoard : public FailureBoard {
+ public:
+  StoreBoard(c10::intrusive_ptr<c10d::Store> store, std::string prefix) : store_(std::move(store)), prefix_(std::move(prefix)) {}
+
+  std::string record_first(const std::string& key, const std::string& value, std::chrono::milliseconds defer) override {
+    try {
+      const auto give_up = std::chrono::steady_clock::now() + defer;
+      while (std::chrono::steady_clock::now() < give_up && !store_->check({prefixed(key)})) {
+        std::this_thread::sleep_for(kPoll);
+      }
+      return text_of(store_->compareSet(prefixed(key), {}, bytes_of(value)));
+    } catch (const std::exception&) {
+      return value;
+    }
+  }
+
+  void publish(const std::string& key, const std::string& value) override {
+    try {
+      store_->set(prefixed(key), bytes_of(value));
+    } catch (const std::exception&) {
+      // unreachable: the others will find nothing, as if this rank had not answered
+    }
+  }
+
+  std::vector<std::optional<std::string>> gather(const std::vector<std::string>& keys,
+                                                 std::chrono::milliseconds within) override {
+    std::vector<std::optional<std::string>> values(keys.size());
+    try {
+      std::vector<std::string> all;
+      for (const std::string& key : keys) all.push_back(prefixed(key));
+      const auto give_up = std::chrono::steady_clock::now() + within;
+      while (std::chrono::steady_clock::now() < give_up && !store_->check(all)) std::this_thread::sleep_for(kPoll);
+      for (size_t i = 0; i < keys.size(); ++i) {
+        if (store_->check({all[i]})) values[i] = text_of(store_->get(all[i]));
+      }
+    } catch (const std::exception&) {
+      // what was read so far stands
+    }
+    return values;
+  }
+
+ private:
+  static constexpr std::chrono::milliseconds kPoll{5};
+  std::string prefixed(const std::string& key) const { return prefix_ + "/" + key; }
+  c10::intrusive_ptr<c10d::Store> store_;
+  std::string prefix_;
+};
+
+// MASTER_ADDR must name a host before anything waits for it there: a name that does not resolve is
+// said to be one, at once, rather than found out at the timeout as a store that never answered. A
+// temporary failure (the name service unreachable) is retried until the timeout.
+void resolve_master_addr(const std::string& addr, std::chrono::milliseconds timeout) {
+  using backplane::plugin::Error;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  for (;;) {
+    addrinfo* found = nullptr;
+    const int error = ::getaddrinfo(addr.c_str(), nullptr, &hints, &found);
+    if (found != nullptr) ::freeaddrinfo(found);
+    if (error == 0) return;
+    const std::string reason = error == EAI_SYSTEM ? std::strerror(errno) : ::gai_strerror(error);
+    if (error != EAI_AGAIN) {
+      throw Error(BPL_ERR_INVALID_ARGUMENT, "MASTER_ADDR '" + addr + "' does not resolve: " + reason);
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      throw Error(BPL_ERR_TIMEOUT, "MASTER_ADDR '" + addr + "' does not resolve: " + reason + " (still after " +
+                                       std::to_string(timeout.count()) + " ms, BPL_TIMEOUT_MS)");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
 }  // namespace
 
 bool is_store_timeout(const std::exception& e) {
@@ -115,6 +205,14 @@ Rendezvous rendezvous(const bpl_launch_info& launch, const RendezvousOptions& re
   Rendezvous result;
   const std::string addr = launch.master_addr != nullptr ? launch.master_addr : "";
   const auto timeout = std::chrono::milliseconds(launch.timeout_ms);
+  if (launch.world_size > 1) {
+    if (addr.empty() || launch.master_port <= 0) {
+      throw Error(BPL_ERR_INVALID_ARGUMENT,
+                  "a world of " + std::to_string(launch.world_size) + " ranks needs MASTER_ADDR and MASTER_PORT (got '" +
+                      addr + "' and " + std::to_string(launch.master_port) + "); launch with bpl-run or torchrun");
+    }
+    resolve_master_addr(addr, timeout);
+  }
 
   // The transport: loopback when the job is on this host; otherwise the interface named by
   // GLOO_SOCKET_IFNAME, else the address this host's name resolves to (as torch's Gloo does).
@@ -137,83 +235,63 @@ Rendezvous rendezvous(const bpl_launch_info& launch, const RendezvousOptions& re
   if (launch.world_size == 1) {
     result.store = std::make_shared<::gloo::rendezvous::HashStore>();
     result.description = "store=in-process; transport=" + transport;
-    result.record_first = [](const std::string&, const std::string& value, std::chrono::milliseconds) { return value; };
+    result.board = std::make_shared<InProcessBoard>();
     return result;
-  }
-  if (addr.empty() || launch.master_port <= 0) {
-    throw Error(BPL_ERR_INVALID_ARGUMENT,
-                "a world of " + std::to_string(launch.world_size) + " ranks needs MASTER_ADDR and MASTER_PORT (got '" +
-                    addr + "' and " + std::to_string(launch.master_port) + "); launch with bpl-run or torchrun");
   }
 
   // A torchrun agent hosts the store itself and tells its workers so; otherwise rank 0 hosts it.
   const char* agent_store = env("TORCHELASTIC_USE_AGENT_STORE");
   const bool agent_hosts = agent_store != nullptr && std::string(agent_store) == "True";
   const bool hosted_elsewhere = agent_hosts || rendezvous_options.store_hosted_elsewhere;
+  const std::string store_host = agent_hosts ? "the torchrun agent" : "rank 0";
   c10d::TCPStoreOptions options;
   options.port = static_cast<uint16_t>(launch.master_port);
   options.isServer = launch.rank == 0 && !hosted_elsewhere;
   options.numWorkers = static_cast<size_t>(launch.world_size);
   options.waitWorkers = false;  // the full-mesh connect below waits for every rank, with the timeout
-  options.timeout = timeout;
+  options.timeout = timeout;    // bounds the connect, which c10d retries while the store is not up yet
   const std::string where = addr + ":" + std::to_string(launch.master_port);
+  const std::string as_rank = "rendezvous at " + where + " as rank " + std::to_string(launch.rank);
   c10::intrusive_ptr<c10d::Store> tcp_store;
   try {
-    tcp_store = c10::make_intrusive<c10d::TCPStore>(addr, options);
+    tcp_store = c10::make_intrusive<BoundedStore>(addr, options, timeout, where, store_host);
+  } catch (const Error& e) {
+    throw Error(e.status(), as_rank + " failed: " + e.what());
   } catch (const std::exception& e) {
     std::string hint;
     if (options.isServer) {
       hint = " (is MASTER_PORT " + std::to_string(launch.master_port) + " used by another job or another rank 0?)";
     } else if (is_store_timeout(e)) {
-      hint = " (rank 0, which hosts the store, never came)";
+      hint = " (" + store_host + ", which hosts the store, never came)";
     }
     throw Error(is_store_timeout(e) ? BPL_ERR_TIMEOUT : BPL_ERR_IO,
-                "rendezvous at " + where + " as rank " + std::to_string(launch.rank) +
-                    (options.isServer ? " (store server)" : " (store client)") + " failed: " + e.what() + hint);
+                as_rank + (options.isServer ? " (store server)" : " (store client)") + " failed: " + e.what() + hint);
   }
   // A restarted torchrun job reuses the agent's store: keep each attempt's keys apart.
   const char* restart = env("TORCHELASTIC_RESTART_COUNT");
   const std::string prefix = rendezvous_options.key_prefix + "/" + (restart ? restart : "0");
   try {
-    check_arrivals(*tcp_store, prefix + "/arrival/", launch, timeout, where);
-  } catch (const Error&) {
+    check_arrivals(*tcp_store, prefix + "/arrival/", launch, timeout);
+  } catch (const Error& e) {
     // The store ends with this process: give the other ranks a moment to read the failure from it.
     if (options.isServer) std::this_thread::sleep_for(std::chrono::milliseconds(300));
-    throw;
-  } catch (const std::exception& e) {
-    throw Error(is_store_timeout(e) ? BPL_ERR_TIMEOUT : BPL_ERR_IO,
-                "rendezvous at " + where + " as rank " + std::to_string(launch.rank) + " failed: " + e.what() +
-                    (options.isServer ? "" : " (the store's host, rank 0, went away: it may have failed the rendezvous)"));
+    throw Error(e.status(), as_rank + " failed: " + e.what());
   }
   auto adapter = std::make_shared<c10d::ProcessGroupGloo::GlooStore>(tcp_store);
   result.store = std::make_shared<PrefixedStore>(adapter, prefix);
   // A connection of its own whose operations give up soon: a failure report must not wait out the
-  // job's timeout on a store whose host is stopped. (Connecting keeps the full timeout: c10d retries
-  // a refused connect with a back-off longer than the short one.)
+  // job's timeout on a store whose host is stopped.
   c10d::TCPStoreOptions board_options = options;
   board_options.isServer = false;
   c10::intrusive_ptr<c10d::Store> board;
   try {
-    board = c10::make_intrusive<c10d::TCPStore>(addr, board_options);
-    board->setTimeout(std::min(timeout, std::chrono::milliseconds(500)));
+    board = c10::make_intrusive<BoundedStore>(addr, board_options, std::min(timeout, std::chrono::milliseconds(500)),
+                                              where, store_host);
   } catch (const std::exception& e) {
-    throw Error(BPL_ERR_IO, "rendezvous at " + where + " as rank " + std::to_string(launch.rank) +
-                                " failed to open a second connection to the store: " + e.what());
+    throw Error(BPL_ERR_IO, as_rank + " failed to open a second connection to the store: " + e.what());
   }
-  result.record_first = [board, prefix](const std::string& key, const std::string& value,
-                                        std::chrono::milliseconds defer) {
-    try {
-      // Polled: this TCPStore's wait is not woken by a compareSet.
-      const auto give_up = std::chrono::steady_clock::now() + defer;
-      while (std::chrono::steady_clock::now() < give_up && !board->check({prefix + "/" + key})) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(5));
-      }
-      return text_of(board->compareSet(prefix + "/" + key, {}, bytes_of(value)));
-    } catch (const std::exception&) {
-      return value;
-    }
-  };
-  result.description = "store=" + addr + ":" + std::to_string(launch.master_port) +
+  result.board = std::make_shared<StoreBoard>(board, prefix);
+  result.description = "store=" + where +
                        (options.isServer ? " (server)" : agent_hosts ? " (torchrun agent)" : " (client)") +
                        "; transport=" + transport;
   return result;

@@ -7,26 +7,39 @@
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/device.h>
 
-#include <functional>
+#include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "backplane/plugin.h"
 
 namespace backplane::gloo_plugin {
 
-// Records the first value set for a key and returns it: `value` if this caller was first, else the
-// earlier one. With `defer` above zero it first waits that long for another caller's value, for a
-// caller that knows less than its peers may. Made for the failure path: bounded by a short timeout of
-// its own, and on any store error it returns `value` (the store's host may be the rank that failed).
-using FirstRecord =
-    std::function<std::string(const std::string& key, const std::string& value, std::chrono::milliseconds defer)>;
+// Where the ranks of a job leave word about a failure, so that each can name its cause: on a store
+// connection of its own whose every call gives up within a short bound, since the store's host may be
+// the rank that failed. Nothing here throws: an unreachable store reads as "nothing recorded".
+class FailureBoard {
+ public:
+  virtual ~FailureBoard() = default;
+  // Records the first value set for `key` and returns it: `value` if this caller was first, else the
+  // earlier one. With `defer` above zero it first waits that long for another caller's value, for a
+  // caller that knows less than its peers may. Returns `value` when the store cannot be reached.
+  virtual std::string record_first(const std::string& key, const std::string& value, std::chrono::milliseconds defer) = 0;
+  // Leaves `value` under `key` for the others.
+  virtual void publish(const std::string& key, const std::string& value) = 0;
+  // The values under `keys` once all of them are there, or what is there after `within`: an absent
+  // (or unreachable) one is nullopt.
+  virtual std::vector<std::optional<std::string>> gather(const std::vector<std::string>& keys,
+                                                         std::chrono::milliseconds within) = 0;
+};
 
 struct Rendezvous {
   std::shared_ptr<::gloo::rendezvous::Store> store;    // every key under this job's prefix
   std::shared_ptr<::gloo::transport::Device> device;   // TCP device on the interface peers can reach
   std::string description;                             // "store=host:port (server|client); transport=tcp iface"
-  FirstRecord record_first;                            // on the same store, under the same prefix
+  std::shared_ptr<FailureBoard> board;                 // on the same store, under the same prefix
 };
 
 struct RendezvousOptions {

@@ -21,7 +21,9 @@
 #include <cstring>
 #include <new>
 #include <random>
+#include <thread>
 
+#include "fingerprint.h"
 #include "local_process.h"
 #include "plugin_support.h"
 
@@ -469,13 +471,25 @@ void ShmGroup::wait_for_peers(uint32_t step, const Deadline& deadline) {
       // A rank that failed goes on to its next call (a barrier at finalize, say): the failure, not the
       // call it then makes, is what went wrong.
       if (header_->failed_by.load(std::memory_order_acquire) != 0) throw_failure_record();
-      throw plugin::Error(BPL_ERR_MISMATCH,
-                          "shared memory: ranks disagree: rank " + std::to_string(rank_name(r)) + " calls " +
-                              kind_name(theirs.kind[step % 2]) + " of " + std::to_string(theirs.bytes[step % 2]) +
-                              " bytes, this rank " + kind_name(mine.kind[step % 2]) + " of " +
-                              std::to_string(mine.bytes[step % 2]) + " bytes");
+      throw plugin::Error(BPL_ERR_MISMATCH, "shared memory: ranks disagree: " + disagreement_at(step));
     }
   }
+}
+
+// What each rank calls at `step`, grouped (fingerprint.h): the ranks that have not reached it within a
+// moment (one that is stopped, or still on its way) are left out.
+std::string ShmGroup::disagreement_at(uint32_t step) const {
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+  std::vector<std::pair<int, std::string>> calls;
+  for (int r = 0; r < size_; ++r) {
+    const Progress& theirs = progress_[r];
+    auto reached = [&] { return static_cast<int32_t>(theirs.step.load(std::memory_order_acquire) - step) >= 0; };
+    while (!reached() && std::chrono::steady_clock::now() < give_up) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (!reached()) continue;
+    calls.emplace_back(rank_name(r), std::string(kind_name(theirs.kind[step % 2])) + " of " +
+                                         std::to_string(theirs.bytes[step % 2]) + " bytes");
+  }
+  return disagreement(calls);
 }
 
 namespace {

@@ -48,7 +48,7 @@ class Deadline {
  public:
   explicit Deadline(std::chrono::milliseconds timeout) : timeout_(timeout) {}
   std::chrono::steady_clock::time_point at() const {
-    if (at_ == std::chrono::steady_clock::time_point{}) at_ = std::chrono::steady_clock::now() + timeout_;
+    if (at_ == std::chrono::steady_clock::time_point{}) at_ = plugin::deadline_after(timeout_);
     return at_;
   }
 
@@ -181,6 +181,7 @@ class ShmGroup {
   void wait_for_all(uint32_t step, const Deadline& deadline);
   // The same, except that a group that has failed once every rank arrived is not this wait's error.
   void wait_for_peers(uint32_t step, const Deadline& deadline);
+  std::string disagreement_at(uint32_t step) const;
   // Waits until rank `peer` has published step `step`; throws on failure, a peer's end or the deadline.
   void wait_for(int peer, uint32_t step, const Deadline& deadline);
   // Waits until reached() (which `word` changing may make true), with the same spin, yields and futex

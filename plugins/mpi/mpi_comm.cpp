@@ -1,13 +1,18 @@
 #include "mpi_comm.h"
 
 #include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <climits>
 #include <cstring>
+#include <functional>
+#include <set>
+#include <thread>
+#include <utility>
 
 #include "dtypes.h"
-#include "op_queue.h"
+#include "local_process.h"
 #include "plugin_support.h"
 
 namespace backplane::mpi_plugin {
@@ -28,6 +33,34 @@ class MpiLock {
 
  private:
   std::mutex* mutex_;
+};
+
+// How a rank waits for MPI, which progresses only inside its calls: it tests without pause (yielding
+// the core now and then: ranks may outnumber cores) for as long as the operation may be moving its
+// bytes, 2 ms plus 1 ns a byte (a transfer at 1 GB/s), then with pauses that double from 50 us to 1
+// ms. A peer that is stopped, gone or far behind then costs this rank about a test a millisecond.
+class Backoff {
+ public:
+  explicit Backoff(size_t bytes)
+      : spin_until_(std::chrono::steady_clock::now() + std::chrono::milliseconds(2) +
+                    std::chrono::nanoseconds(std::min<size_t>(bytes, size_t{1} << 40))) {}
+  void pause() {
+    if (pause_.count() == 0) {
+      if ((++spins_ & 63) != 0) return;
+      if (std::chrono::steady_clock::now() < spin_until_) {
+        sched_yield();
+        return;
+      }
+      pause_ = std::chrono::microseconds(50);
+    }
+    std::this_thread::sleep_for(pause_);
+    pause_ = std::min(2 * pause_, std::chrono::microseconds(1000));
+  }
+
+ private:
+  std::chrono::steady_clock::time_point spin_until_;
+  std::chrono::microseconds pause_{0};
+  unsigned spins_ = 0;
 };
 
 MPI_Datatype mpi_type(bpl_dtype dtype) {
@@ -63,6 +96,81 @@ int mpi_count(size_t count) {
 
 const void* in_place_or(const void* send, const void* recv) { return send == recv ? MPI_IN_PLACE : send; }
 
+Fingerprint fingerprint(bpl_collective op, bpl_dtype dtype = static_cast<bpl_dtype>(-1), size_t count = 0,
+                        int root = -1, int reduce_op = -1) {
+  Fingerprint f;
+  f.op = op;
+  f.dtype = dtype;
+  f.count = dtype < 0 ? -1 : static_cast<int64_t>(count);
+  f.root = root;
+  f.reduce_op = reduce_op;
+  return f;
+}
+
+bool is_collective(const Fingerprint& f) { return f.op != BPL_COLL_SEND && f.op != BPL_COLL_RECV; }
+
+// How long a rank that timed out waits for the others' word about the stalled operation: they time
+// out at about the same moment, give or take how late each came to it.
+std::chrono::milliseconds explanation_window(std::chrono::milliseconds timeout) {
+  return std::min(timeout / 4, std::chrono::milliseconds(1000));
+}
+
+// The fingerprints of a completed exchange, compared: "" when all agree.
+std::string compared(const std::vector<FingerprintWords>& all) {
+  std::vector<std::pair<int, Fingerprint>> by_rank;
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (std::optional<Fingerprint> theirs = decode(all[r])) by_rank.emplace_back(static_cast<int>(r), *theirs);
+  }
+  return compare(by_rank);
+}
+
+// Every recv of the process not matched yet, in the order they were posted. Any wait of the plugin
+// matches them, as MPI matches a posted receive while it progresses anything: a sender of a large
+// message waits for its receiver's match, and that receiver may be waiting for something else.
+class PendingReceives {
+ public:
+  void add(Request* request) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    pending_.push_back(request);
+    count_.store(pending_.size(), std::memory_order_release);
+  }
+  void forget(Request* request) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    pending_.erase(std::remove(pending_.begin(), pending_.end(), request), pending_.end());
+    count_.store(pending_.size(), std::memory_order_release);
+  }
+  // Calls match(request) for each, in order, skipping a (communicator, peer, tag) once one of it did
+  // not match; drops those that did. Under the lock: a matched request's new state is seen by the
+  // next thread to take it.
+  template <typename Match>
+  void match_all(Match&& match) {
+    if (count_.load(std::memory_order_acquire) == 0) return;
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::set<std::tuple<MpiComm*, int, int>> unmatched;
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      const auto key = (*it)->match_key();
+      if (unmatched.count(key) != 0 || !match(**it)) {
+        unmatched.insert(key);
+        ++it;
+      } else {
+        it = pending_.erase(it);
+      }
+    }
+    count_.store(pending_.size(), std::memory_order_release);
+  }
+  std::mutex& mutex() { return mutex_; }
+
+ private:
+  std::mutex mutex_;
+  std::deque<Request*> pending_;
+  std::atomic<size_t> count_{0};
+};
+
+PendingReceives& pending_receives() {
+  static PendingReceives* receives = new PendingReceives;  // outlives every request, at exit too
+  return *receives;
+}
+
 }  // namespace
 
 std::string mpi_error_string(int code) {
@@ -74,65 +182,115 @@ std::string mpi_error_string(int code) {
 
 /* ---- requests ---- */
 
-Request::Request(MpiComm* comm, const char* op)
-    : comm_(comm), op_(op), deadline_(std::chrono::steady_clock::now() + comm->timeout()) {}
+Request::Request(MpiComm* comm, const char* op, Fingerprint fingerprint, size_t bytes, std::function<int(MPI_Request*)> post)
+    : comm_(comm),
+      op_(op),
+      fingerprint_(fingerprint),
+      bytes_(bytes),
+      post_(std::move(post)),
+      deadline_(plugin::deadline_after(comm->timeout())) {}
 
-Request::~Request() = default;
+Request::Request(MpiComm* comm, void* buf, int count, MPI_Datatype type, size_t bytes, int peer, int tag)
+    : comm_(comm),
+      op_("recv"),
+      fingerprint_(fingerprint(BPL_COLL_RECV)),
+      bytes_(bytes),
+      phase_(Phase::kProbing),
+      receive_(true),
+      recv_buf_(buf),
+      recv_count_(count),
+      recv_type_(type),
+      peer_(peer),
+      tag_(tag),
+      deadline_(plugin::deadline_after(comm->timeout())) {}
 
-void Request::expire() {
-  if (done_) return;
-  done_ = true;
-  expired_ = true;
-  status_ = BPL_ERR_TIMEOUT;
-  message_ = std::string(op_) + " did not complete within " + std::to_string(comm_->timeout().count()) +
-             " ms (the communicator's timeout); a peer is missing or stuck";
-  comm_->poison(message_);
+Request::~Request() {
+  if (receive_) pending_receives().forget(this);
 }
 
-bpl_status Request::finish(int mpi_error) { return complete(mpi_error); }
-
-bpl_status Request::complete(int mpi_error) {
+void Request::fail(bpl_status status, const std::string& message) {
+  // A peer still waiting in this collective explains its stall with what this rank called.
+  if (is_collective(fingerprint_)) comm_->post_explanation(fingerprint_);
   done_ = true;
-  if (mpi_error != MPI_SUCCESS) {
-    status_ = BPL_ERR_REMOTE;
-    message_ = std::string(op_) + " failed: " + mpi_error_string(mpi_error);
-    comm_->poison(message_);
+  status_ = status;
+  message_ = message;
+  on_complete_ = nullptr;
+  comm_->poison(status, message_);
+}
+
+void Request::complete(int mpi_error) {
+  done_ = true;
+  if (mpi_error == MPI_ERR_TRUNCATE) {
+    fail(BPL_ERR_MISMATCH, std::string(op_) + " received more than this rank's buffer holds (MPI_ERR_TRUNCATE): the "
+                                              "ranks disagree on the size");
+  } else if (mpi_error != MPI_SUCCESS) {
+    fail(BPL_ERR_REMOTE, std::string(op_) + " failed: " + mpi_error_string(mpi_error));
   } else if (on_complete_) {
     on_complete_();
   }
   on_complete_ = nullptr;
-  return status_;
+}
+
+void Request::progress() {
+  pending_receives().match_all([](Request& r) { return r.comm_->match(r); });
+  if (receive_) {
+    std::lock_guard<std::mutex> lock(pending_receives().mutex());  // a match moves a recv on under it
+    if (phase_ == Phase::kProbing) return;
+  }
+  int flag = 0;
+  MPI_Status status;
+  int error = MPI_SUCCESS;
+  {
+    MpiLock lock(comm_->process());
+    error = MPI_Test(&request_, &flag, &status);
+  }
+  if (!flag && error == MPI_SUCCESS) return;
+  if (error == MPI_ERR_IN_STATUS) error = status.MPI_ERROR;
+  switch (phase_) {
+    case Phase::kAgreeing: {
+      if (error != MPI_SUCCESS) return complete(error);
+      const std::string report = compared(agreement_all_);
+      if (!report.empty()) return fail(BPL_ERR_MISMATCH, report + " (found before any data moved)");
+      phase_ = Phase::kRunning;
+      MpiLock lock(comm_->process());
+      error = post_(&request_);
+      if (error != MPI_SUCCESS) complete(error);
+      return;
+    }
+    case Phase::kDraining:
+      return fail(BPL_ERR_MISMATCH, "rank " + std::to_string(peer_) + " sent " + std::to_string(arrived_bytes_) +
+                                        " bytes with tag " + std::to_string(tag_) + "; this recv expects " +
+                                        std::to_string(bytes_) + " bytes: the ranks disagree on the size");
+    default:
+      return complete(error);
+  }
 }
 
 bpl_status Request::test(int32_t* done) {
   if (!done_) {
-    int flag = 0;
-    int error = MPI_SUCCESS;
-    {
-      MpiLock lock(comm_->process());
-      error = MPI_Test(&request_, &flag, MPI_STATUS_IGNORE);
-    }
-    if (flag || error != MPI_SUCCESS) {
-      complete(error);
-    } else if (std::chrono::steady_clock::now() >= deadline_) {
-      expire();
-    }
+    progress();
+    if (!done_ && std::chrono::steady_clock::now() >= deadline_) expire();
   }
   *done = done_ ? 1 : 0;
   if (done_ && status_ != BPL_OK) plugin::host()->set_error(("mpi: " + message_).c_str());
   return done_ ? status_ : BPL_OK;
 }
 
-bpl_status Request::wait(std::chrono::milliseconds timeout) {
-  // MPI progresses only inside MPI calls: poll, yielding the core between tests once the operation
-  // is clearly not about to finish (ranks may outnumber cores).
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  int32_t done = 0;
-  for (unsigned polls = 0;; ++polls) {
-    bpl_status status = test(&done);
+bpl_status Request::wait(std::chrono::milliseconds timeout, bool released_by_abort) {
+  const auto give_up = plugin::deadline_after(timeout);
+  Backoff backoff(bytes_);
+  for (;;) {
+    int32_t done = 0;
+    const bpl_status status = test(&done);
     if (done) return status;
-    if (std::chrono::steady_clock::now() >= deadline) break;
-    if (polls > 64) sched_yield();
+    if (released_by_abort && comm_->aborted()) {
+      plugin::host()->set_error(("mpi: " + std::string(op_) + " released by bpl_comm_abort; MPI cannot cancel it, "
+                                                             "and keeps its buffers")
+                                    .c_str());
+      return BPL_ERR_ABORTED;
+    }
+    if (std::chrono::steady_clock::now() >= give_up) break;
+    backoff.pause();
   }
   plugin::host()->set_error(("mpi: " + std::string(op_) + " has not completed after " + std::to_string(timeout.count()) +
                              " ms; it is still in flight")
@@ -140,20 +298,75 @@ bpl_status Request::wait(std::chrono::milliseconds timeout) {
   return BPL_ERR_TIMEOUT;
 }
 
+void Request::expire() {
+  if (done_) return;
+  if (receive_) pending_receives().forget(this);  // not to be matched any more (MPI has nothing of it yet)
+  const std::string late = std::string(op_) + " did not complete within " +
+                           std::to_string(comm_->timeout().count()) + " ms (the communicator's timeout)";
+  std::pair<bpl_status, std::string> explained{BPL_ERR_TIMEOUT, ""};
+  if (phase_ == Phase::kAgreeing) {
+    // Its agreement is the exchange a peer that timed out in another operation answers.
+    const auto give_up = plugin::deadline_after(explanation_window(comm_->timeout()));
+    Backoff backoff(0);
+    while (phase_ == Phase::kAgreeing && !done_ && std::chrono::steady_clock::now() < give_up) {
+      progress();
+      backoff.pause();
+    }
+    if (done_) return;  // the agreement told (or the operation ended after all)
+    explained.second = comm_->stopped_peers_note(false);
+  } else if (is_collective(fingerprint_)) {
+    explained = comm_->explain_stall(fingerprint_);
+  } else {
+    explained.second = comm_->explain_stall(fingerprint_).second;
+  }
+  expired_ = request_ != MPI_REQUEST_NULL;
+  done_ = true;
+  status_ = explained.first;
+  message_ = explained.first == BPL_ERR_MISMATCH ? explained.second : late + explained.second;
+  on_complete_ = nullptr;
+  comm_->poison(status_, message_);
+}
+
 /* ---- communicator ---- */
 
 MpiComm::MpiComm(const MpiProcess& process, MPI_Comm comm, std::chrono::milliseconds timeout)
     : process_(process), comm_(comm), timeout_ms_(timeout.count()) {
-  MpiLock lock(process_);
-  check(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
-  check(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
-  check(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
+  MPI_Request duplicated = MPI_REQUEST_NULL;
+  {
+    MpiLock lock(process_);
+    check(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+    check(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
+    check(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
+    check(MPI_Comm_idup(comm_, &agree_, &duplicated), "MPI_Comm_idup");
+  }
+  const auto give_up = plugin::deadline_after(timeout);
+  Backoff backoff(0);
+  for (int done = 0; !done;) {
+    {
+      MpiLock lock(process_);
+      check(MPI_Test(&duplicated, &done, MPI_STATUS_IGNORE), "MPI_Comm_idup");
+    }
+    if (done) break;
+    if (std::chrono::steady_clock::now() >= give_up) {
+      process_.communicator_failed = true;
+      throw Error(BPL_ERR_TIMEOUT, "duplicating the communicator did not complete within " +
+                                       std::to_string(timeout.count()) + " ms: a rank is missing or stuck");
+    }
+    backoff.pause();
+  }
+  {
+    MpiLock lock(process_);
+    check(MPI_Comm_set_errhandler(agree_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+  }
+  learn_peers();
 }
 
 MpiComm::~MpiComm() {
   // Requests MPI still owns cannot be freed safely; after a failure the job is ending anyway.
-  for (auto& request : abandoned_) request.release();
+  for (auto& request : abandoned_) (void)request.release();
+  if (explanation_) (void)explanation_.release();  // MPI may still own its buffers
   MpiLock lock(process_);
+  MPI_Comm_free(&agree_);
   MPI_Comm_free(&comm_);
 }
 
@@ -161,68 +374,163 @@ void MpiComm::check(int code, const char* call) const {
   if (code != MPI_SUCCESS) throw Error(BPL_ERR_REMOTE, std::string(call) + " failed: " + mpi_error_string(code));
 }
 
-void MpiComm::poison(const std::string& cause) {
-  if (poisoned_.empty()) poisoned_ = cause;
+void MpiComm::poison(bpl_status status, const std::string& cause) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (poisoned_.empty()) {
+    poisoned_status_ = status;
+    poisoned_ = cause;
+  }
   process_.communicator_failed = true;
 }
 
-void MpiComm::abandon(std::unique_ptr<Request> request) { abandoned_.push_back(std::move(request)); }
+void MpiComm::abandon(std::unique_ptr<Request> request) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  abandoned_.push_back(std::move(request));
+}
+
+void MpiComm::abort() {
+  aborted_.store(true, std::memory_order_release);
+  poison(BPL_ERR_ABORTED, "the communicator was aborted (bpl_comm_abort) on this rank");
+}
 
 void MpiComm::require_usable() const {
+  std::lock_guard<std::mutex> lock(mutex_);
   if (!poisoned_.empty()) {
-    throw Error(BPL_ERR_REMOTE, "the communicator failed earlier and cannot be used: " + poisoned_);
+    throw Error(poisoned_status_ == BPL_OK ? BPL_ERR_REMOTE : poisoned_status_,
+                "the communicator failed earlier and cannot be used: " + poisoned_);
   }
 }
 
-void MpiComm::start(std::unique_ptr<Request> request, size_t bytes, const std::function<int(MPI_Request*)>& post,
-                    bpl_plugin_request** req) {
+void MpiComm::start(std::unique_ptr<Request> request, bpl_plugin_request** req) {
   require_usable();
-  if (req == nullptr && bytes >= kBlockingCallMinBytes && process_.serialize == nullptr) {
-    run_blocking(std::move(request), post);
-    return;
-  }
-  {
+  Request& r = *request;
+  if (r.receive_) {
+    pending_receives().add(&r);
+    r.progress();
+  } else if (r.request_ == MPI_REQUEST_NULL) {
     MpiLock lock(process_);
-    check(post(request->handle()), "posting the operation");
+    if (size_ > 1 && r.bytes_ >= kAgreementMinBytes && is_collective(r.fingerprint_)) {
+      r.phase_ = Request::Phase::kAgreeing;
+      r.agreement_mine_ = encode(r.fingerprint_);
+      r.agreement_all_.resize(static_cast<size_t>(size_));
+      check(MPI_Iallgather(r.agreement_mine_.data(), kFingerprintWords, MPI_INT64_T, r.agreement_all_.data(),
+                           kFingerprintWords, MPI_INT64_T, agree_, &r.request_),
+            "posting the size agreement");
+    } else {
+      check(r.post_(&r.request_), "posting the operation");
+    }
   }
   if (req != nullptr) {
     *req = reinterpret_cast<bpl_plugin_request*>(request.release());
     return;
   }
   // The request's own deadline (the communicator's timeout) comes before this wait's.
-  bpl_status status = request->wait(timeout() + std::chrono::milliseconds(1));
-  if (request->owned_by_mpi()) {
-    // MPI cannot cancel a collective: the request stays with MPI, and so must its buffers.
-    request->expire();
-    const std::string message = request->message();
-    abandon(std::move(request));
-    throw Error(BPL_ERR_TIMEOUT, message);
-  }
-  if (status != BPL_OK) throw Error(status, "failed");  // the request already set the message
+  const bpl_status status = r.wait(timeout() + std::chrono::milliseconds(1));
+  if (status == BPL_OK) return;
+  const std::string message = status == BPL_ERR_ABORTED ? "the communicator was aborted (bpl_comm_abort) on this rank "
+                                                          "during " + std::string(r.op_) + "; MPI keeps its buffers"
+                                                        : r.message();
+  // MPI cannot cancel an operation: the request stays with MPI, and so must its buffers.
+  if (status == BPL_ERR_ABORTED || r.owned_by_mpi()) abandon(std::move(request));
+  throw Error(status, message);
 }
 
-// Open MPI's non-blocking collectives (libnbc) take about twice as long as its blocking ones here (4 B
-// to 4 MiB, 2 ranks: Iallreduce + Test 1.4 vs 0.6 us at 4 B, 100 vs 54 us at 256 KiB). A blocking call
-// of kBlockingCallMinBytes or more therefore runs MPI's blocking form on the communicator's worker
-// thread while the caller waits for it with the timeout; the hand-off (about a microsecond) is small
-// beside such a call. If the call does not return in time it cannot be interrupted: the communicator
-// is poisoned and the worker, stuck in MPI, is left to the process's end.
-void MpiComm::run_blocking(std::unique_ptr<Request> request, const std::function<int(MPI_Request*)>& call) {
-  if (!blocking_calls_) {
-    blocking_calls_ = std::make_unique<plugin::OpQueue>(
-        [](std::exception_ptr) { return std::make_pair(BPL_ERR_INTERNAL, std::string("unexpected exception")); },
-        timeout());
+// A recv matched by probe: received into its buffer when the sizes agree, else whole into one of its
+// own (so that the sender completes and nothing overflows) and then failed with MISMATCH.
+bool MpiComm::match(Request& r) {
+  int flag = 0;
+  MPI_Message message = MPI_MESSAGE_NULL;
+  MPI_Status status;
+  MpiLock serialized(process_);
+  int error = MPI_Improbe(r.peer_, r.tag_, comm_, &flag, &message, &status);
+  if (error == MPI_SUCCESS && !flag) return false;
+  int arrived = 0;
+  if (error == MPI_SUCCESS) error = MPI_Get_count(&status, MPI_BYTE, &arrived);
+  if (error == MPI_SUCCESS && static_cast<size_t>(arrived) == r.bytes_) {
+    error = MPI_Imrecv(r.recv_buf_, r.recv_count_, r.recv_type_, &message, &r.request_);
+    r.phase_ = Request::Phase::kRunning;
+  } else if (error == MPI_SUCCESS) {
+    r.buffers_[0].resize(static_cast<size_t>(arrived));
+    r.arrived_bytes_ = arrived;
+    error = MPI_Imrecv(r.buffers_[0].data(), arrived, MPI_BYTE, &message, &r.request_);
+    r.phase_ = Request::Phase::kDraining;
   }
-  auto code = std::make_shared<int>(MPI_SUCCESS);
-  std::shared_ptr<plugin::Operation> op = blocking_calls_->post([call, code] { *code = call(nullptr); });
-  if (!op->wait_for(timeout())) {
-    request->expire();
-    const std::string message = request->message();
-    abandon(std::move(request));          // MPI may still write into its staging buffers
-    (void)blocking_calls_.release();      // its thread is inside MPI and cannot be joined
-    throw Error(BPL_ERR_TIMEOUT, message);
+  if (error != MPI_SUCCESS) {
+    r.phase_ = Request::Phase::kRunning;
+    r.done_ = true;
+    r.status_ = BPL_ERR_REMOTE;
+    r.message_ = "recv failed: " + mpi_error_string(error);
   }
-  if (request->finish(*code) != BPL_OK) throw Error(BPL_ERR_REMOTE, request->message());
+  return true;
+}
+
+MpiComm::Exchange* MpiComm::post_explanation(const Fingerprint& mine) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (explanation_) return explanation_.get();
+  auto exchange = std::make_unique<Exchange>();
+  exchange->mine = encode(mine);
+  exchange->all.resize(static_cast<size_t>(size_));
+  MpiLock serialized(process_);
+  if (MPI_Iallgather(exchange->mine.data(), kFingerprintWords, MPI_INT64_T, exchange->all.data(), kFingerprintWords,
+                     MPI_INT64_T, agree_, &exchange->request) != MPI_SUCCESS) {
+    return nullptr;
+  }
+  explanation_ = std::move(exchange);
+  return explanation_.get();
+}
+
+std::pair<bpl_status, std::string> MpiComm::explain_stall(const Fingerprint& mine) {
+  Exchange* exchange = post_explanation(mine);
+  bool complete = false;
+  if (exchange != nullptr && is_collective(mine)) {
+    const auto give_up = plugin::deadline_after(explanation_window(timeout()));
+    Backoff backoff(0);
+    while (!complete && std::chrono::steady_clock::now() < give_up) {
+      int flag = 0;
+      {
+        MpiLock lock(process_);
+        if (MPI_Test(&exchange->request, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) break;
+      }
+      complete = flag != 0;
+      if (!complete) backoff.pause();
+    }
+  }
+  const std::string report = complete ? compared(exchange->all) : "";
+  if (!report.empty()) return {BPL_ERR_MISMATCH, report + " (found when the operation stalled)"};
+  return {BPL_ERR_TIMEOUT, stopped_peers_note(complete)};
+}
+
+std::string MpiComm::stopped_peers_note(bool every_rank_answered) const {
+  std::string stopped;
+  for (int r = 0; r < size_; ++r) {
+    const pid_t pid = local_pid_of_rank_.empty() ? 0 : local_pid_of_rank_[static_cast<size_t>(r)];
+    if (pid == 0) continue;
+    const plugin::ProcessState state = plugin::process_state(pid);
+    if (state == plugin::ProcessState::kRunning) continue;
+    stopped += (stopped.empty() ? " (" : "; ") + plugin::local_peer_description(r, pid, state);
+  }
+  if (!stopped.empty()) return stopped + ")";
+  return every_rank_answered ? " (every rank is in this operation: one is slow)"
+                             : " (a peer is stopped, stuck or far behind, on another machine or in another "
+                               "operation: it cannot be named from here)";
+}
+
+void MpiComm::learn_peers() {
+  if (size_ == 1) return;
+  // This rank's process space (machine and pid namespace) and pid, as two words.
+  const std::vector<int64_t> mine = {static_cast<int64_t>(std::hash<std::string>()(plugin::process_space_identity())),
+                                     static_cast<int64_t>(::getpid())};
+  std::vector<int64_t> all(2 * static_cast<size_t>(size_));
+  start(std::make_unique<Request>(this, "learning where the ranks run", fingerprint(BPL_COLL_ALLGATHER), 0,
+                                  [&](MPI_Request* r) { return MPI_Iallgather(mine.data(), 2, MPI_INT64_T, all.data(), 2,
+                                                                              MPI_INT64_T, agree_, r); }),
+        nullptr);
+  local_pid_of_rank_.assign(static_cast<size_t>(size_), 0);
+  for (int r = 0; r < size_; ++r) {
+    if (r != rank_ && all[2 * static_cast<size_t>(r)] == mine[0]) {
+      local_pid_of_rank_[static_cast<size_t>(r)] = static_cast<pid_t>(all[2 * static_cast<size_t>(r) + 1]);
+    }
+  }
 }
 
 // Reductions whose dtype accumulates in a wider type (dtypes.h) are widened into the request's own
@@ -231,9 +539,10 @@ void MpiComm::allreduce(const void* send, void* recv, size_t count, bpl_dtype dt
                         bpl_plugin_request** req) {
   const bpl_dtype acc = plugin::accumulation_dtype(dtype, op);
   const int n = mpi_count(count);
-  auto request = std::make_unique<Request>(this, "allreduce");
   void* work = recv;
   const void* input = in_place_or(send, recv);
+  auto request = std::make_unique<Request>(this, "allreduce", fingerprint(BPL_COLL_ALLREDUCE, dtype, count, -1, op),
+                                           count * plugin::dtype_size(acc), nullptr);
   if (acc != dtype) {
     std::vector<char>& staging = request->buffer(0);
     staging.resize(count * plugin::dtype_size(acc));
@@ -241,23 +550,21 @@ void MpiComm::allreduce(const void* send, void* recv, size_t count, bpl_dtype dt
     work = staging.data();
     input = MPI_IN_PLACE;
   }
+  // The post may run later (after an agreement): it holds what it needs by value.
+  request->post_ = [input, work, n, acc, op, comm = comm_](MPI_Request* r) {
+    return MPI_Iallreduce(input, work, n, mpi_type(acc), mpi_op(op), comm, r);
+  };
   if (op == BPL_OP_AVG || acc != dtype) {
     request->on_complete([=] { plugin::finish_reduction(work, acc, recv, dtype, count, op, size_); });
   }
-  start(std::move(request), count * plugin::dtype_size(acc),
-        [=](MPI_Request* r) {
-          return r ? MPI_Iallreduce(input, work, n, mpi_type(acc), mpi_op(op), comm_, r)
-                   : MPI_Allreduce(input, work, n, mpi_type(acc), mpi_op(op), comm_);
-        },
-        req);
+  start(std::move(request), req);
 }
 
 void MpiComm::broadcast(void* buf, size_t count, bpl_dtype dtype, int root, bpl_plugin_request** req) {
   const int n = mpi_count(count);
-  start(std::make_unique<Request>(this, "broadcast"), count * plugin::dtype_size(dtype),
-        [=](MPI_Request* r) {
-          return r ? MPI_Ibcast(buf, n, mpi_type(dtype), root, comm_, r) : MPI_Bcast(buf, n, mpi_type(dtype), root, comm_);
-        },
+  start(std::make_unique<Request>(this, "broadcast", fingerprint(BPL_COLL_BROADCAST, dtype, count, root),
+                                  count * plugin::dtype_size(dtype),
+                                  [=, comm = comm_](MPI_Request* r) { return MPI_Ibcast(buf, n, mpi_type(dtype), root, comm, r); }),
         req);
 }
 
@@ -266,7 +573,8 @@ void MpiComm::reduce(const void* send, void* recv, size_t count, bpl_dtype dtype
   const bpl_dtype acc = plugin::accumulation_dtype(dtype, op);
   const bool is_root = rank_ == root;
   const int n = mpi_count(count);
-  auto request = std::make_unique<Request>(this, "reduce");
+  auto request = std::make_unique<Request>(this, "reduce", fingerprint(BPL_COLL_REDUCE, dtype, count, root, op),
+                                           count * plugin::dtype_size(acc), nullptr);
   const void* input = is_root ? in_place_or(send, recv) : send;
   void* output = is_root ? recv : nullptr;
   if (acc != dtype) {
@@ -276,15 +584,13 @@ void MpiComm::reduce(const void* send, void* recv, size_t count, bpl_dtype dtype
     input = is_root ? MPI_IN_PLACE : staging.data();
     output = is_root ? staging.data() : nullptr;
   }
+  request->post_ = [input, output, n, acc, op, root, comm = comm_](MPI_Request* r) {
+    return MPI_Ireduce(input, output, n, mpi_type(acc), mpi_op(op), root, comm, r);
+  };
   if (is_root && (op == BPL_OP_AVG || acc != dtype)) {
     request->on_complete([=] { plugin::finish_reduction(output, acc, recv, dtype, count, op, size_); });
   }
-  start(std::move(request), count * plugin::dtype_size(acc),
-        [=](MPI_Request* r) {
-          return r ? MPI_Ireduce(input, output, n, mpi_type(acc), mpi_op(op), root, comm_, r)
-                   : MPI_Reduce(input, output, n, mpi_type(acc), mpi_op(op), root, comm_);
-        },
-        req);
+  start(std::move(request), req);
 }
 
 void MpiComm::allgather(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_plugin_request** req) {
@@ -292,11 +598,11 @@ void MpiComm::allgather(const void* send, void* recv, size_t count, bpl_dtype dt
   const size_t block = count * plugin::dtype_size(dtype);
   // In place, the caller's block already sits at recv + rank*count: MPI_IN_PLACE means exactly that.
   const void* input = send == static_cast<char*>(recv) + block * static_cast<size_t>(rank_) ? MPI_IN_PLACE : send;
-  start(std::make_unique<Request>(this, "allgather"), block * static_cast<size_t>(size_),
-        [=](MPI_Request* r) {
-          return r ? MPI_Iallgather(input, n, mpi_type(dtype), recv, n, mpi_type(dtype), comm_, r)
-                   : MPI_Allgather(input, n, mpi_type(dtype), recv, n, mpi_type(dtype), comm_);
-        },
+  start(std::make_unique<Request>(this, "allgather", fingerprint(BPL_COLL_ALLGATHER, dtype, count),
+                                  block * static_cast<size_t>(size_),
+                                  [=, comm = comm_](MPI_Request* r) {
+                                    return MPI_Iallgather(input, n, mpi_type(dtype), recv, n, mpi_type(dtype), comm, r);
+                                  }),
         req);
 }
 
@@ -305,7 +611,9 @@ void MpiComm::reduce_scatter(const void* send, void* recv, size_t recvcount, bpl
   const bpl_dtype acc = plugin::accumulation_dtype(dtype, op);
   const int n = mpi_count(recvcount);
   mpi_count(recvcount * static_cast<size_t>(size_));
-  auto request = std::make_unique<Request>(this, "reduce_scatter");
+  auto request = std::make_unique<Request>(this, "reduce_scatter",
+                                           fingerprint(BPL_COLL_REDUCE_SCATTER, dtype, recvcount, -1, op),
+                                           recvcount * static_cast<size_t>(size_) * plugin::dtype_size(acc), nullptr);
   const void* input = send;
   if (acc != dtype) {
     std::vector<char>& staging = request->buffer(0);
@@ -323,18 +631,17 @@ void MpiComm::reduce_scatter(const void* send, void* recv, size_t recvcount, bpl
     output = result.data();
     request->on_complete([=] { plugin::finish_reduction(output, acc, recv, dtype, recvcount, op, size_); });
   }
-  start(std::move(request), recvcount * static_cast<size_t>(size_) * plugin::dtype_size(acc),
-        [=](MPI_Request* r) {
-          return r ? MPI_Ireduce_scatter_block(input, output, n, mpi_type(acc), mpi_op(op), comm_, r)
-                   : MPI_Reduce_scatter_block(input, output, n, mpi_type(acc), mpi_op(op), comm_);
-        },
-        req);
+  request->post_ = [input, output, n, acc, op, comm = comm_](MPI_Request* r) {
+    return MPI_Ireduce_scatter_block(input, output, n, mpi_type(acc), mpi_op(op), comm, r);
+  };
+  start(std::move(request), req);
 }
 
 void MpiComm::alltoall(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_plugin_request** req) {
   const int n = mpi_count(count);
   mpi_count(count * static_cast<size_t>(size_));
-  auto request = std::make_unique<Request>(this, "alltoall");
+  auto request = std::make_unique<Request>(this, "alltoall", fingerprint(BPL_COLL_ALLTOALL, dtype, count),
+                                           count * static_cast<size_t>(size_) * plugin::dtype_size(dtype), nullptr);
   const void* input = send;
   if (send == recv) {  // MPI's non-blocking alltoall has no in-place form everywhere: copy the input
     std::vector<char>& copy = request->buffer(0);
@@ -342,16 +649,15 @@ void MpiComm::alltoall(const void* send, void* recv, size_t count, bpl_dtype dty
                 static_cast<const char*>(send) + count * static_cast<size_t>(size_) * plugin::dtype_size(dtype));
     input = copy.data();
   }
-  start(std::move(request), count * static_cast<size_t>(size_) * plugin::dtype_size(dtype),
-        [=](MPI_Request* r) {
-          return r ? MPI_Ialltoall(input, n, mpi_type(dtype), recv, n, mpi_type(dtype), comm_, r)
-                   : MPI_Alltoall(input, n, mpi_type(dtype), recv, n, mpi_type(dtype), comm_);
-        },
-        req);
+  request->post_ = [input, recv, n, dtype, comm = comm_](MPI_Request* r) {
+    return MPI_Ialltoall(input, n, mpi_type(dtype), recv, n, mpi_type(dtype), comm, r);
+  };
+  start(std::move(request), req);
 }
 
 void MpiComm::barrier(bpl_plugin_request** req) {
-  start(std::make_unique<Request>(this, "barrier"), kNonBlockingOnly, [=](MPI_Request* r) { return MPI_Ibarrier(comm_, r); },
+  start(std::make_unique<Request>(this, "barrier", fingerprint(BPL_COLL_BARRIER), 0,
+                                  [comm = comm_](MPI_Request* r) { return MPI_Ibarrier(comm, r); }),
         req);
 }
 
@@ -365,15 +671,15 @@ void MpiComm::check_tag(int tag) const {
 void MpiComm::send(const void* buf, size_t count, bpl_dtype dtype, int peer, int tag, bpl_plugin_request** req) {
   check_tag(tag);
   const int n = mpi_count(count);
-  start(std::make_unique<Request>(this, "send"), kNonBlockingOnly,
-        [=](MPI_Request* r) { return MPI_Isend(buf, n, mpi_type(dtype), peer, tag, comm_, r); }, req);
+  start(std::make_unique<Request>(this, "send", fingerprint(BPL_COLL_SEND), count * plugin::dtype_size(dtype),
+                                  [=, comm = comm_](MPI_Request* r) { return MPI_Isend(buf, n, mpi_type(dtype), peer, tag, comm, r); }),
+        req);
 }
 
 void MpiComm::recv(void* buf, size_t count, bpl_dtype dtype, int peer, int tag, bpl_plugin_request** req) {
   check_tag(tag);
-  const int n = mpi_count(count);
-  start(std::make_unique<Request>(this, "recv"), kNonBlockingOnly,
-        [=](MPI_Request* r) { return MPI_Irecv(buf, n, mpi_type(dtype), peer, tag, comm_, r); }, req);
+  start(std::make_unique<Request>(this, buf, mpi_count(count), mpi_type(dtype), count * plugin::dtype_size(dtype), peer, tag),
+        req);
 }
 
 std::unique_ptr<MpiComm> MpiComm::split(int color, int key) {
@@ -381,8 +687,10 @@ std::unique_ptr<MpiComm> MpiComm::split(int color, int key) {
   // so the split itself only waits for peers that are already there.
   int arrived[1] = {1};
   std::vector<int> everyone(static_cast<size_t>(size_));
-  start(std::make_unique<Request>(this, "comm_split (arrival check)"), kNonBlockingOnly,
-        [&](MPI_Request* r) { return MPI_Iallgather(arrived, 1, MPI_INT, everyone.data(), 1, MPI_INT, comm_, r); },
+  start(std::make_unique<Request>(this, "comm_split (arrival check)", fingerprint(BPL_COLL_COMM_SPLIT), 0,
+                                  [&, comm = comm_](MPI_Request* r) {
+                                    return MPI_Iallgather(arrived, 1, MPI_INT, everyone.data(), 1, MPI_INT, comm, r);
+                                  }),
         nullptr);
   MPI_Comm child = MPI_COMM_NULL;
   {

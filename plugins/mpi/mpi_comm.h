@@ -1,21 +1,40 @@
-// A communicator of the MPI plugin: an MPI communicator (with MPI_ERRORS_RETURN). Asynchronous bpl calls
-// are MPI's non-blocking calls; a blocking bpl call posts the same request and waits for it with the
-// communicator's timeout, or, for large collectives, runs MPI's faster blocking form on a worker thread
-// and waits for that with the timeout. No call can wait forever on a peer that never comes.
+// A communicator of the MPI plugin: an MPI communicator (with MPI_ERRORS_RETURN) and a duplicate of it
+// on which the ranks compare what they call (fingerprint.h).
+//
+// Every bpl call is MPI's non-blocking call, tested here (blocking) or through its request until it
+// completes or the communicator's timeout passes. MPI progresses only inside its calls, so a wait keeps
+// testing, without pause while the operation may be moving its bytes, then with growing pauses: a rank
+// waiting for a stopped or missing peer costs about one test a millisecond, not a core.
+//
+// Ranks that disagree on a transfer's size must not let MPI write past a buffer: Open MPI 4.1's
+// shared-memory single copy (CMA) reads a larger message whole into a smaller buffer. So a collective
+// that may take that path (kAgreementMinBytes or more) first exchanges fingerprints on the duplicate
+// and fails with MISMATCH on every rank if they differ, before any data moves; and a recv matches its
+// message by probe and checks its size before receiving it. Below that size Open MPI copies eagerly
+// and reports a longer message as MPI_ERR_TRUNCATE (MISMATCH here); a shorter one is MPI's to accept.
+//
+// An operation that times out (or is aborted) cannot be cancelled: MPI keeps the request and its
+// buffers, and the communicator refuses every later operation. Before it reports the timeout, a rank
+// exchanges on the duplicate what it was calling, for a moment: ranks that called different
+// operations are MISMATCH naming them; otherwise the peers of this machine that are stopped are named.
 #pragma once
 
 #include <mpi.h>
+#include <sys/types.h>
 
 #include <atomic>
 #include <chrono>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "backplane/plugin.h"
-#include "op_queue.h"
+#include "fingerprint.h"
 
 namespace backplane::mpi_plugin {
 
@@ -30,36 +49,61 @@ struct MpiProcess {
 
 class MpiComm;
 
-// One posted MPI operation and what to do once it completes (narrow a widened result, …).
+// One bpl operation: its size agreement (large collectives), its matching probe (recvs), then the MPI
+// request, and what to do once it completes (narrow a widened result, …).
 class Request {
  public:
-  // The operation is bounded by the communicator's timeout from now (it is posted right after).
-  Request(MpiComm* comm, const char* op);
+  // Posts the operation, or its agreement or probe first; bounded by the communicator's timeout from
+  // now. `post(handle)` posts the operation's non-blocking form into *handle.
+  Request(MpiComm* comm, const char* op, Fingerprint fingerprint, size_t bytes, std::function<int(MPI_Request*)> post);
+  // A recv: matched by probe in posting order, its size checked before it is received.
+  Request(MpiComm* comm, void* buf, int count, MPI_Datatype type, size_t bytes, int peer, int tag);
   ~Request();
 
-  MPI_Request* handle() { return &request_; }
   MpiComm& comm() { return *comm_; }
   std::vector<char>& buffer(size_t i) { return buffers_[i]; }  // staging owned by the request
   void on_complete(std::function<void()> fn) { on_complete_ = std::move(fn); }
-
-  // Completes an operation MPI ran as a blocking call: its status, after the on_complete work.
-  bpl_status finish(int mpi_error);
   const std::string& message() const { return message_; }
-  // *done = 1 once complete, or once the communicator's timeout passed (the operation ended with
-  // BPL_ERR_TIMEOUT); returns the operation's status then (and on every later call).
+
+  // *done = 1 once the operation ended: complete, failed, or past the communicator's timeout (then
+  // BPL_ERR_TIMEOUT, explained); returns the operation's status then (and on every later call).
   bpl_status test(int32_t* done);
-  // Polls until done or `timeout` passes (BPL_ERR_TIMEOUT; the request stays in flight).
-  bpl_status wait(std::chrono::milliseconds timeout);
-  // Ends the operation with BPL_ERR_TIMEOUT and poisons the communicator; MPI keeps the request.
+  // Tests until done or `timeout` passes (BPL_ERR_TIMEOUT; the request stays in flight), or, when
+  // `released_by_abort`, until the communicator is aborted (BPL_ERR_ABORTED; likewise).
+  bpl_status wait(std::chrono::milliseconds timeout, bool released_by_abort = true);
+  // Ends the operation with BPL_ERR_TIMEOUT (explained: see the file's comment) and fails the
+  // communicator; MPI keeps the request.
   void expire();
   // True while MPI owns the request and its buffers (not completed, or expired).
   bool owned_by_mpi() const { return !done_ || expired_; }
+  // What a recv matches on.
+  std::tuple<MpiComm*, int, int> match_key() const { return {comm_, peer_, tag_}; }
 
  private:
-  bpl_status complete(int mpi_error);
+  friend class MpiComm;
+  enum class Phase { kAgreeing, kProbing, kDraining, kRunning };
+  // Moves the operation on: agreement → post, probe → receive, MPI_Test. Sets done_ when it ended.
+  void progress();
+  void complete(int mpi_error);
+  void fail(bpl_status status, const std::string& message);
+
   MpiComm* comm_;
   const char* op_;
+  Fingerprint fingerprint_;
+  size_t bytes_;
+  Phase phase_ = Phase::kRunning;
+  bool receive_ = false;
+  std::function<int(MPI_Request*)> post_;
   MPI_Request request_ = MPI_REQUEST_NULL;
+  FingerprintWords agreement_mine_{};
+  std::vector<FingerprintWords> agreement_all_;
+  // A recv's match.
+  void* recv_buf_ = nullptr;
+  int recv_count_ = 0;
+  MPI_Datatype recv_type_ = MPI_BYTE;
+  int peer_ = -1;
+  int tag_ = -1;
+  int arrived_bytes_ = 0;
   std::vector<char> buffers_[2];
   std::function<void()> on_complete_;
   std::chrono::steady_clock::time_point deadline_;
@@ -71,6 +115,7 @@ class Request {
 
 class MpiComm {
  public:
+  // Duplicates `comm` for the agreements and learns where its ranks run; both bounded by `timeout`.
   MpiComm(const MpiProcess& process, MPI_Comm comm, std::chrono::milliseconds timeout);
   ~MpiComm();
 
@@ -80,8 +125,13 @@ class MpiComm {
   std::chrono::milliseconds timeout() const { return std::chrono::milliseconds(timeout_ms_.load(std::memory_order_relaxed)); }
   // Bounds the operations started from now on.
   void set_timeout(std::chrono::milliseconds timeout) { timeout_ms_.store(timeout.count(), std::memory_order_relaxed); }
+  // Releases every wait on this communicator at once with BPL_ERR_ABORTED and refuses later
+  // operations. MPI cannot cancel: the operations in flight keep their buffers, and the peers wait
+  // out their own timeout.
+  void abort();
+  bool aborted() const { return aborted_.load(std::memory_order_acquire); }
 
-  // Each posts one MPI request; with req == NULL it also waits for it (bounded by the timeout).
+  // Each posts one operation; with req == NULL it also waits for it (bounded by the timeout).
   void allreduce(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_reduce_op op, bpl_plugin_request** req);
   void broadcast(void* buf, size_t count, bpl_dtype dtype, int root, bpl_plugin_request** req);
   void reduce(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_reduce_op op, int root,
@@ -98,32 +148,55 @@ class MpiComm {
   // Throws Error(MPI's own error string) unless `code` is MPI_SUCCESS.
   void check(int code, const char* call) const;
   // After a timed-out or failed operation the communicator is unusable: later calls fail at once.
-  void poison(const std::string& cause);
+  void poison(bpl_status status, const std::string& cause);
   // Keeps a request MPI still owns alive after its caller gave up on it.
   void abandon(std::unique_ptr<Request> request);
 
  private:
-  // `post(handle)` posts the operation's non-blocking form into *handle; `post(nullptr)` runs its
-  // blocking form (for collectives that have one). An asynchronous call returns the request in *req; a
-  // blocking call waits here, through run_blocking when `bytes` (what the call moves per rank) is at
-  // least kBlockingCallMinBytes and MPI allows calls from any thread.
-  static constexpr size_t kBlockingCallMinBytes = 4096;
-  static constexpr size_t kNonBlockingOnly = 0;
-  void start(std::unique_ptr<Request> request, size_t bytes, const std::function<int(MPI_Request*)>& post,
-             bpl_plugin_request** req);
-  void run_blocking(std::unique_ptr<Request> request, const std::function<int(MPI_Request*)>& call);
+  friend class Request;
+  // Collectives moving this many bytes or more (the whole buffer) agree on their fingerprint first:
+  // below it, Open MPI sends eagerly, copying at most what the receiver posted (btl_vader_eager_limit,
+  // 4 KiB); above it a message may be read whole by the receiver (single copy).
+  static constexpr size_t kAgreementMinBytes = 4096;
+  // Starts `request`; with req == NULL waits for it here.
+  void start(std::unique_ptr<Request> request, bpl_plugin_request** req);
   void require_usable() const;
   // Tags above the MPI library's MPI_TAG_UB (at least 32767) are refused, naming the bound.
   void check_tag(int tag) const;
+  // Matches recv `r` with an arrived message, if there is one (true).
+  bool match(Request& r);
+  // What the ranks called, exchanged on the duplicate within a moment: the report of MISMATCH when
+  // they differ, else a note naming the stopped peers of this machine (or "" when none can be named).
+  std::pair<bpl_status, std::string> explain_stall(const Fingerprint& mine);
+  // Posts this rank's part of that exchange (once: later calls return the first), so that ranks still
+  // waiting can complete theirs; null if MPI refused it.
+  struct Exchange;
+  Exchange* post_explanation(const Fingerprint& mine);
+  // " (rank 1 of this communicator, process 4242 on this machine, is stopped)", or what can be said
+  // when no peer of this machine is stopped or ended.
+  std::string stopped_peers_note(bool every_rank_answered) const;
+  // Learns the process (machine and pid) of every rank, to name a stopped or ended one.
+  void learn_peers();
 
   const MpiProcess& process_;
   MPI_Comm comm_;
+  MPI_Comm agree_ = MPI_COMM_NULL;  // the duplicate: agreements and explanations
   std::atomic<int64_t> timeout_ms_;
   int rank_ = 0;
   int size_ = 1;
+  std::atomic<bool> aborted_{false};
+  mutable std::mutex mutex_;  // guards poisoned_, abandoned_, explanation_
+  bpl_status poisoned_status_ = BPL_OK;
   std::string poisoned_;
   std::vector<std::unique_ptr<Request>> abandoned_;
-  std::unique_ptr<plugin::OpQueue> blocking_calls_;  // the worker of run_blocking, started on first use
+  // The one exchange of fingerprints after this rank's first failure (explain_stall).
+  struct Exchange {
+    FingerprintWords mine{};
+    std::vector<FingerprintWords> all;
+    MPI_Request request = MPI_REQUEST_NULL;
+  };
+  std::unique_ptr<Exchange> explanation_;
+  std::vector<pid_t> local_pid_of_rank_;   // 0 for this rank and for ranks on other machines
 };
 
 // MPI's text for an error code.

@@ -102,6 +102,10 @@ void initialize_mpi(const bpl_launch_info& launch) {
     if (code != MPI_SUCCESS) throw plugin::Error(BPL_ERR_UNAVAILABLE, "MPI_Init_thread failed: " + mpi_error_string(code));
     s.initialized_here = true;
     s.process.thread_level = provided;
+    // Open MPI reports some failures of non-blocking collectives (a truncation inside libnbc's schedule)
+    // on MPI_COMM_WORLD, whose default handler ends the job: they must come back as errors. A program
+    // that initialised MPI itself keeps its own handler.
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   } else {
     MPI_Query_thread(&s.process.thread_level);
   }
@@ -290,6 +294,13 @@ bpl_status comm_set_timeout(bpl_plugin_comm* c, int64_t timeout_ms) {
   });
 }
 
+bpl_status comm_abort(bpl_plugin_comm* c) {
+  return guarded([&] {
+    unwrap(c)->abort();
+    return BPL_OK;
+  });
+}
+
 /* ---- requests ---- */
 
 bpl_status request_test(bpl_plugin_request* req, int32_t* done) {
@@ -303,8 +314,9 @@ bpl_status request_wait(bpl_plugin_request* req, int64_t timeout_ms) {
 bpl_status request_free(bpl_plugin_request* req) {
   return guarded([&] {
     std::unique_ptr<Request> request(unwrap(req));
-    // Bounded by the request's own deadline (the communicator's timeout from its start).
-    request->wait(request->comm().timeout() + std::chrono::milliseconds(1));
+    // Bounded by the request's own deadline (the communicator's timeout from its start); an abort does
+    // not cut it short, so that no buffer is touched after it returns.
+    request->wait(request->comm().timeout() + std::chrono::milliseconds(1), /*released_by_abort=*/false);
     if (request->owned_by_mpi()) {
       // MPI still owns the operation and its buffers: keep them until the communicator goes.
       request->expire();
@@ -357,7 +369,7 @@ const bpl_plugin_api kApi = {
     cpu_kernels::program_run,
     cpu_kernels::program_destroy,
     comm_set_timeout,
-    nullptr,  // comm_abort: MPI cannot cancel a collective; the core refuses new operations and releases waits
+    comm_abort,
 };
 
 }  // namespace

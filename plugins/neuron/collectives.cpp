@@ -44,7 +44,7 @@ bpl_plugin_request* wrap(Request* request) { return reinterpret_cast<bpl_plugin_
 /* ---- requests ---- */
 
 Request::Request(NeuronComm& comm, const char* op)
-    : comm_(comm), op_(op), deadline_(std::chrono::steady_clock::now() + comm.timeout()) {}
+    : comm_(comm), op_(op), deadline_(plugin::deadline_after(comm.timeout())) {}
 
 void Request::expire() {
   done_ = true;
@@ -98,7 +98,7 @@ bpl_status Request::test(int32_t* done) {
 }
 
 bpl_status Request::wait(std::chrono::milliseconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const auto deadline = plugin::deadline_after(timeout);
   auto pause = std::chrono::microseconds(1);
   int32_t done = 0;
   while (test(&done) == BPL_OK && done == 0) {

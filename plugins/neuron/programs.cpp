@@ -111,7 +111,7 @@ Finished run_process(const std::vector<std::string>& args, const std::string& lo
                                                "package) to compile format 'hlo', or pass a compiled NEFF (format 'neff')");
   }
   if (spawned != 0) throw Error(BPL_ERR_IO, "cannot start " + args[0] + ": " + std::strerror(spawned));
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const auto deadline = plugin::deadline_after(timeout);
   int status = 0;
   while (true) {
     const pid_t ended = ::waitpid(pid, &status, WNOHANG);
