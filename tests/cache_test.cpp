@@ -223,6 +223,63 @@ TEST_F(Cache, CorruptOrTruncatedEntryIsRecompiledNotTrusted) {
   EXPECT_EQ(compiled, 3) << "the rebuilt entry is trusted again";
 }
 
+// 10. A marker that does not parse is said to be garbled, and the entry is rebuilt (not taken for a
+//     hash collision, and left broken for good).
+TEST_F(Cache, AGarbledMarkerIsRepaired) {
+  CompileCache c = cache();
+  int compiled = 0;
+  build(c, "program D", &compiled);
+  const fs::path done = fs::path(entry(c, "program D")) / "model.done";
+  std::ofstream(done) << "\x01\x02 not a marker";
+  testing::internal::CaptureStderr();
+  std::vector<char> rebuilt = build(c, "program D", &compiled);
+  const std::string said = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(compiled, 2);
+  EXPECT_EQ(std::string(rebuilt.begin(), rebuilt.end()), "artifact:program D");
+  EXPECT_NE(said.find("entry marker " + done.string() + " is garbled; recompiling the entry"), std::string::npos) << said;
+  EXPECT_EQ(said.find("collision"), std::string::npos) << said;
+  build(c, "program D", &compiled);
+  EXPECT_EQ(compiled, 2) << "the rebuilt entry is a hit again";
+}
+
+// 10. An entry this process may not read (another user's, readable by its owner only) is compiled
+//     without the cache, saying so: not reported as a lock another process held for the timeout.
+TEST_F(Cache, AnEntryThisUserMayNotReadIsSaidSo) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root, to make an entry of another user";
+  CompileCache c = cache();
+  build(c, "private program");
+  const fs::path dir = entry(c, "private program");
+  for (fs::path folder = dir; folder.string().size() >= root_.size(); folder = folder.parent_path()) {
+    fs::permissions(folder, fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec |
+                                fs::perms::others_read | fs::perms::others_exec);
+  }
+  for (const auto& file : fs::directory_iterator(dir)) fs::permissions(file.path(), fs::perms::owner_read | fs::perms::owner_write);
+  int pipe_fds[2];
+  ASSERT_EQ(pipe(pipe_fds), 0);
+  const pid_t child = fork();
+  if (child == 0) {  // as nobody
+    dup2(pipe_fds[1], 2);
+    close(pipe_fds[0]);
+    if (setresgid(65534, 65534, 65534) != 0 || setresuid(65534, 65534, 65534) != 0) _exit(3);
+    CompileCache as_nobody = cache();
+    int compiled = 0;
+    std::vector<char> got = build(as_nobody, "private program", &compiled);
+    _exit(compiled == 1 && std::string(got.begin(), got.end()) == "artifact:private program" ? 0 : 1);
+  }
+  close(pipe_fds[1]);
+  std::string said;
+  char buffer[512];
+  for (ssize_t n; (n = read(pipe_fds[0], buffer, sizeof(buffer))) > 0;) said.append(buffer, static_cast<size_t>(n));
+  close(pipe_fds[0]);
+  int status = 0;
+  waitpid(child, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << said;
+  EXPECT_NE(said.find("cannot read " + (dir / "model.done").string() + ": Permission denied; compiling without the cache"),
+            std::string::npos)
+      << said;
+  EXPECT_EQ(said.find("held"), std::string::npos) << said;
+}
+
 TEST_F(Cache, NoCacheWritesNothing) {
   config_.disabled = true;
   CompileCache c = cache();

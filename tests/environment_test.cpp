@@ -10,6 +10,7 @@
 #include <map>
 #include <string>
 
+#include "backplane/plugin.h"
 #include "environment.h"
 #include "error.h"
 #include "selection.h"
@@ -129,6 +130,27 @@ TEST(Launch, BadValuesNameTheVariable) {
   bpl_init_options options = BPL_INIT_OPTIONS_INIT;
   options.rank = 1;
   expect_error([&] { resolve_launch(options, env_of({})); }, BPL_ERR_INVALID_ARGUMENT, {"options.world_size"});
+}
+
+// 5. A timeout longer than any deadline can hold means the longest one; BPL_TIMEOUT_MS refuses it.
+TEST(Launch, TimeoutsSaturateAtTheLongestAndTheVariableRefusesMore) {
+  bpl_init_options options = BPL_INIT_OPTIONS_INIT;
+  options.timeout_ms = INT64_MAX;
+  EXPECT_EQ(resolve_launch(options, env_of({})).timeout_ms, kLongestTimeoutMs);
+  EXPECT_EQ(resolve_launch(kNoOptions, env_of({{"BPL_TIMEOUT_MS", std::to_string(kLongestTimeoutMs)}})).timeout_ms,
+            kLongestTimeoutMs);
+  expect_error([] { resolve_launch(kNoOptions, env_of({{"BPL_TIMEOUT_MS", "9223372036854775807"}})); },
+               BPL_ERR_INVALID_ARGUMENT, {"BPL_TIMEOUT_MS='9223372036854775807'", "1099511627776"});
+}
+
+// 11. BPL_LOG_LEVEL: a name or 0-3; anything else is refused naming it (bpl_init calls this).
+TEST(LogLevel, NamesNumbersAndRefusals) {
+  EXPECT_EQ(log_level_setting(env_of({})), BPL_LOG_WARN);
+  EXPECT_EQ(log_level_setting(env_of({{"BPL_LOG_LEVEL", "debug"}})), BPL_LOG_DEBUG);
+  EXPECT_EQ(log_level_setting(env_of({{"BPL_LOG_LEVEL", "0"}})), BPL_LOG_ERROR);
+  expect_error([] { log_level_setting(env_of({{"BPL_LOG_LEVEL", "loud"}})); }, BPL_ERR_INVALID_ARGUMENT,
+               {"BPL_LOG_LEVEL='loud' is not valid"});
+  expect_error([] { log_level_setting(env_of({{"BPL_LOG_LEVEL", "4"}})); }, BPL_ERR_INVALID_ARGUMENT, {"'4'"});
 }
 
 TEST(Selection, PrecedenceOfBackendSources) {

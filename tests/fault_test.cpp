@@ -220,6 +220,18 @@ int abort_blocking_call() {
   return 3;
 }
 
+// Every collective succeeds; then rank 1 is stopped before it finalizes. The others' bpl_finalize must
+// still return within its bound (MPI_Finalize, say, waits for every rank with none).
+int stop_before_finalize() {
+  Rank r = join();
+  float value = 1.0f, sum = 0.0f;
+  const auto start = Clock::now();
+  report(r, "allreduce", bpl_allreduce(r.world, &value, &sum, 1, BPL_DTYPE_F32, BPL_OP_SUM, nullptr), start);
+  if (r.rank == 1) stop_self_until_killed(r.timeout_ms + 3000);
+  finalize(r);
+  return 0;
+}
+
 // Huge values where the API takes a size or a time: a timeout of INT64_MAX or 2^45 ms is a timeout
 // that never runs out (operations and waits succeed), and counts no address space can hold are
 // refused before anything is sent, leaving the communicator usable.
@@ -421,14 +433,15 @@ class Fault : public ::testing::TestWithParam<std::string> {
   std::string mismatch_timeout() const { return is_mpi() ? "1500" : std::to_string(kTimeoutMs); }
 };
 
-// Every peer `message` names as "rank N of this communicator" is `culprit`: a survivor never names
-// another survivor. With `may_not_know`, naming none is allowed (a rank alone on its machine cannot see
-// a peer's process, and may not learn what the others saw when the store's host is the one that failed).
+// Every peer `message` names, as "rank N of this communicator" (the cause) or as "the connection to
+// rank N" (what was seen of it from another machine), is `culprit`: a survivor never names another
+// survivor. With `may_not_know`, naming none is allowed (a rank alone on its machine cannot see a
+// peer's process, and may not learn what the others saw when the store's host is the one that failed).
 void expect_names_only(const std::string& message, int culprit, bool may_not_know = false) {
-  const std::regex named("rank (\\d+) of this communicator");
+  const std::regex named("rank (\\d+) of this communicator|the connection to rank (\\d+)");
   int names = 0;
   for (std::sregex_iterator it(message.begin(), message.end(), named), end; it != end; ++it, ++names) {
-    EXPECT_EQ(std::stoi((*it)[1]), culprit) << "names the wrong rank: " << message;
+    EXPECT_EQ(std::stoi((*it)[1].matched ? (*it)[1] : (*it)[2]), culprit) << "names the wrong rank: " << message;
   }
   if (!may_not_know) {
     EXPECT_GT(names, 0) << "names no rank: " << message;
@@ -786,6 +799,18 @@ TEST_P(Fault, AbortFromAnotherThreadReleasesABlockingCall) {
               released[1].str().c_str(), third->status.c_str(), static_cast<long long>(third->ms), third->message.c_str());
 }
 
+// 1. A rank stopped before it finalizes: the others' bpl_finalize returns within T and a moment.
+TEST_P(Fault, FinalizeReturnsThoughARankIsStopped) {
+  Job job = run_job(backend(), 3, "stop_before_finalize", {});
+  for (int rank : {0, 2}) {
+    EXPECT_EVENT(job, rank, "allreduce", "BPL_OK");
+    EXPECT_EVENT(job, rank, "finalize", "BPL_OK");
+    EXPECT_LE(job.event(rank, "finalize")->ms, kTimeoutMs + 1500) << job.output;
+  }
+  std::printf("%s: bpl_finalize returned after %lld ms\n", backend().c_str(),
+              static_cast<long long>(job.event(0, "finalize")->ms));
+}
+
 // 5. Values at the top of their types: an INT64_MAX (or 2^45 ms) timeout never runs out, and counts no
 //    address space can hold are INVALID_ARGUMENT naming the count, with the communicator still usable.
 TEST_P(Fault, HugeTimeoutsAndCountsAreHandled) {
@@ -977,6 +1002,25 @@ TEST(Rendezvous, UnresolvableMasterAddrIsReportedAsSuch) {
   }
 }
 
+// 11. A GLOO_SOCKET_IFNAME that names no interface is refused, naming it and the interfaces there are.
+//     (In a network namespace of its own: nothing is sent anywhere.)
+TEST(Rendezvous, AnUnknownSocketInterfaceIsRefusedNamingIt) {
+  if (backplane::test::run_process({"unshare", "--net", "true"}, {}).exit_code != 0) {
+    GTEST_SKIP() << "cannot make a network namespace here (unshare --net needs root or CAP_SYS_ADMIN)";
+  }
+  auto env = backplane::test::rank_env(1, 2, backplane::test::free_port());
+  env["BPL_BACKEND"] = "gloo";
+  env["MASTER_ADDR"] = "198.18.0.1";  // the range set aside for tests; unreachable from the namespace
+  env["GLOO_SOCKET_IFNAME"] = "no-such-interface";
+  ProcessResult r = backplane::test::run_process({"unshare", "--net", self_path(), "--worker=join_and_leave"}, env,
+                                                 std::chrono::seconds(30));
+  EXPECT_EQ(r.exit_code, 4) << r.output;
+  EXPECT_NE(r.output.find("BPL_ERR_INVALID_ARGUMENT"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("GLOO_SOCKET_IFNAME='no-such-interface' names no interface of this host (it has: lo)"),
+            std::string::npos)
+      << r.output;
+}
+
 TEST(Rendezvous, MissingRankFailsEveryOtherAtTheTimeoutNamingIt) {
   auto results = start_ranks({{0, 3}, {2, 3}}, backplane::test::free_port(), 2000);
   for (const ProcessResult& r : results) {
@@ -1032,6 +1076,7 @@ int main(int argc, char** argv) {
                                           {"abort_notifies_peers", abort_notifies_peers},
                                           {"abort_blocking_call", abort_blocking_call},
                                           {"huge_values", huge_values},
+                                          {"stop_before_finalize", stop_before_finalize},
                                           {"exit_cleanly_mid_allreduce", exit_cleanly_mid_allreduce},
                                           {"mismatched_collectives", mismatched_collectives},
                                           {"kill_mid_exchange", kill_mid_exchange},

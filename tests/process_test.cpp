@@ -277,6 +277,42 @@ TEST(DpTrain, TensorTimesDataParallelWithZero1OnFourRanks) {
                                     {{"NXD_CPU_MODE", "1"}}, {"--tp", "2", "--zero1"});
 }
 
+// 6. A checkpoint damaged after it was written (four bytes of its model shard flipped, the size
+//    unchanged) is passed over on resume, said so on every rank: the run resumes from the newest
+//    intact one, where before it went on from the damaged weights.
+TEST(DpTrain, ResumingPassesOverACorruptedNewestCheckpoint) {
+  const std::string dir = fresh_dir("corrupted");
+  ProcessResult first = run_process(
+      under_bpl_run(2, {kBin + "/dp_train", "--steps", "20", "--save-every", "10", "--checkpoint-dir", dir}),
+      {{"NXD_CPU_MODE", "1"}}, std::chrono::seconds(120));
+  ASSERT_EQ(first.exit_code, 0) << describe(first);
+  const std::string shard = dir + "/step_00020/model/dp_rank_00_tp_rank_00_pp_rank_00.pt";
+  {
+    std::fstream bytes(shard, std::ios::in | std::ios::out | std::ios::binary);
+    ASSERT_TRUE(bytes.good()) << shard;
+    const auto middle = static_cast<std::streamoff>(std::filesystem::file_size(shard) / 2);
+    char four[4];
+    bytes.seekg(middle);
+    bytes.read(four, 4);
+    for (char& c : four) c = static_cast<char>(~c);
+    bytes.seekp(middle);
+    bytes.write(four, 4);
+  }
+  ProcessResult resumed = run_process(
+      under_bpl_run(2, {kBin + "/dp_train", "--steps", "25", "--checkpoint-dir", dir, "--resume"}),
+      {{"NXD_CPU_MODE", "1"}}, std::chrono::seconds(120));
+  EXPECT_EQ(resumed.exit_code, 0) << describe(resumed);
+  EXPECT_NE(resumed.output.find("resumed from step 10 "), std::string::npos) << resumed.output;
+  for (int rank : {0, 1}) {
+    EXPECT_NE(resumed.output.find("rank " + std::to_string(rank) + ": checkpoint " + dir +
+                                  "/step_00020 cannot be loaded by every rank (here: checkpoint file " + shard +
+                                  " is corrupt"),
+              std::string::npos)
+        << resumed.output;
+  }
+  std::filesystem::remove_all(dir);
+}
+
 // The pid of the process whose command line contains `marker` and whose environment has RANK=`rank`.
 pid_t find_rank(const std::string& marker, int rank) {
   for (const auto& entry : std::filesystem::directory_iterator("/proc")) {

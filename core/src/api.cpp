@@ -539,6 +539,7 @@ bpl_status bpl_init(const bpl_init_options* options, bpl_runtime** out) {
     auto runtime = std::make_unique<bpl_runtime>();
     runtime->launch = resolve_launch(opts, env);
     runtime->debug_detail = debug_detail(env);
+    log_level_setting(env);  // a bad BPL_LOG_LEVEL is refused here, naming it
     Selection selection = select_backend(opts.backend, env, probe_machine());
     runtime->plugin = load_selected(selection, plugin_search_dirs(env), &runtime->selection_reason);
 
@@ -1085,7 +1086,7 @@ bpl_status bpl_program_compile(bpl_runtime* runtime, const void* source, size_t 
           void* bytes = nullptr;
           size_t size = 0;
           clear_last_error();
-          bpl_status compiled = compile(rt->impl, opts.format, source, source_size, config.compiler_flags.c_str(),
+          bpl_status compiled = compile(rt->impl, opts.format, source, source_size, config.flags_for_compiler().c_str(),
                                         &bytes, &size);
           if (compiled != BPL_OK) throw Error(compiled, last_error().empty() ? "compilation failed" : last_error());
           std::vector<char> copy(static_cast<char*>(bytes), static_cast<char*>(bytes) + size);

@@ -99,15 +99,29 @@ void apply_flags(const std::string& text, const char* origin, const std::string&
   if (!kept.empty()) config.compiler_flags += (config.compiler_flags.empty() ? "" : " ") + kept;
 }
 
-// The key=value lines of a marker file.
-std::map<std::string, std::string> read_marker(const fs::path& path) {
-  std::map<std::string, std::string> fields;
+// The key=value lines of a marker file, or nothing when it cannot be opened (`error` says why).
+std::optional<std::map<std::string, std::string>> read_marker(const fs::path& path, std::string* error = nullptr) {
   std::ifstream in(path);
+  if (!in) {
+    if (error != nullptr) *error = "cannot read " + path.string() + ": " + std::strerror(errno);
+    return std::nullopt;
+  }
+  std::map<std::string, std::string> fields;
   for (std::string line; std::getline(in, line);) {
     std::string::size_type eq = line.find('=');
     if (eq != std::string::npos) fields[line.substr(0, eq)] = line.substr(eq + 1);
   }
   return fields;
+}
+
+// A done marker as written by get_or_compile: every field there, the numbers numbers.
+bool well_formed(const std::map<std::string, std::string>& marker) {
+  for (const char* field : {"size", "crc32", "source_size", "source_crc32"}) {
+    const auto it = marker.find(field);
+    if (it == marker.end() || it->second.empty()) return false;
+  }
+  return parse_integer(marker.at("size")).has_value() && parse_integer(marker.at("source_size")).has_value() &&
+         marker.at("crc32").size() == 8 && marker.at("source_crc32").size() == 8;
 }
 
 // Writes `bytes` to `path` through a temporary name in the same folder, flushed, then renamed: readers
@@ -164,7 +178,10 @@ class EntryLock {
  public:
   EntryLock(const fs::path& path, std::chrono::milliseconds timeout) {
     fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd_ < 0) return;
+    if (fd_ < 0) {
+      error_ = "cannot open " + path.string() + ": " + std::strerror(errno);
+      return;
+    }
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     while (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
       if (std::chrono::steady_clock::now() >= deadline) {
@@ -180,15 +197,22 @@ class EntryLock {
     if (fd_ >= 0) ::close(fd_);  // closing releases the lock
   }
   bool held() const { return held_; }
+  // Why the lock file could not be opened ("" when it was, held or not).
+  const std::string& error() const { return error_; }
 
  private:
   int fd_ = -1;
   bool held_ = false;
+  std::string error_;
 };
 
-std::vector<char> read_file(const fs::path& path) {
+// The bytes of `path`, or nothing when it cannot be opened (`error` says why).
+std::optional<std::vector<char>> read_file(const fs::path& path, std::string* error) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) return {};
+  if (!in) {
+    *error = "cannot read " + path.string() + ": " + std::strerror(errno);
+    return std::nullopt;
+  }
   return std::vector<char>(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
@@ -231,30 +255,52 @@ std::vector<char> CompileCache::get_or_compile(const Key& key, const std::functi
   const std::string source_crc = hex(crc32(key.source, key.source_size), 8);
 
   // A hit: the done marker names the artifact's size and checksum, and the program it was built from.
-  enum class Lookup { kMiss, kHit, kOtherProgram };
+  // An entry this process cannot read (its permissions) is left alone: compiled without the cache.
+  enum class Lookup { kMiss, kHit, kOtherProgram, kUnreadable };
   std::vector<char> bytes;
+  std::string unreadable;
   auto look_up = [&]() {
-    if (!fs::exists(done)) return Lookup::kMiss;
-    std::map<std::string, std::string> marker = read_marker(done);
-    if (marker["source_size"] != std::to_string(key.source_size) || marker["source_crc32"] != source_crc) {
-      log(BPL_LOG_WARN, "cache", "entry " + dir.string() + " belongs to another program (hash collision); compiling without the cache");
+    std::error_code missing;
+    if (!fs::exists(done, missing)) {
+      if (!missing) return Lookup::kMiss;
+      unreadable = "cannot look at " + done.string() + ": " + missing.message();
+      return Lookup::kUnreadable;
+    }
+    std::optional<std::map<std::string, std::string>> marker = read_marker(done, &unreadable);
+    if (!marker) return Lookup::kUnreadable;
+    if (!well_formed(*marker)) {
+      log(BPL_LOG_WARN, "cache", "entry marker " + done.string() + " is garbled; recompiling the entry");
+      std::error_code ignored;
+      fs::remove(done, ignored);
+      return Lookup::kMiss;
+    }
+    if ((*marker)["source_size"] != std::to_string(key.source_size) || (*marker)["source_crc32"] != source_crc) {
+      log(BPL_LOG_WARN, "cache", "entry " + dir.string() + " belongs to another program (a hash collision: its marker "
+                                 "names a source of " + (*marker)["source_size"] + " bytes with CRC-32 " +
+                                 (*marker)["source_crc32"] + "); compiling without the cache");
       return Lookup::kOtherProgram;
     }
-    bytes = read_file(artifact);
-    if (std::to_string(bytes.size()) == marker["size"] && hex(crc32(bytes.data(), bytes.size()), 8) == marker["crc32"]) {
+    std::optional<std::vector<char>> artifact_bytes = read_file(artifact, &unreadable);
+    if (!artifact_bytes) return Lookup::kUnreadable;
+    bytes = std::move(*artifact_bytes);
+    if (std::to_string(bytes.size()) == (*marker)["size"] && hex(crc32(bytes.data(), bytes.size()), 8) == (*marker)["crc32"]) {
       bump(dir / "model.hits");
       return Lookup::kHit;
     }
     log(BPL_LOG_WARN, "cache", "corrupt cache entry " + artifact.string() + " (" + std::to_string(bytes.size()) +
-                                   " bytes, expected " + marker["size"] + " with CRC-32 " + marker["crc32"] +
+                                   " bytes, expected " + (*marker)["size"] + " with CRC-32 " + (*marker)["crc32"] +
                                    "); recompiling");
     std::error_code ignored;
     fs::remove(done, ignored);
     return Lookup::kMiss;
   };
+  auto without_the_cache = [&](const std::string& why) {
+    log(BPL_LOG_WARN, "cache", why + "; compiling without the cache");
+    return compile_counted();
+  };
   auto replay_failure = [&] {
     if (config_.retry_failed || !fs::exists(failed)) return;
-    std::map<std::string, std::string> marker = read_marker(failed);
+    std::map<std::string, std::string> marker = read_marker(failed).value_or(std::map<std::string, std::string>{});
     std::optional<int64_t> status = parse_integer(marker["status"]);
     throw Error(status ? static_cast<bpl_status>(*status) : BPL_ERR_INTERNAL,
                 "a cached failed compilation at " + failed.string() + ": " + marker["message"] +
@@ -264,24 +310,23 @@ std::vector<char> CompileCache::get_or_compile(const Key& key, const std::functi
   Lookup found = look_up();
   if (found == Lookup::kHit) return bytes;
   if (found == Lookup::kOtherProgram) return compile_counted();  // leave that entry alone
+  if (found == Lookup::kUnreadable) return without_the_cache(unreadable);
   replay_failure();
 
   std::error_code error;
   fs::create_directories(dir, error);
-  if (error) {
-    log(BPL_LOG_WARN, "cache", "cannot create " + dir.string() + " (" + error.message() + "); compiling without the cache");
-    return compile_counted();
-  }
+  if (error) return without_the_cache("cannot create " + dir.string() + " (" + error.message() + ")");
   EntryLock lock(dir / "model.lock", lock_timeout_);
+  if (!lock.error().empty()) return without_the_cache(lock.error());
   if (!lock.held()) {
-    log(BPL_LOG_WARN, "cache", "another process held " + dir.string() + " for " + std::to_string(lock_timeout_.count()) +
-                                   " ms; compiling without the cache");
-    return compile_counted();
+    return without_the_cache("another process held " + dir.string() + " for " + std::to_string(lock_timeout_.count()) +
+                             " ms");
   }
   // Another process may have finished (or failed) while this one waited for the lock.
   found = look_up();
   if (found == Lookup::kHit) return bytes;
   if (found == Lookup::kOtherProgram) return compile_counted();
+  if (found == Lookup::kUnreadable) return without_the_cache(unreadable);
   replay_failure();
 
   try {

@@ -29,6 +29,12 @@ struct CacheConfig {
   bool retry_failed = false;                  // --retry_failed_compilation
   std::string log_level;                      // --log_level, handed to the compiler
   std::string compiler_flags;                 // every other flag: part of the key, handed to the compiler
+
+  // What the compiler is given: its flags, and the log level, which is no part of the key (it changes
+  // what the compiler prints, not what it builds).
+  std::string flags_for_compiler() const {
+    return log_level.empty() ? compiler_flags : compiler_flags + (compiler_flags.empty() ? "" : " ") + "--log_level=" + log_level;
+  }
 };
 
 // The cache settings for `backend`, highest first: BPL_CACHE_DIR / BPL_CACHE_SIZE / BPL_CACHE_TTL_DAYS /

@@ -1,13 +1,13 @@
 #include "environment.h"
 
 #include <algorithm>
-
 #include <cctype>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <set>
 
+#include "backplane/plugin.h"
 #include "error.h"
 
 namespace backplane {
@@ -65,6 +65,24 @@ bool debug_detail(const EnvLookup& env) {
   if (value == "detail") return true;
   if (value == "off") return false;
   throw Error(BPL_ERR_INVALID_ARGUMENT, "BPL_DEBUG='" + *text + "' is not valid: expected 'detail' or 'off'");
+}
+
+std::optional<int32_t> parse_log_level(const std::string& text) {
+  static const char* const names[] = {"error", "warn", "info", "debug"};
+  for (int32_t level = 0; level < 4; ++level) {
+    if (text == names[level]) return level;
+  }
+  std::optional<int64_t> number = parse_integer(text);
+  if (number && *number >= 0 && *number <= 3) return static_cast<int32_t>(*number);
+  return std::nullopt;
+}
+
+int32_t log_level_setting(const EnvLookup& env) {
+  std::optional<std::string> text = env("BPL_LOG_LEVEL");
+  if (!text) return BPL_LOG_WARN;
+  if (std::optional<int32_t> level = parse_log_level(*text)) return *level;
+  throw Error(BPL_ERR_INVALID_ARGUMENT,
+              "BPL_LOG_LEVEL='" + *text + "' is not valid: expected error, warn, info, debug or 0-3");
 }
 
 bool launched_by_mpi(const EnvLookup& env) {

@@ -59,6 +59,11 @@ LaunchInfo resolve_launch(const bpl_init_options& options, const EnvLookup& env)
 // unset or "off" leaves it off. Throws Error(INVALID_ARGUMENT) naming any other value.
 bool debug_detail(const EnvLookup& env);
 
+// BPL_LOG_LEVEL's value: "error", "warn", "info", "debug" or 0-3; nothing for any other.
+std::optional<int32_t> parse_log_level(const std::string& text);
+// BPL_LOG_LEVEL, warn when unset. Throws Error(INVALID_ARGUMENT) naming any other value.
+int32_t log_level_setting(const EnvLookup& env);
+
 // True when the environment shows an MPI launcher (mpirun/mpiexec of Open MPI, or a PMI/PMIx one).
 bool launched_by_mpi(const EnvLookup& env);
 

@@ -10,15 +10,12 @@
 namespace backplane {
 namespace {
 
+// Read once, when the first message may be printed; bpl_init refuses a bad value (log_level_setting),
+// but a message may come before it, so here a bad value is said once and warn used.
 int32_t read_log_level() {
   const char* text = std::getenv("BPL_LOG_LEVEL");
   if (text == nullptr || *text == '\0') return BPL_LOG_WARN;
-  static const char* const names[] = {"error", "warn", "info", "debug"};
-  for (int32_t level = 0; level < 4; ++level) {
-    if (std::string(text) == names[level]) return level;
-  }
-  std::optional<int64_t> number = parse_integer(text);
-  if (number && *number >= 0 && *number <= 3) return static_cast<int32_t>(*number);
+  if (std::optional<int32_t> level = parse_log_level(text)) return *level;
   std::fprintf(stderr, "[backplane] WARN: BPL_LOG_LEVEL='%s' is not one of error, warn, info, debug, 0-3; using warn\n",
                text);
   return BPL_LOG_WARN;

@@ -1,11 +1,15 @@
-// Sharded checkpoints: who writes what, crash-safe files, completion markers, retention, async saves.
+// Sharded checkpoints: who writes what, crash-safe and checksummed files, completion markers,
+// retention, async saves.
 #include "backplane/parallel/checkpoint.h"
 
 #include <ATen/ATen.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <cstdio>
 #include <filesystem>
@@ -24,6 +28,10 @@ namespace {
 
 constexpr const char* kDone = "done";
 constexpr const char* kMarker = "checkpoint";
+// Every file of a checkpoint is followed by "<file>.crc32", its size and CRC-32, written by the same
+// rank after the file and checked whenever the file is read: LibTorch's archive reader does not check
+// the CRCs of its zip records, so a flipped byte inside a tensor would load without a word.
+constexpr const char* kChecksumSuffix = ".crc32";
 
 std::string two_digits(int value) {
   char text[16];
@@ -35,10 +43,42 @@ std::string shard_name(int dp, int tp, int pp) {
   return "dp_rank_" + two_digits(dp) + "_tp_rank_" + two_digits(tp) + "_pp_rank_" + two_digits(pp) + ".pt";
 }
 
+std::string host_name() {
+  char name[256] = {};
+  ::gethostname(name, sizeof(name) - 1);
+  return name;
+}
+
+// "<file>.tmp.<host>.<pid>": a writer's temporary name, which says whose it is.
+fs::path temporary_of(const fs::path& file) {
+  return file.string() + ".tmp." + host_name() + "." + std::to_string(::getpid());
+}
+
+// Removes the temporaries that writers of this host left in `folder` (and its model/ and optim/)
+// when they were killed: those whose process has ended. (Names without a host, from earlier
+// versions, are taken as this host's.)
+void remove_stale_temporaries(const fs::path& folder) {
+  const std::string here = host_name();
+  for (const fs::path& dir : {folder, folder / "model", folder / "optim"}) {
+    std::error_code error;
+    for (const fs::directory_entry& entry : fs::directory_iterator(dir, error)) {
+      const std::string name = entry.path().filename().string();
+      const size_t mark = name.rfind(".tmp.");
+      if (mark == std::string::npos) continue;
+      const std::string owner = name.substr(mark + 5);  // "<host>.<pid>" or "<pid>"
+      const size_t dot = owner.rfind('.');
+      const std::string host = dot == std::string::npos ? here : owner.substr(0, dot);
+      const pid_t pid = static_cast<pid_t>(std::atoi(owner.substr(dot == std::string::npos ? 0 : dot + 1).c_str()));
+      if (host != here || pid <= 0 || (::kill(pid, 0) == 0 || errno != ESRCH)) continue;
+      fs::remove(entry.path(), error);
+    }
+  }
+}
+
 // Writes `bytes` to `file` so that `file` is either absent, its old version, or complete: a temporary
 // name, fsync, rename.
-void write_file_atomically(const fs::path& file, const std::string& bytes) {
-  const fs::path temporary = file.string() + ".tmp." + std::to_string(::getpid());
+void write_bytes_atomically(const fs::path& file, const std::string& bytes) {
+  const fs::path temporary = temporary_of(file);
   {
     std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
     out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
@@ -54,17 +94,66 @@ void write_file_atomically(const fs::path& file, const std::string& bytes) {
   fs::rename(temporary, file);
 }
 
+std::string checksum_of(const std::string& bytes) {
+  uLong crc = ::crc32(0L, Z_NULL, 0);
+  for (size_t done = 0; done < bytes.size();) {  // zlib takes the length as a uInt
+    const auto piece = static_cast<uInt>(std::min<size_t>(bytes.size() - done, 1u << 30));
+    crc = ::crc32(crc, reinterpret_cast<const Bytef*>(bytes.data() + done), piece);
+    done += piece;
+  }
+  char text[64];
+  std::snprintf(text, sizeof(text), "size=%zu crc32=%08lx\n", bytes.size(), static_cast<unsigned long>(crc));
+  return text;
+}
+
+// The file, then its checksum: a file without one is either being written or from before checksums.
+void write_file_atomically(const fs::path& file, const std::string& bytes) {
+  write_bytes_atomically(file, bytes);
+  write_bytes_atomically(file.string() + kChecksumSuffix, checksum_of(bytes));
+}
+
+std::string read_bytes(const fs::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in) throw Error(BPL_ERR_IO, "checkpoint file " + file.string() + " cannot be read");
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// Why `file` cannot be trusted ("" when it can): missing, or not what its checksum says. A file of an
+// older checkpoint without a checksum is trusted, with a warning.
+std::string integrity_problem(const fs::path& file, const std::string* bytes = nullptr) {
+  if (!fs::exists(file)) return "checkpoint file " + file.string() + " does not exist";
+  const fs::path sum = file.string() + kChecksumSuffix;
+  if (!fs::exists(sum)) {
+    std::fprintf(stderr, "[backplane:parallel] WARN: checkpoint file %s has no checksum (written before checksums): "
+                         "loaded unverified\n", file.c_str());
+    return "";
+  }
+  std::string read;
+  if (bytes == nullptr) bytes = &(read = read_bytes(file));
+  std::string expected = read_bytes(sum);
+  const std::string actual = checksum_of(*bytes);
+  if (actual == expected) return "";
+  expected.erase(expected.find_last_not_of('\n') + 1);
+  return "checkpoint file " + file.string() + " is corrupt: it has " + actual.substr(0, actual.size() - 1) +
+         ", its checksum file says " + expected;
+}
+
 std::string serialize(torch::serialize::OutputArchive& archive) {
   std::ostringstream bytes;
   archive.save_to(bytes);
   return bytes.str();
 }
 
+// A checkpoint file, verified against its checksum, as an archive.
 torch::serialize::InputArchive read_archive(const fs::path& file) {
   if (!fs::exists(file)) throw Error(BPL_ERR_NOT_FOUND, "checkpoint file " + file.string() + " does not exist");
+  const std::string bytes = read_bytes(file);
+  const std::string problem = integrity_problem(file, &bytes);
+  if (!problem.empty()) throw Error(BPL_ERR_IO, problem);
   torch::serialize::InputArchive archive;
   try {
-    archive.load_from(file.string());
+    std::istringstream in(bytes);
+    archive.load_from(in);
   } catch (const std::exception& e) {
     std::string what = e.what();
     throw Error(BPL_ERR_IO, "checkpoint file " + file.string() + " is corrupt or truncated: " +
@@ -116,7 +205,11 @@ void apply_retention(const fs::path& root, int num_kept) {
   const fs::path newest = root / complete.back();
   const auto newest_time = modified(newest / kMarker);
   for (const fs::path& folder : folders) {
-    if (!fs::exists(folder / kDone) && modified(folder / kMarker) < newest_time) remove_tag(folder);
+    if (!fs::exists(folder / kDone) && modified(folder / kMarker) < newest_time) {
+      remove_tag(folder);
+    } else {
+      remove_stale_temporaries(folder);
+    }
   }
   if (num_kept > 0) {
     for (size_t i = 0; i + static_cast<size_t>(num_kept) < complete.size(); ++i) remove_tag(root / complete[i]);
@@ -152,7 +245,7 @@ void wait_for_writes_at_exit() {
 void complete_save(const fs::path& root, const fs::path& folder, int num_kept) {
   barrier("to finish writing");
   if (get_rank() == 0) {
-    write_file_atomically(folder / kDone, "1");
+    write_bytes_atomically(folder / kDone, "1");
     apply_retention(root, num_kept);
   }
   barrier("for the checkpoint to be marked complete");
@@ -212,11 +305,12 @@ void save_checkpoint(const std::string& path, const std::string& tag, torch::nn:
     fs::create_directories(folder);
     std::error_code error;
     fs::remove(folder / kDone, error);
-    write_file_atomically(folder / kMarker, "1");
+    write_bytes_atomically(folder / kMarker, "1");
   }
   barrier("to begin the checkpoint");
   fs::create_directories(folder / "model");
   fs::create_directories(folder / "optim");
+  remove_stale_temporaries(folder);
 
   // Serialise now (the files hold this step's values even when written later).
   std::vector<std::pair<fs::path, std::string>> files;
@@ -258,16 +352,65 @@ void save_checkpoint(const std::string& path, const std::string& tag, torch::nn:
                                       std::async(std::launch::async, [files = std::move(files)] { write_all(files); })};
 }
 
+namespace {
+
+// The files this rank reads to load a checkpoint in `folder`: the model's and optimizer's shards of
+// its place in the job, the scheduler's state, and the user content.
+std::vector<fs::path> files_to_read(const fs::path& folder, const torch::nn::Module* model,
+                                    const ParallelOptimizer* optimizer, const Stateful* scheduler) {
+  const int tp = get_tensor_model_parallel_rank(), pp = get_pipeline_model_parallel_rank();
+  std::vector<fs::path> files;
+  if (model != nullptr) files.push_back(folder / "model" / shard_name(0, tp, pp));
+  if (optimizer != nullptr) {
+    files.push_back(folder / "optim" / shard_name(optimizer->zero_one() ? get_data_parallel_rank() : 0, tp, pp));
+  }
+  if (scheduler != nullptr) files.push_back(folder / "scheduler.pt");
+  if (fs::exists(folder / "user_content.pt")) files.push_back(folder / "user_content.pt");
+  return files;
+}
+
+void warn_on_this_rank(const std::string& message) {
+  std::fprintf(stderr, "[backplane:parallel] WARN: rank %d: %s\n", get_rank(), message.c_str());
+  std::fflush(stderr);
+}
+
+// The newest complete tag whose files every rank can read intact (collective). A tag that fails is
+// said so on every rank, with this rank's own finding; none at all is NOT_FOUND.
+std::string newest_loadable_tag(const std::string& path, const torch::nn::Module* model,
+                                const ParallelOptimizer* optimizer, const Stateful* scheduler) {
+  const std::vector<std::string> complete = list_completed_checkpoint_tags(path);
+  if (complete.empty()) throw Error(BPL_ERR_NOT_FOUND, "no complete checkpoint under " + path);
+  std::string newest_problem;
+  for (auto tag = complete.rbegin(); tag != complete.rend(); ++tag) {
+    std::string problem;
+    for (const fs::path& file : files_to_read(fs::path(path) / *tag, model, optimizer, scheduler)) {
+      problem = integrity_problem(file);
+      if (!problem.empty()) break;
+    }
+    at::Tensor loadable = at::full({1}, problem.empty() ? 1 : 0, at::kInt);
+    get_world_group()->all_reduce(loadable, ReduceOp::Min);
+    if (loadable.item<int>() == 1) {
+      if (tag != complete.rbegin()) {
+        warn_on_this_rank("loading checkpoint " + path + "/" + *tag + ", the newest whose files every rank can read");
+      }
+      return *tag;
+    }
+    if (newest_problem.empty()) newest_problem = problem.empty() ? "another rank's" : problem;
+    warn_on_this_rank("checkpoint " + path + "/" + *tag + " cannot be loaded by every rank (here: " +
+                      (problem.empty() ? "this rank's files are intact" : problem) + ")" +
+                      (std::next(tag) != complete.rend() ? "; trying an older one" : ""));
+  }
+  throw Error(BPL_ERR_NOT_FOUND, "no complete checkpoint under " + path + " can be loaded by every rank (the newest, " +
+                                     complete.back() + ": " + newest_problem + ")");
+}
+
+}  // namespace
+
 UserContent load_checkpoint(const std::string& path, const std::string& tag, torch::nn::Module* model,
                             ParallelOptimizer* optimizer, Stateful* scheduler, bool strict) {
   finalize_checkpoint();
   const fs::path root(path);
-  std::string chosen = tag;
-  if (chosen.empty()) {
-    std::vector<std::string> complete = list_completed_checkpoint_tags(path);
-    if (complete.empty()) throw Error(BPL_ERR_NOT_FOUND, "no complete checkpoint under " + path);
-    chosen = complete.back();
-  }
+  const std::string chosen = tag.empty() ? newest_loadable_tag(path, model, optimizer, scheduler) : tag;
   const fs::path folder = root / chosen;
   if (!fs::exists(folder / kDone)) {
     throw Error(BPL_ERR_NOT_FOUND, "checkpoint " + folder.string() + " is not complete (no done marker) or does not exist");

@@ -6,6 +6,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <ifaddrs.h>
 #include <netdb.h>
 #include <unistd.h>
 
@@ -13,6 +14,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <set>
 #include <thread>
 
 #include "bounded_store.h"
@@ -167,6 +169,21 @@ class StoreBoard : public FailureBoard {
   std::string prefix_;
 };
 
+// GLOO_SOCKET_IFNAME must name an interface of this host (Gloo's own check ends in an internal error).
+void require_interface(const std::string& name) {
+  using backplane::plugin::Error;
+  ifaddrs* interfaces = nullptr;
+  if (::getifaddrs(&interfaces) != 0) return;  // Gloo will say what it finds
+  std::set<std::string> names;
+  for (const ifaddrs* i = interfaces; i != nullptr; i = i->ifa_next) names.insert(i->ifa_name);
+  ::freeifaddrs(interfaces);
+  if (names.count(name) != 0) return;
+  std::string known;
+  for (const std::string& n : names) known += (known.empty() ? "" : ", ") + n;
+  throw Error(BPL_ERR_INVALID_ARGUMENT, "GLOO_SOCKET_IFNAME='" + name + "' names no interface of this host (it has: " +
+                                            known + ")");
+}
+
 // MASTER_ADDR must name a host before anything waits for it there: a name that does not resolve is
 // said to be one, at once, rather than found out at the timeout as a store that never answered. A
 // temporary failure (the name service unreachable) is retried until the timeout.
@@ -222,6 +239,7 @@ Rendezvous rendezvous(const bpl_launch_info& launch, const RendezvousOptions& re
     attr.hostname = "127.0.0.1";
     transport = "tcp 127.0.0.1";
   } else if (const char* iface = env("GLOO_SOCKET_IFNAME")) {
+    require_interface(iface);
     attr.iface = iface;
     transport = std::string("tcp iface ") + iface;
   } else {

@@ -159,6 +159,15 @@ bpl_status runtime_destroy(bpl_plugin_runtime* rt) {
   return guarded([&] {
     ProcessState& s = state();
     std::lock_guard<std::mutex> lock(s.mutex);
+    if (s.runtimes == 1 && s.initialized_here && !s.process.communicator_failed) {
+      // MPI_Finalize waits for every rank with no timeout: first see, within the timeout, that all of
+      // them came this far (a rank stopped or gone makes this fail, and MPI_Finalize is then skipped).
+      try {
+        rt->world->barrier(nullptr);
+      } catch (const std::exception& e) {
+        plugin::log(BPL_LOG_WARN, kName, std::string("not every rank reached bpl_finalize: ") + e.what());
+      }
+    }
     delete rt;
     if (--s.runtimes == 0 && s.initialized_here) {
       s.initialized_here = false;

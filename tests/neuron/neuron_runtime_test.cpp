@@ -414,6 +414,26 @@ TEST_F(OnTestDouble, HloIsCompiledByNeuronxCcOnceThroughTheCache) {
   EXPECT_EQ(compiles(), 2) << "a failed compilation is recorded, not retried";
 }
 
+// 11. NEURON_CC_FLAGS' --log_level reaches the compiler, and being no part of the key (it changes what
+//     the compiler prints, not what it builds), another level is still a cache hit.
+TEST_F(OnTestDouble, LogLevelReachesTheCompilerWithoutChangingTheKey) {
+  const std::string hlo = std::string("HloModule add\n") + kAddNeff;
+  setenv("NEURON_CC_FLAGS", "--log_level=INFO", 1);
+  bpl_program* program = compile(hlo, "hlo", "--optlevel=1");
+  ASSERT_NE(program, nullptr) << bpl_last_error();
+  EXPECT_OK(bpl_program_destroy(program));
+  setenv("NEURON_CC_FLAGS", "--log_level=ERROR", 1);
+  program = compile(hlo, "hlo", "--optlevel=1");
+  unsetenv("NEURON_CC_FLAGS");
+  ASSERT_NE(program, nullptr) << bpl_last_error();
+  EXPECT_OK(bpl_program_destroy(program));
+  EXPECT_EQ(compiles(), 1) << "another log level compiled again";
+  std::ifstream log(scratch_ + "/compiles.log");
+  std::string line;
+  std::getline(log, line);
+  EXPECT_NE(line.find("--optlevel=1 --log_level=INFO"), std::string::npos) << line;
+}
+
 TEST(NeuronCompiler, AMissingCompilerSaysWhatToInstall) {
   const std::string path = getenv("PATH");
   setenv("PATH", "/nonexistent", 1);

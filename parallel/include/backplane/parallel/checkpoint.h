@@ -6,9 +6,12 @@
 //   <path>/<tag>/scheduler.pt, user_content.pt               rank 0
 //   <path>/<tag>/done                                        rank 0, last, after every rank finished writing
 //
-// Only a tag with `done` is complete; the newest complete tag (by the time `done` was written) is what
-// loads by default. Files are LibTorch archives (torch::serialize), written under a temporary name and
-// renamed, so a crash at any point leaves the previous complete tag loadable.
+// Only a tag with `done` is complete; the newest complete tag (by the time `done` was written) whose
+// files every rank can read intact is what loads by default. Files are LibTorch archives
+// (torch::serialize), written under a temporary name ("<file>.tmp.<host>.<pid>") and renamed, so a
+// crash at any point leaves the previous complete tag loadable; the temporaries a killed writer left
+// are removed by the next save. Each file is followed by "<file>.crc32" (its size and CRC-32), checked
+// whenever the file is read.
 #pragma once
 
 #include <ATen/core/ivalue.h>
@@ -42,10 +45,13 @@ void save_checkpoint(const std::string& path, const std::string& tag, torch::nn:
                      ParallelOptimizer* optimizer, Stateful* scheduler, const UserContent& user_content = {},
                      int num_kept_ckpts = -1, bool async_save = false);
 
-// Loads `tag` (empty: the newest complete one) into what is given and returns the user content.
-// Errors name the file: a missing or incomplete tag (BPL_ERR_NOT_FOUND), a corrupt or truncated file
-// (BPL_ERR_IO), a checkpoint of another tensor-parallel degree or shape (BPL_ERR_MISMATCH), and with
-// strict, a parameter the checkpoint lacks (BPL_ERR_MISMATCH).
+// Loads `tag` into what is given and returns the user content. With an empty tag (collective then:
+// every rank calls it) the newest complete tag whose files every rank can read intact: a newer one
+// that fails its checksums is named, with the file, on every rank that finds it so, and passed over.
+// Errors name the file: a missing or incomplete tag, or no loadable one (BPL_ERR_NOT_FOUND), a file
+// that does not match its checksum, or is corrupt or truncated (BPL_ERR_IO), a checkpoint of another
+// tensor-parallel degree or shape (BPL_ERR_MISMATCH), and with strict, a parameter the checkpoint lacks
+// (BPL_ERR_MISMATCH).
 UserContent load_checkpoint(const std::string& path, const std::string& tag, torch::nn::Module* model,
                             ParallelOptimizer* optimizer, Stateful* scheduler, bool strict = true);
 
