@@ -193,8 +193,10 @@ uint64_t address_space_of(const void* buffer) {
 size_t check_count(int64_t count, size_t element_size, int64_t blocks, const char* param) {
   REQUIRE(count >= 0, std::string(param) + " = " + std::to_string(count) + ": expected >= 0");
   const auto limit = static_cast<int64_t>(kAddressSpaceBytes / element_size / static_cast<uint64_t>(blocks));
-  REQUIRE(count <= limit, std::string(param) + " = " + std::to_string(count) + ": " + std::to_string(blocks) +
-                              " block(s) of it exceed the address space (at most " + std::to_string(limit) + ")");
+  REQUIRE(count <= limit, std::string(param) + " = " + std::to_string(count) + ": " +
+                              (blocks == 1 ? "" : std::to_string(blocks) + " blocks of ") + "that many elements of " +
+                              std::to_string(element_size) + (element_size == 1 ? " byte" : " bytes") + " exceed the address space (expected " + param +
+                              " <= " + std::to_string(limit) + ")");
   return static_cast<size_t>(count) * element_size * static_cast<size_t>(blocks);
 }
 

@@ -48,7 +48,7 @@ enum Kind : uint32_t { kAllreduce = 1, kBroadcast, kAllgather, kReduceScatter, k
 
 const char* kind_name(uint32_t kind) {
   switch (kind) {
-    case kAllreduce: return "allreduce";
+    case kAllreduce: return "allreduce or reduce";  // a reduce runs as an allreduce here
     case kBroadcast: return "broadcast";
     case kAllgather: return "allgather";
     case kReduceScatter: return "reduce_scatter";

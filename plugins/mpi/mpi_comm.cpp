@@ -7,7 +7,6 @@
 #include <climits>
 #include <cstring>
 #include <functional>
-#include <set>
 #include <thread>
 #include <utility>
 
@@ -146,11 +145,12 @@ class PendingReceives {
   void match_all(Match&& match) {
     if (count_.load(std::memory_order_acquire) == 0) return;
     std::lock_guard<std::mutex> lock(mutex_);
-    std::set<std::tuple<MpiComm*, int, int>> unmatched;
+    unmatched_.clear();
     for (auto it = pending_.begin(); it != pending_.end();) {
       const auto key = (*it)->match_key();
-      if (unmatched.count(key) != 0 || !match(**it)) {
-        unmatched.insert(key);
+      const bool skipped = std::find(unmatched_.begin(), unmatched_.end(), key) != unmatched_.end();
+      if (skipped || !match(**it)) {
+        if (!skipped) unmatched_.push_back(key);
         ++it;
       } else {
         it = pending_.erase(it);
@@ -163,6 +163,9 @@ class PendingReceives {
  private:
   std::mutex mutex_;
   std::deque<Request*> pending_;
+  // match_all's keys that did not match, kept between calls so that a test allocates nothing; few, so
+  // searched in a line.
+  std::vector<std::tuple<MpiComm*, int, int>> unmatched_;
   std::atomic<size_t> count_{0};
 };
 
@@ -409,7 +412,7 @@ void MpiComm::start(std::unique_ptr<Request> request, bpl_plugin_request** req) 
     r.progress();
   } else if (r.request_ == MPI_REQUEST_NULL) {
     MpiLock lock(process_);
-    if (size_ > 1 && r.bytes_ >= kAgreementMinBytes && is_collective(r.fingerprint_)) {
+    if (size_ > 1 && r.bytes_ > kEagerLimitBytes && is_collective(r.fingerprint_)) {
       r.phase_ = Request::Phase::kAgreeing;
       r.agreement_mine_ = encode(r.fingerprint_);
       r.agreement_all_.resize(static_cast<size_t>(size_));

@@ -8,7 +8,7 @@
 //
 // Ranks that disagree on a transfer's size must not let MPI write past a buffer: Open MPI 4.1's
 // shared-memory single copy (CMA) reads a larger message whole into a smaller buffer. So a collective
-// that may take that path (kAgreementMinBytes or more) first exchanges fingerprints on the duplicate
+// that may take that path (more than kEagerLimitBytes) first exchanges fingerprints on the duplicate
 // and fails with MISMATCH on every rank if they differ, before any data moves; and a recv matches its
 // message by probe and checks its size before receiving it. Below that size Open MPI copies eagerly
 // and reports a longer message as MPI_ERR_TRUNCATE (MISMATCH here); a shorter one is MPI's to accept.
@@ -154,10 +154,10 @@ class MpiComm {
 
  private:
   friend class Request;
-  // Collectives moving this many bytes or more (the whole buffer) agree on their fingerprint first:
-  // below it, Open MPI sends eagerly, copying at most what the receiver posted (btl_vader_eager_limit,
-  // 4 KiB); above it a message may be read whole by the receiver (single copy).
-  static constexpr size_t kAgreementMinBytes = 4096;
+  // Collectives moving more than this (the whole buffer) agree on their fingerprint first: up to it,
+  // Open MPI sends every message eagerly, copying at most what the receiver posted
+  // (btl_vader_eager_limit, 4 KiB); above it a message may be read whole by the receiver (single copy).
+  static constexpr size_t kEagerLimitBytes = 4096;
   // Starts `request`; with req == NULL waits for it here.
   void start(std::unique_ptr<Request> request, bpl_plugin_request** req);
   void require_usable() const;
