@@ -671,7 +671,7 @@ TEST_P(Fault, KilledRankInSendsAndRecvsIsARemoteErrorOnItsPeers) {
     EXPECT_EVENT(job, rank, "failed", "BPL_ERR_REMOTE");
     const Event& failed = *job.event(rank, "failed");
     EXPECT_LT(failed.ms, kTimeoutMs) << failed.message;
-    EXPECT_NE(failed.message.find("rank 1 of this communicator"), std::string::npos) << failed.message;
+    expect_names_only(failed.message, 1);  // a rank on another machine may only know its connection ended
     EXPECT_EQ(job.processes[rank].exit_code, 3) << job.output;
     std::printf("gloo: rank %d failed %lld ms into its exchange: %s\n", rank, static_cast<long long>(failed.ms),
                 failed.message.c_str());

@@ -432,11 +432,13 @@ void GlooComm::learn_peers(::gloo::rendezvous::Store& store) {
 // ended names its peer as the cause only if that peer's process ended, or runs here and failed on its
 // own (it aborted): a peer on another machine may have closed it after a failure it saw itself, and
 // is then only said to have closed it (the store's record, when it can be read, names the cause).
-std::string GlooComm::failed_peers_note(const std::string& message, bpl_status status) const {
+std::string GlooComm::failed_peers_note(const std::string& message, bpl_status status, int pair_peer) const {
   // The watch saw this peer's connection end first: what this rank's own operation saw after that is
-  // its own connections being failed in turn. Otherwise the address in Gloo's message, "[host]:port",
-  // looked up whole (one port may be another's prefix).
+  // its own connections being failed in turn. Otherwise the pair the failure came from, when the
+  // operation tells, or the address in Gloo's message, "[host]:port", looked up whole (one port may be
+  // another's prefix).
   int closed_by = status == BPL_ERR_REMOTE ? first_ended_.load() : -1;
+  if (closed_by < 0 && status == BPL_ERR_REMOTE) closed_by = pair_peer;
   static const std::regex address_in_message(R"(\[[^\]]*\]:\d+)");
   for (std::sregex_iterator it(message.begin(), message.end(), address_in_message), end; closed_by < 0 && it != end; ++it) {
     const auto known = peer_of_address_.find(it->str());
@@ -867,6 +869,16 @@ std::unique_ptr<GlooComm> GlooComm::split(int color, int key) {
                                     new_rank, static_cast<int>(members.size()), timeout());
 }
 
+namespace {
+
+// A send or recv that shut_down_connections released: the communicator failed or was aborted.
+struct TransferReleased : ::gloo::IoException {
+  explicit TransferReleased(bool is_send)
+      : ::gloo::IoException(std::string(is_send ? "send" : "recv") + " released: the communicator's connections ended") {}
+};
+
+}  // namespace
+
 // Posted now; `complete` waits for the transfer, here (uncopied: a small send is a hot path) or on a
 // request's waiter. Over Gloo's pairs the slot carries the tag and 24 bits of a hash of the size: a
 // send and a recv of different sizes never match (they stall, time out, and are told why) instead of
@@ -903,16 +915,19 @@ void GlooComm::point_to_point(void* buf, size_t bytes, int peer, int tag, bool i
     buffer->abortWaitSend();
     buffer->abortWaitRecv();
   }
-  if (is_send) {
-    buffer->send(peer, slot);
-  } else {
-    buffer->recv(peer, slot);
+  try {
+    if (is_send) {
+      buffer->send(peer, slot);
+    } else {
+      buffer->recv(peer, slot);
+    }
+  } catch (const ::gloo::Exception& e) {  // the pair had already failed
+    throw point_to_point_failure(e, is_send, peer, tag, bytes);
   }
   finish([this, buffer, is_send, peer, tag, bytes, timeout = timeout()] {
     try {
       const bool completed = is_send ? buffer->waitSend(timeout) : buffer->waitRecv(timeout);
-      // Released by shut_down_connections: the communicator failed or was aborted.
-      if (!completed) throw ::gloo::IoException(std::string(is_send ? "send" : "recv") + " released: the communicator's connections ended");
+      if (!completed) throw TransferReleased(is_send);
     } catch (const Error&) {
       throw;
     } catch (const std::exception& e) {
@@ -942,7 +957,9 @@ Error GlooComm::point_to_point_failure(const std::exception& e, bool is_send, in
     }
   }
   std::string message = e.what();
-  const std::string peers_note = failed_peers_note(message, status);
+  // Gloo fails a transfer only by its own pair's failure; a released one says nothing about its peer.
+  const bool released = dynamic_cast<const TransferReleased*>(&e) != nullptr;
+  const std::string peers_note = failed_peers_note(message, status, released ? -1 : peer);
   message += peers_note;
   if (status == BPL_ERR_TIMEOUT) {
     message += std::string(" (rank ") + std::to_string(peer) + " posted no matching " + (is_send ? "recv" : "send") +

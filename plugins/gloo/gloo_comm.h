@@ -157,7 +157,9 @@ class GlooComm {
   template <typename Body>
   void across_machines(Body&& body);
   // " (…)" naming the peer behind a failed operation's `message`, or "" when none can be named.
-  std::string failed_peers_note(const std::string& message, bpl_status status) const;
+  // `pair_peer`: the peer whose connection Gloo's failure came from, when the operation tells (a send
+  // or recv fails only by its own pair); -1 for a collective, whose message's address is looked up.
+  std::string failed_peers_note(const std::string& message, bpl_status status, int pair_peer = -1) const;
   // What a failed Gloo call becomes: its status, its message with the peer's rank named, and, if the
   // group is now broken, every connection closed so that the peers fail at once instead of waiting
   // out their timeout. A rank that fails because a peer closed on it reports the communicator's first
