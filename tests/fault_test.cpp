@@ -32,6 +32,8 @@
 namespace {
 
 using namespace backplane::test::faults;
+using backplane::test::kNoMpi;
+using backplane::test::mpi_backend_built;
 using backplane::test::ProcessResult;
 
 // The rank a scenario fails (kills, stops, ends): BPL_TEST_FAULTY_RANK, rank 1 unless set. Rank 0
@@ -422,9 +424,7 @@ int join_and_leave() {
 class Fault : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-#ifndef BPL_MPIEXEC
-    if (GetParam() == "mpi") GTEST_SKIP() << "the MPI backend is not built (no Open MPI found at configure time)";
-#endif
+    if (GetParam() == "mpi" && !mpi_backend_built()) GTEST_SKIP() << kNoMpi;
   }
   const std::string& backend() const { return GetParam(); }
   bool is_mpi() const { return GetParam() == "mpi"; }

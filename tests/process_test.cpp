@@ -371,7 +371,8 @@ TEST(DpTrain, ARankKilledWhileSavingLeavesTheNewestCompleteCheckpointLoadable) {
 
 /* ---- the MPI backend under a real mpirun ---- */
 
-#ifdef BPL_MPIEXEC
+using backplane::test::kNoMpi;
+using backplane::test::mpi_backend_built;
 using backplane::test::mpi_env;
 using backplane::test::mpirun;
 
@@ -387,6 +388,7 @@ std::vector<std::string> rank_lines(const std::string& output) {
 }
 
 TEST(Mpi, EmbedUnderMpirunPrintsWhatItPrintsOnGloo) {
+  if (!mpi_backend_built()) GTEST_SKIP() << kNoMpi;
   ProcessResult mpi = run_process(mpirun(3, {embed}), mpi_env({{"BPL_BACKEND", "mpi"}}));
   ASSERT_EQ(mpi.exit_code, 0) << describe(mpi);
   EXPECT_NE(mpi.output.find("backend mpi"), std::string::npos) << mpi.output;
@@ -424,6 +426,7 @@ TEST(DpTrain, ResumingFromACheckpointRepeatsTheLossesOnGlooAndMpi) {
 }
 
 TEST(Mpi, AutoSelectedUnderMpirunAndDescribedByBplInfo) {
+  if (!mpi_backend_built()) GTEST_SKIP() << kNoMpi;
   ProcessResult r = run_process(mpirun(2, {kBin + "/bpl-info", "--init"}), mpi_env({}));
   ASSERT_EQ(r.exit_code, 0) << describe(r);
   EXPECT_NE(r.output.find("auto: no Neuron device, launched by an MPI launcher"), std::string::npos) << r.output;
@@ -433,13 +436,13 @@ TEST(Mpi, AutoSelectedUnderMpirunAndDescribedByBplInfo) {
 }
 
 TEST(Mpi, RefusesSeveralRanksWithoutAnMpiLauncher) {
+  if (!mpi_backend_built()) GTEST_SKIP() << kNoMpi;
   ProcessResult r = run_process({bpl_run, "--nproc-per-node", "2", embed}, {{"BPL_BACKEND", "mpi"}});
   EXPECT_NE(r.exit_code, 0) << describe(r);
   EXPECT_NE(r.output.find("BPL_ERR_UNAVAILABLE"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("run `mpirun -np 2 <program>`"), std::string::npos) << r.output;
 }
 
-#endif
 
 #ifdef BPL_NRT_TEST_DOUBLE_DIR
 // The examples, unchanged, with BPL_BACKEND=neuron over the test double of libnrt: the frontend's host

@@ -13,6 +13,20 @@
 
 namespace {
 
+// Waits (bounded) for another rank's thread to set `flag`: false, with the test failed, if it never
+// does, as when that rank's own assertion failed first.
+bool wait_for(const std::atomic<bool>& flag, const char* what) {
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!flag) {
+    if (std::chrono::steady_clock::now() >= give_up) {
+      ADD_FAILURE() << what << " did not happen within 30 s";
+      return false;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return true;
+}
+
 // Runs body(rank, runtime, world) on `world_size` threads; returns how many ranks failed to start.
 template <typename Body>
 void run_ranks(int world_size, Body body) {
@@ -84,7 +98,7 @@ TEST(ThreadsAsRanks, WaitWithShortTimeoutLeavesRequestInFlight) {
   run_ranks(2, [&](int rank, bpl_runtime*, bpl_comm* world) {
     int64_t value = rank == 0 ? 1234 : 1;
     if (rank == 1) {
-      while (!rank0_timed_out) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      if (!wait_for(rank0_timed_out, "rank 0's short wait")) return;
     }
     bpl_request* request = nullptr;
     ASSERT_EQ(bpl_allreduce(world, &value, &value, 1, BPL_DTYPE_I64, BPL_OP_SUM, &request), BPL_OK);
@@ -109,7 +123,7 @@ TEST(ThreadsAsRanks, AbortReleasesAWaitAndThePeerFailsAtOnce) {
   run_ranks(2, [&](int rank, bpl_runtime*, bpl_comm* world) {
     float value = 1.0f;
     if (rank == 1) {
-      while (!aborted) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      if (!wait_for(aborted, "the abort of rank 0's world")) return;
       const auto start = std::chrono::steady_clock::now();
       EXPECT_EQ(bpl_allreduce(world, &value, &value, 1, BPL_DTYPE_F32, BPL_OP_SUM, nullptr), BPL_ERR_REMOTE);
       const std::string error = bpl_last_error();

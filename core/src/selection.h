@@ -5,6 +5,8 @@
 #include <vector>
 
 #include "environment.h"
+#include "error.h"
+#include "log.h"
 
 namespace backplane {
 
@@ -44,5 +46,28 @@ std::string plugin_file_name(const std::string& name);
 // Resolves a candidate to an existing file. A value containing '/' is a path. Throws Error(NOT_FOUND)
 // naming the value, every path tried and the known backends.
 std::string find_plugin(const std::string& backend, const std::vector<std::string>& dirs);
+
+// Tries the candidates in order: returns what `use(candidate, reason)` returns for the first one for
+// which it does not throw Error, `reason` being the candidate's own followed by every candidate
+// skipped before it. An explicit choice that fails is an error naming it; in auto selection a failing
+// candidate is skipped (logged, and recorded in the reasons), and NOT_FOUND lists them all when none
+// can be used.
+template <typename Use>
+auto use_first_candidate(const Selection& selection, Use&& use) {
+  std::string skipped;
+  for (const Candidate& candidate : selection.candidates) {
+    try {
+      return use(candidate, candidate.reason + skipped);
+    } catch (const Error& e) {
+      if (selection.explicit_choice) {
+        throw Error(e.status(), "backend '" + candidate.backend + "' selected by " + candidate.reason +
+                                    " cannot be used: " + e.what());
+      }
+      skipped += "; skipped " + candidate.backend + ": " + e.what();
+      log(BPL_LOG_INFO, "core", "auto selection skipped " + candidate.backend + ": " + e.what());
+    }
+  }
+  throw Error(BPL_ERR_NOT_FOUND, "no backend could be used" + skipped);
+}
 
 }  // namespace backplane

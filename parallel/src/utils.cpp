@@ -12,7 +12,7 @@ namespace backplane::parallel {
 
 bool cpu_mode() {
   const char* value = std::getenv("NXD_CPU_MODE");
-  if (value == nullptr) return false;
+  if (value == nullptr || *value == '\0') return false;  // empty is unset, as everywhere (README)
   // The same rule as backend selection in the core: the whole value is one decimal integer.
   char* end = nullptr;
   errno = 0;

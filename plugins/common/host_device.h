@@ -1,5 +1,5 @@
 // What the CPU plugins share beyond arithmetic: the one host device (host pointers are device
-// pointers), the capability masks of "every dtype and reduce op", and the body of the entry symbol.
+// pointers) and the capability masks of "every dtype and reduce op".
 #pragma once
 
 #include <unistd.h>
@@ -62,17 +62,13 @@ inline bpl_status copy(bpl_plugin_runtime*, void* dst, const void* src, size_t b
 
 }  // namespace host_device
 
-// The body of every plugin's bpl_plugin_open_v1: check the host, remember it, hand out the table.
-inline bpl_status open_plugin(const bpl_host_api* host_api, const char* backend, const bpl_plugin_api* table,
-                              const bpl_plugin_api** out) {
-  if (host_api == nullptr || out == nullptr ||
-      host_api->struct_size < offsetof(bpl_host_api, set_error) + sizeof(host_api->set_error)) {
-    return BPL_ERR_INVALID_ARGUMENT;
-  }
-  host() = host_api;
-  name() = backend;
-  *out = table;
-  return BPL_OK;
+// Puts the one host device above in a plugin's table (synchronize stays NULL: nothing is queued).
+inline void set_host_device(bpl_plugin_api& api) {
+  api.device_count = host_device::count;
+  api.device_properties = host_device::properties;
+  api.mem_alloc = host_device::alloc;
+  api.mem_free = host_device::free;
+  api.mem_copy = host_device::copy;
 }
 
 }  // namespace backplane::plugin

@@ -34,6 +34,10 @@ inline const bpl_host_api*& host() {
   return api;
 }
 
+// A variable of the process's environment as the host reads it (plugin.h): NULL when unset or empty,
+// and for file-naming variables in a setuid program. Plugins read no variable any other way.
+inline const char* env(const char* variable) { return host() != nullptr ? host()->get_env(variable) : nullptr; }
+
 // The plugin's backend name ("gloo", "mpi"), set by its bpl_plugin_open_v1; prefixes its messages.
 inline const char*& name() {
   static const char* backend = "plugin";

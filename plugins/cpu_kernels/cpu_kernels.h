@@ -26,4 +26,17 @@ bpl_status program_run(bpl_plugin_program* program, const bpl_tensor* inputs, in
                        int32_t num_outputs);
 bpl_status program_destroy(bpl_plugin_program* program);
 
+// Puts the kernels and programs above in a plugin's table.
+inline void set_kernels(bpl_plugin_api& api) {
+  api.gemm = gemm;
+  api.elementwise = elementwise;
+  api.cast = cast;
+  api.program_compiler = program_compiler;
+  api.program_compile = program_compile;
+  api.artifact_free = artifact_free;
+  api.program_load = program_load;
+  api.program_run = program_run;
+  api.program_destroy = program_destroy;
+}
+
 }  // namespace backplane::cpu_kernels

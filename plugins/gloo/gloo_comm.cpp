@@ -242,9 +242,9 @@ void GlooComm::connection_ended(int peer) {
 
 namespace {
 
-// A switch of this plugin's environment: "1" or unset is on, "0" off.
+// A switch of this plugin's environment: "1", empty or unset is on, "0" off.
 bool switched_on(const char* variable) {
-  const char* value = std::getenv(variable);
+  const char* value = plugin::env(variable);
   if (value == nullptr || std::strcmp(value, "1") == 0) return true;
   if (std::strcmp(value, "0") == 0) return false;
   throw Error(BPL_ERR_INVALID_ARGUMENT, std::string(variable) + "='" + value + "' is not valid: expected 0 or 1");
@@ -253,7 +253,7 @@ bool switched_on(const char* variable) {
 // BPL_GLOO_HOST_ID: ranks of one machine with different values are treated as on different machines
 // (as NCCL_HOSTID does), to run the hierarchical path on one machine. It can only split a machine.
 std::string machine_partition() {
-  const char* value = std::getenv("BPL_GLOO_HOST_ID");
+  const char* value = plugin::env("BPL_GLOO_HOST_ID");
   return value == nullptr ? "" : std::string(" host id ") + value;
 }
 
@@ -621,7 +621,7 @@ char* GlooComm::scratch(size_t slot, size_t bytes) {
 // Reductions run in the accumulation dtype (dtypes.h): when it differs from the caller's, the data is
 // widened into scratch, reduced, divided for AVG, and narrowed once at the end (through shared memory,
 // piece by piece).
-void GlooComm::allreduce(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_reduce_op op) {
+void GlooComm::run_allreduce(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_reduce_op op) {
   begin(BPL_COLL_ALLREDUCE, dtype, count, -1, op);
   if (count == 0) return;
   const bpl_dtype acc = plugin::accumulation_dtype(dtype, op);
@@ -665,7 +665,7 @@ void GlooComm::allreduce(const void* send, void* recv, size_t count, bpl_dtype d
   plugin::finish_reduction(work, acc, recv, dtype, count, op, size());
 }
 
-void GlooComm::broadcast(void* buf, size_t count, bpl_dtype dtype, int root) {
+void GlooComm::run_broadcast(void* buf, size_t count, bpl_dtype dtype, int root) {
   begin(BPL_COLL_BROADCAST, dtype, count, root);
   if (count == 0 || size() == 1) return;
   if (shm_) return shm_->broadcast(buf, count * plugin::dtype_size(dtype), root, timeout());
@@ -677,7 +677,7 @@ void GlooComm::broadcast(void* buf, size_t count, bpl_dtype dtype, int root) {
   ::gloo::broadcast(options);
 }
 
-void GlooComm::reduce(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_reduce_op op, int root) {
+void GlooComm::run_reduce(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_reduce_op op, int root) {
   begin(BPL_COLL_REDUCE, dtype, count, root, op);
   if (count == 0) return;
   const bpl_dtype acc = plugin::accumulation_dtype(dtype, op);
@@ -705,7 +705,7 @@ void GlooComm::reduce(const void* send, void* recv, size_t count, bpl_dtype dtyp
   if (is_root) plugin::finish_reduction(work, acc, recv, dtype, count, op, size());
 }
 
-void GlooComm::allgather(const void* send, void* recv, size_t count, bpl_dtype dtype) {
+void GlooComm::run_allgather(const void* send, void* recv, size_t count, bpl_dtype dtype) {
   begin(BPL_COLL_ALLGATHER, dtype, count);
   if (count == 0) return;
   const size_t block = count * plugin::dtype_size(dtype);
@@ -728,7 +728,7 @@ void GlooComm::allgather(const void* send, void* recv, size_t count, bpl_dtype d
 // block (rank-s-1) to its right neighbour and adds its own data to block (rank-s-2) from its left, so
 // after the last step it holds the full reduction of its own block. Each rank sends (N-1)/N of the
 // data once, as an allreduce's first half would.
-void GlooComm::reduce_scatter(const void* send, void* recv, size_t recvcount, bpl_dtype dtype, bpl_reduce_op op) {
+void GlooComm::run_reduce_scatter(const void* send, void* recv, size_t recvcount, bpl_dtype dtype, bpl_reduce_op op) {
   begin(BPL_COLL_REDUCE_SCATTER, dtype, recvcount, -1, op);
   if (recvcount == 0) return;
   const int n = size();
@@ -766,7 +766,7 @@ void GlooComm::reduce_scatter(const void* send, void* recv, size_t recvcount, bp
   plugin::finish_reduction(work + block * static_cast<size_t>(me), acc, recv, dtype, recvcount, op, n);
 }
 
-void GlooComm::alltoall(const void* send, void* recv, size_t count, bpl_dtype dtype) {
+void GlooComm::run_alltoall(const void* send, void* recv, size_t count, bpl_dtype dtype) {
   begin(BPL_COLL_ALLTOALL, dtype, count);
   if (count == 0) return;
   if (shm_) return shm_->alltoall(send, recv, count * plugin::dtype_size(dtype), timeout());
@@ -788,7 +788,7 @@ void GlooComm::alltoall(const void* send, void* recv, size_t count, bpl_dtype dt
   ::gloo::alltoall(options);
 }
 
-void GlooComm::barrier() {
+void GlooComm::run_barrier() {
   begin(BPL_COLL_BARRIER);
   if (size() == 1) return;
   if (shm_) return shm_->barrier(timeout());
@@ -849,13 +849,13 @@ void GlooComm::across_machines(Body&& body) {
   }
 }
 
-std::unique_ptr<GlooComm> GlooComm::split(int color, int key) {
+std::unique_ptr<GlooComm> GlooComm::run_split(int color, int key) {
   // Every rank learns every (color, key), then each group connects its own mesh under a store prefix
   // that all its members derive alike: parent uid / split number / color.
   const int n = size();
   std::vector<int64_t> mine = {color, key};
   std::vector<int64_t> all(2 * static_cast<size_t>(n));
-  allgather(mine.data(), all.data(), 2, BPL_DTYPE_I64);
+  run_allgather(mine.data(), all.data(), 2, BPL_DTYPE_I64);
   const uint32_t split_number = splits_++;
   if (color < 0) return nullptr;
 
@@ -968,12 +968,12 @@ Error GlooComm::point_to_point_failure(const std::exception& e, bool is_send, in
   return recorded_failure(status, message, record_defer(status, peers_note));
 }
 
-void GlooComm::send(const void* buf, size_t bytes, int peer, int tag, bpl_plugin_request** req) {
-  point_to_point(const_cast<void*>(buf), bytes, peer, tag, true, req);
+void GlooComm::send(const void* buf, size_t count, bpl_dtype dtype, int peer, int tag, bpl_plugin_request** req) {
+  point_to_point(const_cast<void*>(buf), count * plugin::dtype_size(dtype), peer, tag, true, req);
 }
 
-void GlooComm::recv(void* buf, size_t bytes, int peer, int tag, bpl_plugin_request** req) {
-  point_to_point(buf, bytes, peer, tag, false, req);
+void GlooComm::recv(void* buf, size_t count, bpl_dtype dtype, int peer, int tag, bpl_plugin_request** req) {
+  point_to_point(buf, count * plugin::dtype_size(dtype), peer, tag, false, req);
 }
 
 }  // namespace backplane::gloo_plugin

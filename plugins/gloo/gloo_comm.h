@@ -40,6 +40,8 @@ class Request {
   virtual bpl_status wait(std::chrono::milliseconds timeout) = 0;
   // Waits for the operation to end (bounded), so no buffer is touched after the request is freed.
   virtual bpl_status finish() = 0;
+  // bpl_request_free.
+  static bpl_status free(std::unique_ptr<Request> request) { return request->finish(); }
 };
 
 // What every communicator of one runtime shares: the rendezvous store and the transport device.
@@ -74,6 +76,41 @@ class GlooComm {
   // first failure, within the store's short bound).
   void abort();
 
+  // The plugin's entries (plugin_entry.h): each runs its operation in this communicator's order, now
+  // (req == NULL) or as a request in *req.
+  void allreduce(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_reduce_op op, bpl_plugin_request** req) {
+    submit([=] { run_allreduce(send, recv, count, dtype, op); }, req);
+  }
+  void broadcast(void* buf, size_t count, bpl_dtype dtype, int root, bpl_plugin_request** req) {
+    submit([=] { run_broadcast(buf, count, dtype, root); }, req);
+  }
+  void reduce(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_reduce_op op, int root,
+              bpl_plugin_request** req) {
+    submit([=] { run_reduce(send, recv, count, dtype, op, root); }, req);
+  }
+  void allgather(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_plugin_request** req) {
+    submit([=] { run_allgather(send, recv, count, dtype); }, req);
+  }
+  void reduce_scatter(const void* send, void* recv, size_t recvcount, bpl_dtype dtype, bpl_reduce_op op,
+                      bpl_plugin_request** req) {
+    submit([=] { run_reduce_scatter(send, recv, recvcount, dtype, op); }, req);
+  }
+  void alltoall(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_plugin_request** req) {
+    submit([=] { run_alltoall(send, recv, count, dtype); }, req);
+  }
+  void barrier(bpl_plugin_request** req) {
+    submit([=] { run_barrier(); }, req);
+  }
+  std::unique_ptr<GlooComm> split(int color, int key) {
+    std::unique_ptr<GlooComm> child;
+    submit([&] { child = run_split(color, key); }, nullptr);
+    return child;
+  }
+  // Point to point: posted now, in call order; completion waited for here (req == NULL) or by a request.
+  void send(const void* buf, size_t count, bpl_dtype dtype, int peer, int tag, bpl_plugin_request** req);
+  void recv(void* buf, size_t count, bpl_dtype dtype, int peer, int tag, bpl_plugin_request** req);
+
+ private:
   // Runs `body` in this communicator's order: now (req == NULL) or as a request in *req. Now, on an
   // idle communicator, it runs on this thread without being copied.
   template <typename Body>
@@ -96,20 +133,14 @@ class GlooComm {
 
   // The operations themselves; they run inside submit's order and block until done. Each collective
   // first records what it is (begin), on every path, so that ranks number their collectives alike.
-  void allreduce(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_reduce_op op);
-  void broadcast(void* buf, size_t count, bpl_dtype dtype, int root);
-  void reduce(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_reduce_op op, int root);
-  void allgather(const void* send, void* recv, size_t count, bpl_dtype dtype);
-  void reduce_scatter(const void* send, void* recv, size_t recvcount, bpl_dtype dtype, bpl_reduce_op op);
-  void alltoall(const void* send, void* recv, size_t count, bpl_dtype dtype);
-  void barrier();
-  std::unique_ptr<GlooComm> split(int color, int key);
-
-  // Point to point: posted now, in call order; completion waited for here (req == NULL) or by a request.
-  void send(const void* buf, size_t bytes, int peer, int tag, bpl_plugin_request** req);
-  void recv(void* buf, size_t bytes, int peer, int tag, bpl_plugin_request** req);
-
- private:
+  void run_allreduce(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_reduce_op op);
+  void run_broadcast(void* buf, size_t count, bpl_dtype dtype, int root);
+  void run_reduce(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_reduce_op op, int root);
+  void run_allgather(const void* send, void* recv, size_t count, bpl_dtype dtype);
+  void run_reduce_scatter(const void* send, void* recv, size_t recvcount, bpl_dtype dtype, bpl_reduce_op op);
+  void run_alltoall(const void* send, void* recv, size_t count, bpl_dtype dtype);
+  void run_barrier();
+  std::unique_ptr<GlooComm> run_split(int color, int key);
   // Numbers and fingerprints the collective about to run (fingerprint.h; sequence set here).
   void begin(bpl_collective op, bpl_dtype dtype = static_cast<bpl_dtype>(-1), size_t count = 0, int root = -1,
              int reduce_op = -1);

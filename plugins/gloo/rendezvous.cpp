@@ -40,11 +40,7 @@ class PrefixedStore : public ::gloo::rendezvous::Store {
   ::gloo::rendezvous::PrefixStore prefixed_;
 };
 
-const char* env(const char* name) {
-  using backplane::plugin::host;
-  const char* value = host() != nullptr ? host()->get_env(name) : std::getenv(name);
-  return value != nullptr && *value != '\0' ? value : nullptr;
-}
+const char* env(const char* name) { return backplane::plugin::env(name); }
 
 bool is_loopback(const std::string& addr) {
   return addr == "localhost" || addr == "::1" || addr.rfind("127.", 0) == 0;

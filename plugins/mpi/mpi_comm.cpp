@@ -34,33 +34,7 @@ class MpiLock {
   std::mutex* mutex_;
 };
 
-// How a rank waits for MPI, which progresses only inside its calls: it tests without pause (yielding
-// the core now and then: ranks may outnumber cores) for as long as the operation may be moving its
-// bytes, 2 ms plus 1 ns a byte (a transfer at 1 GB/s), then with pauses that double from 50 us to 1
-// ms. A peer that is stopped, gone or far behind then costs this rank about a test a millisecond.
-class Backoff {
- public:
-  explicit Backoff(size_t bytes)
-      : spin_until_(std::chrono::steady_clock::now() + std::chrono::milliseconds(2) +
-                    std::chrono::nanoseconds(std::min<size_t>(bytes, size_t{1} << 40))) {}
-  void pause() {
-    if (pause_.count() == 0) {
-      if ((++spins_ & 63) != 0) return;
-      if (std::chrono::steady_clock::now() < spin_until_) {
-        sched_yield();
-        return;
-      }
-      pause_ = std::chrono::microseconds(50);
-    }
-    std::this_thread::sleep_for(pause_);
-    pause_ = std::min(2 * pause_, std::chrono::microseconds(1000));
-  }
-
- private:
-  std::chrono::steady_clock::time_point spin_until_;
-  std::chrono::microseconds pause_{0};
-  unsigned spins_ = 0;
-};
+using plugin::Backoff;
 
 MPI_Datatype mpi_type(bpl_dtype dtype) {
   switch (dtype) {
@@ -186,16 +160,11 @@ std::string mpi_error_string(int code) {
 /* ---- requests ---- */
 
 Request::Request(MpiComm* comm, const char* op, Fingerprint fingerprint, size_t bytes, std::function<int(MPI_Request*)> post)
-    : comm_(comm),
-      op_(op),
-      fingerprint_(fingerprint),
-      bytes_(bytes),
-      post_(std::move(post)),
-      deadline_(plugin::deadline_after(comm->timeout())) {}
+    : PolledRequest(op, comm->timeout(), bytes), comm_(comm), fingerprint_(fingerprint), bytes_(bytes), post_(std::move(post)) {}
 
 Request::Request(MpiComm* comm, void* buf, int count, MPI_Datatype type, size_t bytes, int peer, int tag)
-    : comm_(comm),
-      op_("recv"),
+    : PolledRequest("recv", comm->timeout(), bytes),
+      comm_(comm),
       fingerprint_(fingerprint(BPL_COLL_RECV)),
       bytes_(bytes),
       phase_(Phase::kProbing),
@@ -204,8 +173,7 @@ Request::Request(MpiComm* comm, void* buf, int count, MPI_Datatype type, size_t 
       recv_count_(count),
       recv_type_(type),
       peer_(peer),
-      tag_(tag),
-      deadline_(plugin::deadline_after(comm->timeout())) {}
+      tag_(tag) {}
 
 Request::~Request() {
   if (receive_) pending_receives().forget(this);
@@ -214,28 +182,27 @@ Request::~Request() {
 void Request::fail(bpl_status status, const std::string& message) {
   // A peer still waiting in this collective explains its stall with what this rank called.
   if (is_collective(fingerprint_)) comm_->post_explanation(fingerprint_);
-  done_ = true;
-  status_ = status;
-  message_ = message;
+  finish(status, message);
   on_complete_ = nullptr;
-  comm_->poison(status, message_);
+  comm_->poison(status, message);
 }
 
 void Request::complete(int mpi_error) {
-  done_ = true;
   if (mpi_error == MPI_ERR_TRUNCATE) {
-    fail(BPL_ERR_MISMATCH, std::string(op_) + " received more than this rank's buffer holds (MPI_ERR_TRUNCATE): the "
-                                              "ranks disagree on the size");
+    fail(BPL_ERR_MISMATCH, std::string(op()) + " received more than this rank's buffer holds (MPI_ERR_TRUNCATE): the "
+                                               "ranks disagree on the size");
   } else if (mpi_error != MPI_SUCCESS) {
-    fail(BPL_ERR_REMOTE, std::string(op_) + " failed: " + mpi_error_string(mpi_error));
-  } else if (on_complete_) {
-    on_complete_();
+    fail(BPL_ERR_REMOTE, std::string(op()) + " failed: " + mpi_error_string(mpi_error));
+  } else {
+    if (on_complete_) on_complete_();
+    finish(BPL_OK, "");
   }
   on_complete_ = nullptr;
 }
 
-void Request::progress() {
+void Request::poll() {
   pending_receives().match_all([](Request& r) { return r.comm_->match(r); });
+  if (done()) return;  // its match failed
   if (receive_) {
     std::lock_guard<std::mutex> lock(pending_receives().mutex());  // a match moves a recv on under it
     if (phase_ == Phase::kProbing) return;
@@ -269,65 +236,43 @@ void Request::progress() {
   }
 }
 
-bpl_status Request::test(int32_t* done) {
-  if (!done_) {
-    progress();
-    if (!done_ && std::chrono::steady_clock::now() >= deadline_) expire();
-  }
-  *done = done_ ? 1 : 0;
-  if (done_ && status_ != BPL_OK) plugin::host()->set_error(("mpi: " + message_).c_str());
-  return done_ ? status_ : BPL_OK;
-}
+std::chrono::milliseconds Request::timeout() const { return comm_->timeout(); }
 
-bpl_status Request::wait(std::chrono::milliseconds timeout, bool released_by_abort) {
-  const auto give_up = plugin::deadline_after(timeout);
-  Backoff backoff(bytes_);
-  for (;;) {
-    int32_t done = 0;
-    const bpl_status status = test(&done);
-    if (done) return status;
-    if (released_by_abort && comm_->aborted()) {
-      plugin::host()->set_error(("mpi: " + std::string(op_) + " released by bpl_comm_abort; MPI cannot cancel it, "
-                                                             "and keeps its buffers")
-                                    .c_str());
-      return BPL_ERR_ABORTED;
-    }
-    if (std::chrono::steady_clock::now() >= give_up) break;
-    backoff.pause();
-  }
-  plugin::host()->set_error(("mpi: " + std::string(op_) + " has not completed after " + std::to_string(timeout.count()) +
-                             " ms; it is still in flight")
-                                .c_str());
-  return BPL_ERR_TIMEOUT;
+bool Request::aborted() const { return comm_->aborted(); }
+
+bpl_status Request::free(std::unique_ptr<Request> request) {
+  return PolledRequest::free(std::move(request), [](std::unique_ptr<Request> kept) { kept->comm().abandon(std::move(kept)); });
 }
 
 void Request::expire() {
-  if (done_) return;
+  if (done()) return;
   if (receive_) pending_receives().forget(this);  // not to be matched any more (MPI has nothing of it yet)
-  const std::string late = std::string(op_) + " did not complete within " +
+  const std::string late = std::string(op()) + " did not complete within " +
                            std::to_string(comm_->timeout().count()) + " ms (the communicator's timeout)";
   std::pair<bpl_status, std::string> explained{BPL_ERR_TIMEOUT, ""};
   if (phase_ == Phase::kAgreeing) {
     // Its agreement is the exchange a peer that timed out in another operation answers.
     const auto give_up = plugin::deadline_after(explanation_window(comm_->timeout()));
     Backoff backoff(0);
-    while (phase_ == Phase::kAgreeing && !done_ && std::chrono::steady_clock::now() < give_up) {
-      progress();
+    while (phase_ == Phase::kAgreeing && !done() && std::chrono::steady_clock::now() < give_up) {
+      poll();
       backoff.pause();
     }
-    if (done_) return;  // the agreement told (or the operation ended after all)
+    if (done()) return;  // the agreement told (or the operation ended after all)
     explained.second = comm_->stopped_peers_note(false);
   } else if (is_collective(fingerprint_)) {
     explained = comm_->explain_stall(fingerprint_);
   } else {
     explained.second = comm_->explain_stall(fingerprint_).second;
   }
-  expired_ = request_ != MPI_REQUEST_NULL;
-  done_ = true;
-  status_ = explained.first;
-  message_ = explained.first == BPL_ERR_MISMATCH ? explained.second : late + explained.second;
+  std::string message = explained.first == BPL_ERR_MISMATCH ? explained.second : late + explained.second;
+  if (request_ != MPI_REQUEST_NULL) {
+    expired(explained.first, std::move(message));  // MPI still owns it
+  } else {
+    finish(explained.first, std::move(message));
+  }
   on_complete_ = nullptr;
-  comm_->poison(status_, message_);
+  comm_->poison(status(), this->message());
 }
 
 /* ---- communicator ---- */
@@ -409,7 +354,7 @@ void MpiComm::start(std::unique_ptr<Request> request, bpl_plugin_request** req) 
   Request& r = *request;
   if (r.receive_) {
     pending_receives().add(&r);
-    r.progress();
+    r.poll();
   } else if (r.request_ == MPI_REQUEST_NULL) {
     MpiLock lock(process_);
     if (size_ > 1 && r.bytes_ > kEagerLimitBytes && is_collective(r.fingerprint_)) {
@@ -427,15 +372,18 @@ void MpiComm::start(std::unique_ptr<Request> request, bpl_plugin_request** req) 
     *req = reinterpret_cast<bpl_plugin_request*>(request.release());
     return;
   }
-  // The request's own deadline (the communicator's timeout) comes before this wait's.
-  const bpl_status status = r.wait(timeout() + std::chrono::milliseconds(1));
-  if (status == BPL_OK) return;
-  const std::string message = status == BPL_ERR_ABORTED ? "the communicator was aborted (bpl_comm_abort) on this rank "
-                                                          "during " + std::string(r.op_) + "; MPI keeps its buffers"
-                                                        : r.message();
-  // MPI cannot cancel an operation: the request stays with MPI, and so must its buffers.
-  if (status == BPL_ERR_ABORTED || r.owned_by_mpi()) abandon(std::move(request));
-  throw Error(status, message);
+  try {
+    // The request's own deadline (the communicator's timeout) comes before this wait's.
+    r.wait(timeout() + std::chrono::milliseconds(1));
+  } catch (const Error& e) {
+    const bool released = e.status() == BPL_ERR_ABORTED;
+    const std::string message = released ? "the communicator was aborted (bpl_comm_abort) on this rank during " +
+                                               std::string(r.op()) + "; MPI keeps its buffers"
+                                         : e.what();
+    // MPI cannot cancel an operation: the request stays with MPI, and so must its buffers.
+    if (released || r.owned_by_backend()) abandon(std::move(request));
+    throw Error(e.status(), message);
+  }
 }
 
 // A recv matched by probe: received into its buffer when the sizes agree, else whole into one of its
@@ -460,9 +408,7 @@ bool MpiComm::match(Request& r) {
   }
   if (error != MPI_SUCCESS) {
     r.phase_ = Request::Phase::kRunning;
-    r.done_ = true;
-    r.status_ = BPL_ERR_REMOTE;
-    r.message_ = "recv failed: " + mpi_error_string(error);
+    r.finish(BPL_ERR_REMOTE, "recv failed: " + mpi_error_string(error));
   }
   return true;
 }

@@ -35,6 +35,7 @@
 
 #include "backplane/plugin.h"
 #include "fingerprint.h"
+#include "polled_request.h"
 
 namespace backplane::mpi_plugin {
 
@@ -51,44 +52,38 @@ class MpiComm;
 
 // One bpl operation: its size agreement (large collectives), its matching probe (recvs), then the MPI
 // request, and what to do once it completes (narrow a widened result, …).
-class Request {
+class Request : public plugin::PolledRequest {
  public:
   // Posts the operation, or its agreement or probe first; bounded by the communicator's timeout from
   // now. `post(handle)` posts the operation's non-blocking form into *handle.
   Request(MpiComm* comm, const char* op, Fingerprint fingerprint, size_t bytes, std::function<int(MPI_Request*)> post);
   // A recv: matched by probe in posting order, its size checked before it is received.
   Request(MpiComm* comm, void* buf, int count, MPI_Datatype type, size_t bytes, int peer, int tag);
-  ~Request();
+  ~Request() override;
 
   MpiComm& comm() { return *comm_; }
   std::vector<char>& buffer(size_t i) { return buffers_[i]; }  // staging owned by the request
   void on_complete(std::function<void()> fn) { on_complete_ = std::move(fn); }
-  const std::string& message() const { return message_; }
-
-  // *done = 1 once the operation ended: complete, failed, or past the communicator's timeout (then
-  // BPL_ERR_TIMEOUT, explained); returns the operation's status then (and on every later call).
-  bpl_status test(int32_t* done);
-  // Tests until done or `timeout` passes (BPL_ERR_TIMEOUT; the request stays in flight), or, when
-  // `released_by_abort`, until the communicator is aborted (BPL_ERR_ABORTED; likewise).
-  bpl_status wait(std::chrono::milliseconds timeout, bool released_by_abort = true);
-  // Ends the operation with BPL_ERR_TIMEOUT (explained: see the file's comment) and fails the
-  // communicator; MPI keeps the request.
-  void expire();
-  // True while MPI owns the request and its buffers (not completed, or expired).
-  bool owned_by_mpi() const { return !done_ || expired_; }
   // What a recv matches on.
   std::tuple<MpiComm*, int, int> match_key() const { return {comm_, peer_, tag_}; }
+  // bpl_request_free: one MPI still owns stays with its communicator (MPI cannot cancel it).
+  static bpl_status free(std::unique_ptr<Request> request);
 
  private:
   friend class MpiComm;
   enum class Phase { kAgreeing, kProbing, kDraining, kRunning };
-  // Moves the operation on: agreement → post, probe → receive, MPI_Test. Sets done_ when it ended.
-  void progress();
+  // Moves the operation on: agreement → post, probe → receive, MPI_Test.
+  void poll() override;
+  // Ends the operation with BPL_ERR_TIMEOUT (explained: see the file's comment) and fails the
+  // communicator; MPI keeps the request.
+  void expire() override;
+  std::chrono::milliseconds timeout() const override;
+  bool aborted() const override;
+  std::string uncancellable() const override { return "MPI cannot cancel it, and keeps its buffers"; }
   void complete(int mpi_error);
   void fail(bpl_status status, const std::string& message);
 
   MpiComm* comm_;
-  const char* op_;
   Fingerprint fingerprint_;
   size_t bytes_;
   Phase phase_ = Phase::kRunning;
@@ -106,11 +101,6 @@ class Request {
   int arrived_bytes_ = 0;
   std::vector<char> buffers_[2];
   std::function<void()> on_complete_;
-  std::chrono::steady_clock::time_point deadline_;
-  bool done_ = false;
-  bool expired_ = false;
-  bpl_status status_ = BPL_OK;
-  std::string message_;
 };
 
 class MpiComm {

@@ -1,6 +1,6 @@
-// libbackplane-mpi.so: collectives on Open MPI (any MPI-3 library), one host device. This file is the
-// C boundary and MPI's process lifecycle: initialise only if the embedder has not, finalise only what
-// was initialised here.
+// libbackplane-mpi.so: collectives on Open MPI (any MPI-3 library), one host device. This file is
+// MPI's process lifecycle, initialised only if the embedder has not, finalised only if initialised
+// here; the shared entries (plugin_entry.h) are the C boundary.
 #include <dlfcn.h>
 
 #include <memory>
@@ -12,11 +12,8 @@
 #include "dtypes.h"
 #include "host_device.h"
 #include "mpi_comm.h"
+#include "plugin_entry.h"
 #include "plugin_support.h"
-
-#ifndef BPL_VERSION
-#define BPL_VERSION "0.0.0"
-#endif
 
 struct bpl_plugin_runtime {
   std::unique_ptr<backplane::mpi_plugin::MpiComm> world;
@@ -34,10 +31,6 @@ template <typename Body>
 bpl_status guarded(Body&& body) noexcept {
   return plugin::guarded(kName, classify, std::forward<Body>(body));
 }
-
-MpiComm* unwrap(bpl_plugin_comm* comm) { return reinterpret_cast<MpiComm*>(comm); }
-bpl_plugin_comm* wrap(MpiComm* comm) { return reinterpret_cast<bpl_plugin_comm*>(comm); }
-Request* unwrap(bpl_plugin_request* req) { return reinterpret_cast<Request*>(req); }
 
 // MPI is initialised once per process; runtimes share it.
 struct ProcessState {
@@ -62,7 +55,7 @@ const char* thread_level_name(int level) {
 }
 
 std::string env(const char* name) {
-  const char* value = plugin::host()->get_env(name);
+  const char* value = plugin::env(name);
   return value != nullptr ? value : "";
 }
 
@@ -196,194 +189,30 @@ bpl_status runtime_describe(bpl_plugin_runtime* rt, bpl_plugin_caps* out) {
   return BPL_OK;
 }
 
-/* ---- communicators ---- */
-
-bpl_status comm_world(bpl_plugin_runtime* rt, bpl_plugin_comm** out) {
-  *out = wrap(rt->world.get());
-  return BPL_OK;
-}
-
-bpl_status comm_split(bpl_plugin_comm* parent, int32_t color, int32_t key, bpl_plugin_comm** out) {
-  return guarded([&] {
-    *out = wrap(unwrap(parent)->split(color, key).release());
-    return BPL_OK;
-  });
-}
-
-bpl_status comm_destroy(bpl_plugin_comm* comm) {
-  return guarded([&] {
-    delete unwrap(comm);
-    return BPL_OK;
-  });
-}
-
-bpl_status comm_rank_size(bpl_plugin_comm* comm, int32_t* rank, int32_t* size) {
-  *rank = unwrap(comm)->rank();
-  *size = unwrap(comm)->size();
-  return BPL_OK;
-}
-
-/* ---- collectives ---- */
-
-bpl_status allreduce(bpl_plugin_comm* c, const void* send, void* recv, int64_t count, bpl_dtype dtype,
-                     bpl_reduce_op op, bpl_plugin_request** req) {
-  return guarded([&] {
-    unwrap(c)->allreduce(send, recv, static_cast<size_t>(count), dtype, op, req);
-    return BPL_OK;
-  });
-}
-
-bpl_status broadcast(bpl_plugin_comm* c, void* buf, int64_t count, bpl_dtype dtype, int32_t root,
-                     bpl_plugin_request** req) {
-  return guarded([&] {
-    unwrap(c)->broadcast(buf, static_cast<size_t>(count), dtype, root, req);
-    return BPL_OK;
-  });
-}
-
-bpl_status reduce(bpl_plugin_comm* c, const void* send, void* recv, int64_t count, bpl_dtype dtype, bpl_reduce_op op,
-                  int32_t root, bpl_plugin_request** req) {
-  return guarded([&] {
-    unwrap(c)->reduce(send, recv, static_cast<size_t>(count), dtype, op, root, req);
-    return BPL_OK;
-  });
-}
-
-bpl_status allgather(bpl_plugin_comm* c, const void* send, void* recv, int64_t count, bpl_dtype dtype,
-                     bpl_plugin_request** req) {
-  return guarded([&] {
-    unwrap(c)->allgather(send, recv, static_cast<size_t>(count), dtype, req);
-    return BPL_OK;
-  });
-}
-
-bpl_status reduce_scatter(bpl_plugin_comm* c, const void* send, void* recv, int64_t recvcount, bpl_dtype dtype,
-                          bpl_reduce_op op, bpl_plugin_request** req) {
-  return guarded([&] {
-    unwrap(c)->reduce_scatter(send, recv, static_cast<size_t>(recvcount), dtype, op, req);
-    return BPL_OK;
-  });
-}
-
-bpl_status alltoall(bpl_plugin_comm* c, const void* send, void* recv, int64_t count, bpl_dtype dtype,
-                    bpl_plugin_request** req) {
-  return guarded([&] {
-    unwrap(c)->alltoall(send, recv, static_cast<size_t>(count), dtype, req);
-    return BPL_OK;
-  });
-}
-
-bpl_status barrier(bpl_plugin_comm* c, bpl_plugin_request** req) {
-  return guarded([&] {
-    unwrap(c)->barrier(req);
-    return BPL_OK;
-  });
-}
-
-bpl_status send(bpl_plugin_comm* c, const void* buf, int64_t count, bpl_dtype dtype, int32_t peer, int32_t tag,
-                bpl_plugin_request** req) {
-  return guarded([&] {
-    unwrap(c)->send(buf, static_cast<size_t>(count), dtype, peer, tag, req);
-    return BPL_OK;
-  });
-}
-
-bpl_status recv(bpl_plugin_comm* c, void* buf, int64_t count, bpl_dtype dtype, int32_t peer, int32_t tag,
-                bpl_plugin_request** req) {
-  return guarded([&] {
-    unwrap(c)->recv(buf, static_cast<size_t>(count), dtype, peer, tag, req);
-    return BPL_OK;
-  });
-}
-
-bpl_status comm_set_timeout(bpl_plugin_comm* c, int64_t timeout_ms) {
-  return guarded([&] {
-    unwrap(c)->set_timeout(std::chrono::milliseconds(timeout_ms));
-    return BPL_OK;
-  });
-}
-
-bpl_status comm_abort(bpl_plugin_comm* c) {
-  return guarded([&] {
-    unwrap(c)->abort();
-    return BPL_OK;
-  });
-}
-
-/* ---- requests ---- */
-
-bpl_status request_test(bpl_plugin_request* req, int32_t* done) {
-  return guarded([&] { return unwrap(req)->test(done); });
-}
-
-bpl_status request_wait(bpl_plugin_request* req, int64_t timeout_ms) {
-  return guarded([&] { return unwrap(req)->wait(std::chrono::milliseconds(timeout_ms)); });
-}
-
-bpl_status request_free(bpl_plugin_request* req) {
-  return guarded([&] {
-    std::unique_ptr<Request> request(unwrap(req));
-    // Bounded by the request's own deadline (the communicator's timeout from its start); an abort does
-    // not cut it short, so that no buffer is touched after it returns.
-    request->wait(request->comm().timeout() + std::chrono::milliseconds(1), /*released_by_abort=*/false);
-    if (request->owned_by_mpi()) {
-      // MPI still owns the operation and its buffers: keep them until the communicator goes.
-      request->expire();
-      plugin::host()->set_error(("mpi: " + request->message()).c_str());
-      request->comm().abandon(std::move(request));
-      return BPL_ERR_TIMEOUT;
-    }
-    return BPL_OK;
-  });
-}
-
-const bpl_plugin_api kApi = {
-    sizeof(bpl_plugin_api),
-    BPL_ABI_MAJOR,
-    BPL_ABI_MINOR,
-    kName,
-    BPL_VERSION,
-    runtime_create,
-    runtime_destroy,
-    runtime_describe,
-    plugin::host_device::count,
-    plugin::host_device::properties,
-    plugin::host_device::alloc,
-    plugin::host_device::free,
-    plugin::host_device::copy,
-    nullptr,  // synchronize: host memory, nothing queued
-    comm_world,
-    comm_split,
-    comm_destroy,
-    comm_rank_size,
-    allreduce,
-    broadcast,
-    reduce,
-    allgather,
-    reduce_scatter,
-    alltoall,
-    barrier,
-    send,
-    recv,
-    request_test,
-    request_wait,
-    request_free,
-    cpu_kernels::gemm,
-    cpu_kernels::elementwise,
-    cpu_kernels::cast,
-    cpu_kernels::program_compiler,
-    cpu_kernels::program_compile,
-    cpu_kernels::artifact_free,
-    cpu_kernels::program_load,
-    cpu_kernels::program_run,
-    cpu_kernels::program_destroy,
-    comm_set_timeout,
-    comm_abort,
+struct Traits {
+  static constexpr const char* kName = mpi_plugin::kName;
+  static bpl_status classify(const std::exception& e) { return mpi_plugin::classify(e); }
+  using Comm = MpiComm;
+  using Request = mpi_plugin::Request;
+  static Comm* world(bpl_plugin_runtime* rt) { return rt->world.get(); }
 };
+
+bpl_plugin_api make_table() {
+  bpl_plugin_api api = plugin::comm_table<Traits>();
+  api.runtime_create = runtime_create;
+  api.runtime_destroy = runtime_destroy;
+  api.runtime_describe = runtime_describe;
+  plugin::set_host_device(api);  // synchronize stays NULL: host memory, nothing queued
+  cpu_kernels::set_kernels(api);
+  return api;
+}
+
+const bpl_plugin_api kApi = make_table();
 
 }  // namespace
 }  // namespace backplane::mpi_plugin
 
 extern "C" bpl_status bpl_plugin_open_v1(const bpl_host_api* host, const bpl_plugin_api** out) {
-  return backplane::plugin::open_plugin(host, backplane::mpi_plugin::kName, &backplane::mpi_plugin::kApi, out);
+  using namespace backplane::mpi_plugin;
+  return backplane::plugin::open_plugin<Traits>(host, &kApi, out);
 }

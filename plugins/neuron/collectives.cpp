@@ -43,73 +43,51 @@ bpl_plugin_request* wrap(Request* request) { return reinterpret_cast<bpl_plugin_
 
 /* ---- requests ---- */
 
-Request::Request(NeuronComm& comm, const char* op)
-    : comm_(comm), op_(op), deadline_(plugin::deadline_after(comm.timeout())) {}
+Request::Request(NeuronComm& comm, const char* op) : PolledRequest(op, comm.timeout(), 0), comm_(comm) {}
+
+std::chrono::milliseconds Request::timeout() const { return comm_.timeout(); }
 
 void Request::expire() {
-  done_ = true;
-  expired_ = true;  // the tensors stay: the runtime may still use them
-  status_ = BPL_ERR_TIMEOUT;
-  message_ = std::string(op_) + " did not complete within " + std::to_string(comm_.timeout().count()) +
-             " ms, the communicator's timeout (NeuronCore " + std::to_string(comm_.core().core) + ")";
+  // The tensors stay: the runtime may still use them.
+  expired(BPL_ERR_TIMEOUT, std::string(op()) + " did not complete within " + std::to_string(comm_.timeout().count()) +
+                               " ms, the communicator's timeout (NeuronCore " + std::to_string(comm_.core().core) + ")");
 }
 
-void Request::finish(bpl_status status, const std::string& message) {
-  done_ = true;
-  status_ = status;
-  message_ = message;
+void Request::end(bpl_status status, const std::string& message) {
+  finish(status, message);
   tensors_.clear();
   deliver_ = nullptr;
 }
 
-bpl_status Request::test(int32_t* done) {
-  if (!done_) {
-    bool completed = false;
-    const int status = comm_.core().api.nrta_is_completed(sequence_, &completed);
-    if (status != kNrtSuccess) {
-      finish(to_bpl_status(status), std::string(op_) + ": nrta_is_completed failed: " + nrt_status_name(status));
-    } else if (completed) {
-      // The runtime records a failed request in the error tracker, by sequence number.
-      const NrtaError* errors = nullptr;
-      size_t count = 0;
-      int failure = kNrtSuccess;
-      if (comm_.core().api.nrta_error_tracker_get_list(comm_.errors(), &errors, &count) == kNrtSuccess) {
-        for (size_t i = 0; i < count; ++i) {
-          if (errors[i].seq_id == sequence_) failure = static_cast<int>(errors[i].error_code);
-        }
-      }
-      if (failure != kNrtSuccess) {
-        finish(to_bpl_status(failure), std::string(op_) + " failed in the Neuron runtime: " + nrt_status_name(failure));
-      } else {
-        try {
-          if (deliver_) deliver_();
-          finish(BPL_OK, "");
-        } catch (const Error& e) {
-          finish(e.status(), std::string(op_) + ": " + e.what());
-        }
-      }
-    } else if (std::chrono::steady_clock::now() >= deadline_) {
-      expire();
+void Request::poll() {
+  bool completed = false;
+  const int status = comm_.core().api.nrta_is_completed(sequence_, &completed);
+  if (status != kNrtSuccess) {
+    return end(to_bpl_status(status), std::string(op()) + ": nrta_is_completed failed: " + nrt_status_name(status));
+  }
+  if (!completed) return;
+  // The runtime records a failed request in the error tracker, by sequence number.
+  const NrtaError* errors = nullptr;
+  size_t count = 0;
+  int failure = kNrtSuccess;
+  if (comm_.core().api.nrta_error_tracker_get_list(comm_.errors(), &errors, &count) == kNrtSuccess) {
+    for (size_t i = 0; i < count; ++i) {
+      if (errors[i].seq_id == sequence_) failure = static_cast<int>(errors[i].error_code);
     }
   }
-  *done = done_ ? 1 : 0;
-  if (done_ && status_ != BPL_OK) throw Error(status_, message_);
-  return done_ ? status_ : BPL_OK;
+  if (failure != kNrtSuccess) {
+    return end(to_bpl_status(failure), std::string(op()) + " failed in the Neuron runtime: " + nrt_status_name(failure));
+  }
+  try {
+    if (deliver_) deliver_();
+    end(BPL_OK, "");
+  } catch (const Error& e) {
+    end(e.status(), std::string(op()) + ": " + e.what());
+  }
 }
 
-bpl_status Request::wait(std::chrono::milliseconds timeout) {
-  const auto deadline = plugin::deadline_after(timeout);
-  auto pause = std::chrono::microseconds(1);
-  int32_t done = 0;
-  while (test(&done) == BPL_OK && done == 0) {
-    if (std::chrono::steady_clock::now() >= deadline) {
-      throw Error(BPL_ERR_TIMEOUT, std::string(op_) + " did not complete within " + std::to_string(timeout.count()) +
-                                       " ms (NeuronCore " + std::to_string(comm_.core().core) + ")");
-    }
-    std::this_thread::sleep_for(pause);
-    pause = std::min(pause * 2, std::chrono::microseconds(1000));
-  }
-  return status_;
+bpl_status Request::free(std::unique_ptr<Request> request) {
+  return PolledRequest::free(std::move(request), [](std::unique_ptr<Request> kept) { kept->comm().abandon(std::move(kept)); });
 }
 
 /* ---- communicators ---- */
@@ -164,7 +142,7 @@ void NeuronComm::run(const char* name, NrtCollective collective, const void* in,
               std::string("nrta_cc_schedule for ") + name);
     request->scheduled_ = true;
   } else {
-    request->finish(BPL_OK, "");  // no elements: nothing to run
+    request->end(BPL_OK, "");  // no elements: nothing to run
   }
   if (req != nullptr) {
     *req = wrap(request.release());
@@ -173,7 +151,7 @@ void NeuronComm::run(const char* name, NrtCollective collective, const void* in,
   try {
     request->wait(timeout() + std::chrono::milliseconds(1));  // its own deadline comes first
   } catch (const Error&) {
-    if (request->owned_by_runtime()) abandon(std::move(request));
+    if (request->owned_by_backend()) abandon(std::move(request));
     throw;
   }
 }

@@ -21,43 +21,37 @@
 
 #include "backplane/plugin.h"
 #include "neuron_core.h"
+#include "polled_request.h"
 
 namespace backplane::neuron_plugin {
 
 class NeuronComm;
 
 // One scheduled runtime collective, and what to do once it has run (copy results out of staging).
-class Request {
+class Request : public plugin::PolledRequest {
  public:
   // The operation is bounded by the communicator's timeout from now (it is scheduled right after).
   Request(NeuronComm& comm, const char* op);
 
   NeuronComm& comm() { return comm_; }
-  // *done = 1 once complete, or once the communicator's timeout passed (the operation ended with
-  // BPL_ERR_TIMEOUT); returns the operation's status then (and on every later call).
-  bpl_status test(int32_t* done);
-  // Polls until done or `timeout` passes (BPL_ERR_TIMEOUT; the request stays in flight).
-  bpl_status wait(std::chrono::milliseconds timeout);
-  const std::string& message() const { return message_; }
-  // True while the runtime may still use the request's tensors (not completed, or expired).
-  bool owned_by_runtime() const { return !done_ || expired_; }
+  // bpl_request_free: one the runtime may still use stays with its communicator, tensors and all.
+  static bpl_status free(std::unique_ptr<Request> request);
 
  private:
   friend class NeuronComm;
-  void finish(bpl_status status, const std::string& message);
-  void expire();
+  // Asks the runtime whether the sequence number completed, and how.
+  void poll() override;
+  void expire() override;
+  std::chrono::milliseconds timeout() const override;
+  std::string uncancellable() const override { return "the Neuron runtime cannot cancel it"; }
+  // Ends the operation and lets its tensors go.
+  void end(bpl_status status, const std::string& message);
 
   NeuronComm& comm_;
-  const char* op_;
   nrta_seq_t sequence_ = 0;
   bool scheduled_ = false;             // false: nothing for the runtime to do (zero elements)
   std::vector<OwnedTensor> tensors_;   // alive until the runtime is done with them
   std::function<void()> deliver_;      // copies results to the caller's buffer
-  std::chrono::steady_clock::time_point deadline_;
-  bool done_ = false;
-  bool expired_ = false;
-  bpl_status status_ = BPL_OK;
-  std::string message_;
 };
 
 class NeuronComm {

@@ -1,7 +1,8 @@
 // libbackplane-neuron.so: the Neuron backend on the Neuron Runtime's public C API (libnrt.so.1),
-// loaded at run time, so that the plugin builds and opens without the Neuron SDK. This file is the C
-// boundary and the runtime's process lifecycle; device memory is in device_memory/neuron_core,
-// collectives in collectives, programs in programs.
+// loaded at run time, so that the plugin builds and opens without the Neuron SDK. This file is the
+// runtime's process lifecycle and the device and program entries (the communicator entries are the
+// shared ones of plugin_entry.h); device memory is in device_memory/neuron_core, collectives in
+// collectives, programs in programs.
 //
 // Without the runtime, opening fails with BPL_ERR_UNAVAILABLE and how to run on CPU instead: explicit
 // selection (BPL_BACKEND=neuron, NXD_CPU_MODE=0) reports it, auto selection moves on to mpi or gloo.
@@ -15,13 +16,10 @@
 #include "backplane/plugin.h"
 #include "collectives.h"
 #include "neuron_core.h"
+#include "plugin_entry.h"
 #include "plugin_support.h"
 #include "programs.h"
 #include "runtime.h"
-
-#ifndef BPL_VERSION
-#define BPL_VERSION "0.0.0"
-#endif
 
 struct bpl_plugin_runtime {
   std::unique_ptr<backplane::neuron_plugin::NeuronCore> core;
@@ -54,9 +52,6 @@ bpl_status guarded(Body&& body) noexcept {
   return plugin::guarded(kName, classify, std::forward<Body>(body));
 }
 
-NeuronComm* unwrap(bpl_plugin_comm* comm) { return reinterpret_cast<NeuronComm*>(comm); }
-bpl_plugin_comm* wrap(NeuronComm* comm) { return reinterpret_cast<bpl_plugin_comm*>(comm); }
-Request* unwrap(bpl_plugin_request* req) { return reinterpret_cast<Request*>(req); }
 NeffProgram* unwrap(bpl_plugin_program* program) { return reinterpret_cast<NeffProgram*>(program); }
 
 // The runtime is loaded once per process (it cannot be unloaded safely) and initialised while any
@@ -74,7 +69,7 @@ ProcessState& state() {
 const NrtApi& api() { return state().runtime->api; }
 
 std::string env(const char* name) {
-  const char* value = plugin::host()->get_env(name);
+  const char* value = plugin::env(name);
   return value != nullptr ? value : "";
 }
 
@@ -244,116 +239,6 @@ bpl_status mem_copy(bpl_plugin_runtime* rt, void* dst, const void* src, size_t b
   });
 }
 
-/* ---- communicators ---- */
-
-bpl_status comm_world(bpl_plugin_runtime* rt, bpl_plugin_comm** out) {
-  *out = wrap(rt->world.get());
-  return BPL_OK;
-}
-
-bpl_status comm_split(bpl_plugin_comm* parent, int32_t color, int32_t key, bpl_plugin_comm** out) {
-  return guarded([&] {
-    *out = wrap(unwrap(parent)->split(color, key).release());
-    return BPL_OK;
-  });
-}
-
-bpl_status comm_destroy(bpl_plugin_comm* comm) {
-  return guarded([&] {
-    delete unwrap(comm);
-    return BPL_OK;
-  });
-}
-
-bpl_status comm_rank_size(bpl_plugin_comm* comm, int32_t* rank, int32_t* size) {
-  *rank = unwrap(comm)->rank();
-  *size = unwrap(comm)->size();
-  return BPL_OK;
-}
-
-/* ---- collectives ---- */
-
-bpl_status allreduce(bpl_plugin_comm* c, const void* send, void* recv, int64_t count, bpl_dtype dtype,
-                     bpl_reduce_op op, bpl_plugin_request** req) {
-  return guarded([&] {
-    unwrap(c)->allreduce(send, recv, static_cast<size_t>(count), dtype, op, req);
-    return BPL_OK;
-  });
-}
-
-bpl_status broadcast(bpl_plugin_comm* c, void* buf, int64_t count, bpl_dtype dtype, int32_t root,
-                     bpl_plugin_request** req) {
-  return guarded([&] {
-    unwrap(c)->broadcast(buf, static_cast<size_t>(count), dtype, root, req);
-    return BPL_OK;
-  });
-}
-
-bpl_status reduce(bpl_plugin_comm* c, const void* send, void* recv, int64_t count, bpl_dtype dtype, bpl_reduce_op op,
-                  int32_t root, bpl_plugin_request** req) {
-  return guarded([&] {
-    unwrap(c)->reduce(send, recv, static_cast<size_t>(count), dtype, op, root, req);
-    return BPL_OK;
-  });
-}
-
-bpl_status allgather(bpl_plugin_comm* c, const void* send, void* recv, int64_t count, bpl_dtype dtype,
-                     bpl_plugin_request** req) {
-  return guarded([&] {
-    unwrap(c)->allgather(send, recv, static_cast<size_t>(count), dtype, req);
-    return BPL_OK;
-  });
-}
-
-bpl_status reduce_scatter(bpl_plugin_comm* c, const void* send, void* recv, int64_t recvcount, bpl_dtype dtype,
-                          bpl_reduce_op op, bpl_plugin_request** req) {
-  return guarded([&] {
-    unwrap(c)->reduce_scatter(send, recv, static_cast<size_t>(recvcount), dtype, op, req);
-    return BPL_OK;
-  });
-}
-
-bpl_status barrier(bpl_plugin_comm* c, bpl_plugin_request** req) {
-  return guarded([&] {
-    unwrap(c)->barrier(req);
-    return BPL_OK;
-  });
-}
-
-bpl_status comm_set_timeout(bpl_plugin_comm* c, int64_t timeout_ms) {
-  return guarded([&] {
-    unwrap(c)->set_timeout(std::chrono::milliseconds(timeout_ms));
-    return BPL_OK;
-  });
-}
-
-/* ---- requests ---- */
-
-bpl_status request_test(bpl_plugin_request* req, int32_t* done) {
-  return guarded([&] { return unwrap(req)->test(done); });
-}
-
-bpl_status request_wait(bpl_plugin_request* req, int64_t timeout_ms) {
-  return guarded([&] { return unwrap(req)->wait(std::chrono::milliseconds(timeout_ms)); });
-}
-
-bpl_status request_free(bpl_plugin_request* req) {
-  return guarded([&] {
-    std::unique_ptr<Request> request(unwrap(req));
-    try {
-      request->wait(request->comm().timeout() + std::chrono::milliseconds(1));  // its own deadline comes first
-    } catch (const plugin::Error&) {
-      // Still in the runtime's hands: its tensors must outlive it. An operation that failed is over.
-      if (request->owned_by_runtime()) {
-        NeuronComm& comm = request->comm();
-        comm.abandon(std::move(request));
-        throw;
-      }
-    }
-    return BPL_OK;
-  });
-}
-
 /* ---- programs ---- */
 
 bpl_status program_compiler(bpl_plugin_runtime* rt, const char* format, const char** compiler) {
@@ -415,69 +300,45 @@ bpl_status program_destroy(bpl_plugin_program* program) {
   });
 }
 
-const bpl_plugin_api kApi = {
-    sizeof(bpl_plugin_api),
-    BPL_ABI_MAJOR,
-    BPL_ABI_MINOR,
-    kName,
-    BPL_VERSION,
-    runtime_create,
-    runtime_destroy,
-    runtime_describe,
-    device_count,
-    device_properties,
-    mem_alloc,
-    mem_free,
-    mem_copy,
-    nullptr,  // synchronize: copies, collectives waited for and programs all complete before returning
-    comm_world,
-    comm_split,
-    comm_destroy,
-    comm_rank_size,
-    allreduce,
-    broadcast,
-    reduce,
-    allgather,
-    reduce_scatter,
-    nullptr,  // alltoall: the runtime has none
-    barrier,
-    nullptr,  // send, recv: not in the runtime's host-driven collectives
-    nullptr,
-    request_test,
-    request_wait,
-    request_free,
-    nullptr,  // typed kernels need compiled NEFFs; see runtime_describe
-    nullptr,
-    nullptr,
-    program_compiler,
-    program_compile,
-    artifact_free,
-    program_load,
-    program_run,
-    program_destroy,
-    comm_set_timeout,
-    nullptr,  // comm_abort: the runtime cannot cancel a scheduled collective; the core releases waits
+struct Traits {
+  static constexpr const char* kName = neuron_plugin::kName;
+  static bpl_status classify(const std::exception& e) { return neuron_plugin::classify(e); }
+  using Comm = NeuronComm;  // no alltoall, send, recv (not in the runtime), nor abort (the core releases waits)
+  using Request = neuron_plugin::Request;
+  static Comm* world(bpl_plugin_runtime* rt) { return rt->world.get(); }
 };
+
+bpl_plugin_api make_table() {
+  bpl_plugin_api api = plugin::comm_table<Traits>();
+  api.runtime_create = runtime_create;
+  api.runtime_destroy = runtime_destroy;
+  api.runtime_describe = runtime_describe;
+  api.device_count = device_count;
+  api.device_properties = device_properties;
+  api.mem_alloc = mem_alloc;
+  api.mem_free = mem_free;
+  api.mem_copy = mem_copy;
+  // synchronize stays NULL: copies, collectives waited for and programs all complete before returning.
+  // Typed kernels stay NULL: they need compiled NEFFs (see runtime_describe).
+  api.program_compiler = program_compiler;
+  api.program_compile = program_compile;
+  api.artifact_free = artifact_free;
+  api.program_load = program_load;
+  api.program_run = program_run;
+  api.program_destroy = program_destroy;
+  return api;
+}
+
+const bpl_plugin_api kApi = make_table();
 
 }  // namespace
 }  // namespace backplane::neuron_plugin
 
 extern "C" bpl_status bpl_plugin_open_v1(const bpl_host_api* host, const bpl_plugin_api** out) {
-  using namespace backplane;
-  if (host == nullptr || out == nullptr ||
-      host->struct_size < offsetof(bpl_host_api, set_error) + sizeof(host->set_error)) {
-    return BPL_ERR_INVALID_ARGUMENT;
-  }
-  plugin::host() = host;
-  plugin::name() = neuron_plugin::kName;
-  *out = nullptr;
-  return plugin::guarded(neuron_plugin::kName, neuron_plugin::classify, [&]() -> bpl_status {
-    neuron_plugin::ProcessState& s = neuron_plugin::state();
+  using namespace backplane::neuron_plugin;
+  return backplane::plugin::open_plugin<Traits>(host, &kApi, out, [host] {
+    ProcessState& s = state();
     std::lock_guard<std::mutex> lock(s.mutex);
-    if (!s.runtime) {
-      s.runtime = neuron_plugin::load_runtime(neuron_plugin::runtime_candidates(host->get_env("NEURON_RT_LIB")));
-    }
-    *out = &neuron_plugin::kApi;
-    return BPL_OK;
+    if (!s.runtime) s.runtime = load_runtime(runtime_candidates(host->get_env("NEURON_RT_LIB")));
   });
 }

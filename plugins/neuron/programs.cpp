@@ -133,7 +133,7 @@ Finished run_process(const std::vector<std::string>& args, const std::string& lo
 // A private temporary folder, removed with its files.
 struct TemporaryFolder {
   TemporaryFolder() {
-    const char* base = std::getenv("TMPDIR");
+    const char* base = plugin::env("TMPDIR");
     std::string pattern = std::string(base != nullptr && *base != '\0' ? base : "/tmp") + "/bpl-neuronx-cc-XXXXXX";
     if (::mkdtemp(pattern.data()) == nullptr) {
       throw Error(BPL_ERR_IO, "cannot create a folder like " + pattern + ": " + std::strerror(errno));

@@ -77,7 +77,9 @@ TEST_F(CpuModeTest, IsReadOnEveryCallAndNonIntegersAreErrors) {
   EXPECT_FALSE(bp::cpu_mode());
   setenv("NXD_CPU_MODE", "2", 1);
   EXPECT_TRUE(bp::cpu_mode());
-  for (const char* bad : {"yes", "1.5", "", "1 "}) {
+  setenv("NXD_CPU_MODE", "", 1);  // empty is unset, as everywhere
+  EXPECT_FALSE(bp::cpu_mode());
+  for (const char* bad : {"yes", "1.5", "1 "}) {
     setenv("NXD_CPU_MODE", bad, 1);
     std::string message = error_of([] { bp::cpu_mode(); });
     EXPECT_NE(message.find(std::string("NXD_CPU_MODE='") + bad + "' is not an integer"), std::string::npos) << message;

@@ -170,10 +170,19 @@ inline std::map<std::string, std::string> rank_env(int rank, int world, int port
           {"MASTER_ADDR", "127.0.0.1"},         {"MASTER_PORT", std::to_string(port)}};
 }
 
+// Open MPI's mpirun as found at configure time, or "" where the MPI backend is not built: a test
+// that needs it is then skipped with kNoMpi as the reason.
 #ifdef BPL_MPIEXEC
+constexpr const char* kMpiexec = BPL_MPIEXEC;
+#else
+constexpr const char* kMpiexec = "";
+#endif
+constexpr const char* kNoMpi = "the MPI backend is not built (no Open MPI found at configure time)";
+inline bool mpi_backend_built() { return *kMpiexec != '\0'; }
+
 // `program` on `ranks` ranks under Open MPI's mpirun.
 inline std::vector<std::string> mpirun(int ranks, std::vector<std::string> program) {
-  std::vector<std::string> argv = {BPL_MPIEXEC, "--oversubscribe", "-np", std::to_string(ranks)};
+  std::vector<std::string> argv = {kMpiexec, "--oversubscribe", "-np", std::to_string(ranks)};
   argv.insert(argv.end(), program.begin(), program.end());
   return argv;
 }
@@ -188,6 +197,5 @@ inline std::map<std::string, std::string> mpi_env(std::map<std::string, std::str
 #endif
   return extra;
 }
-#endif
 
 }  // namespace backplane::test

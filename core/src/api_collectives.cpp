@@ -1,0 +1,157 @@
+// The C API of collectives and point-to-point transfers: arguments checked, then run as operations.
+#include <string>
+
+#include "backplane/backplane.h"
+#include "backplane/plugin.h"
+#include "error.h"
+#include "handles.h"
+#include "operation.h"
+#include "validation.h"
+
+using namespace backplane;
+
+extern "C" {
+
+/* ---- collectives ---- */
+
+bpl_status bpl_allreduce(bpl_comm* comm, const void* send, void* recv, int64_t count, bpl_dtype dtype,
+                         bpl_reduce_op op, bpl_request** req) {
+  return guarded("bpl_allreduce", [&] {
+    bpl_comm* c = check_comm(comm);
+    auto fn = require_collective(c, c->runtime->api().allreduce, BPL_COLL_ALLREDUCE);
+    size_t bytes = check_count(count, check_dtype(c, dtype), 1, "count");
+    check_op(c, op);
+    check_buffer(send, bytes, "send");
+    check_buffer(recv, bytes, "recv");
+    REQUIRE(send == recv || !overlap(send, bytes, recv, bytes), "send and recv overlap without being equal (in place)");
+    return run_operation("bpl_allreduce", c, fingerprint_of(BPL_COLL_ALLREDUCE, dtype, count, -1, op), req,
+                         [&](bpl_plugin_request** preq) { return fn(c->impl, send, recv, count, dtype, op, preq); });
+  });
+}
+
+bpl_status bpl_broadcast(bpl_comm* comm, void* buf, int64_t count, bpl_dtype dtype, int32_t root, bpl_request** req) {
+  return guarded("bpl_broadcast", [&] {
+    bpl_comm* c = check_comm(comm);
+    auto fn = require_collective(c, c->runtime->api().broadcast, BPL_COLL_BROADCAST);
+    size_t bytes = check_count(count, check_dtype(c, dtype), 1, "count");
+    check_buffer(buf, bytes, "buf");
+    check_rank(c, root, "root");
+    return run_operation("bpl_broadcast", c, fingerprint_of(BPL_COLL_BROADCAST, dtype, count, root), req,
+                         [&](bpl_plugin_request** preq) { return fn(c->impl, buf, count, dtype, root, preq); });
+  });
+}
+
+bpl_status bpl_reduce(bpl_comm* comm, const void* send, void* recv, int64_t count, bpl_dtype dtype, bpl_reduce_op op,
+                      int32_t root, bpl_request** req) {
+  return guarded("bpl_reduce", [&] {
+    bpl_comm* c = check_comm(comm);
+    auto fn = require_collective(c, c->runtime->api().reduce, BPL_COLL_REDUCE);
+    size_t bytes = check_count(count, check_dtype(c, dtype), 1, "count");
+    check_op(c, op);
+    check_rank(c, root, "root");
+    check_buffer(send, bytes, "send");
+    if (c->rank == root) {
+      check_buffer(recv, bytes, "recv");
+      REQUIRE(send == recv || !overlap(send, bytes, recv, bytes), "send and recv overlap without being equal (in place)");
+    }
+    return run_operation("bpl_reduce", c, fingerprint_of(BPL_COLL_REDUCE, dtype, count, root, op), req,
+                         [&](bpl_plugin_request** preq) { return fn(c->impl, send, recv, count, dtype, op, root, preq); });
+  });
+}
+
+bpl_status bpl_allgather(bpl_comm* comm, const void* send, void* recv, int64_t count, bpl_dtype dtype,
+                         bpl_request** req) {
+  return guarded("bpl_allgather", [&] {
+    bpl_comm* c = check_comm(comm);
+    auto fn = require_collective(c, c->runtime->api().allgather, BPL_COLL_ALLGATHER);
+    size_t element = check_dtype(c, dtype);
+    size_t total = check_count(count, element, c->size, "count");
+    size_t block = total / static_cast<size_t>(c->size);
+    check_buffer(send, block, "send");
+    check_buffer(recv, total, "recv");
+    const void* own_block = static_cast<const char*>(recv) + block * static_cast<size_t>(c->rank);
+    REQUIRE(send == own_block || !overlap(send, block, recv, total),
+            "send overlaps recv but is not recv + rank*count elements (in place)");
+    return run_operation("bpl_allgather", c, fingerprint_of(BPL_COLL_ALLGATHER, dtype, count), req,
+                         [&](bpl_plugin_request** preq) { return fn(c->impl, send, recv, count, dtype, preq); });
+  });
+}
+
+bpl_status bpl_reduce_scatter(bpl_comm* comm, const void* send, void* recv, int64_t recvcount, bpl_dtype dtype,
+                              bpl_reduce_op op, bpl_request** req) {
+  return guarded("bpl_reduce_scatter", [&] {
+    bpl_comm* c = check_comm(comm);
+    auto fn = require_collective(c, c->runtime->api().reduce_scatter, BPL_COLL_REDUCE_SCATTER);
+    size_t element = check_dtype(c, dtype);
+    size_t total = check_count(recvcount, element, c->size, "recvcount");
+    size_t block = total / static_cast<size_t>(c->size);
+    check_op(c, op);
+    check_buffer(send, total, "send");
+    check_buffer(recv, block, "recv");
+    const void* own_block = static_cast<const char*>(send) + block * static_cast<size_t>(c->rank);
+    REQUIRE(recv == own_block || !overlap(send, total, recv, block),
+            "recv overlaps send but is not send + rank*recvcount elements (in place)");
+    return run_operation("bpl_reduce_scatter", c, fingerprint_of(BPL_COLL_REDUCE_SCATTER, dtype, recvcount, -1, op), req,
+                         [&](bpl_plugin_request** preq) { return fn(c->impl, send, recv, recvcount, dtype, op, preq); });
+  });
+}
+
+bpl_status bpl_alltoall(bpl_comm* comm, const void* send, void* recv, int64_t count, bpl_dtype dtype,
+                        bpl_request** req) {
+  return guarded("bpl_alltoall", [&] {
+    bpl_comm* c = check_comm(comm);
+    auto fn = require_collective(c, c->runtime->api().alltoall, BPL_COLL_ALLTOALL);
+    size_t total = check_count(count, check_dtype(c, dtype), c->size, "count");
+    check_buffer(send, total, "send");
+    check_buffer(recv, total, "recv");
+    REQUIRE(send == recv || !overlap(send, total, recv, total), "send and recv overlap without being equal (in place)");
+    return run_operation("bpl_alltoall", c, fingerprint_of(BPL_COLL_ALLTOALL, dtype, count), req,
+                         [&](bpl_plugin_request** preq) { return fn(c->impl, send, recv, count, dtype, preq); });
+  });
+}
+
+bpl_status bpl_barrier(bpl_comm* comm, bpl_request** req) {
+  return guarded("bpl_barrier", [&] {
+    bpl_comm* c = check_comm(comm);
+    auto fn = require_collective(c, c->runtime->api().barrier, BPL_COLL_BARRIER);
+    return run_operation("bpl_barrier", c, fingerprint_of(BPL_COLL_BARRIER), req,
+                         [&](bpl_plugin_request** preq) { return fn(c->impl, preq); });
+  });
+}
+
+namespace {
+// Checks shared by send and recv.
+void check_point_to_point(const bpl_comm* c, const void* buf, int64_t count, bpl_dtype dtype, int32_t peer,
+                          int32_t tag) {
+  size_t bytes = check_count(count, check_dtype(c, dtype), 1, "count");
+  check_buffer(buf, bytes, "buf");
+  check_rank(c, peer, "peer");
+  REQUIRE(peer != c->rank, "peer = " + std::to_string(peer) + " is the calling rank itself");
+  REQUIRE(tag >= 0, "tag = " + std::to_string(tag) + ": expected >= 0");
+}
+}  // namespace
+
+bpl_status bpl_send(bpl_comm* comm, const void* buf, int64_t count, bpl_dtype dtype, int32_t peer, int32_t tag,
+                    bpl_request** req) {
+  return guarded("bpl_send", [&] {
+    bpl_comm* c = check_comm(comm);
+    auto fn = require_collective(c, c->runtime->api().send, BPL_COLL_SEND);
+    check_point_to_point(c, buf, count, dtype, peer, tag);
+    return run_operation("bpl_send", c, kPointToPoint, req,
+                         [&](bpl_plugin_request** preq) { return fn(c->impl, buf, count, dtype, peer, tag, preq); });
+  });
+}
+
+bpl_status bpl_recv(bpl_comm* comm, void* buf, int64_t count, bpl_dtype dtype, int32_t peer, int32_t tag,
+                    bpl_request** req) {
+  return guarded("bpl_recv", [&] {
+    bpl_comm* c = check_comm(comm);
+    auto fn = require_collective(c, c->runtime->api().recv, BPL_COLL_RECV);
+    check_point_to_point(c, buf, count, dtype, peer, tag);
+    return run_operation("bpl_recv", c, kPointToPoint, req,
+                         [&](bpl_plugin_request** preq) { return fn(c->impl, buf, count, dtype, peer, tag, preq); });
+  });
+}
+
+
+}  // extern "C"

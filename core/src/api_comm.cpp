@@ -1,0 +1,149 @@
+// The C API of communicators: the world, splits, ranks, timeouts and abort.
+#include <string>
+
+#include "backplane/backplane.h"
+#include "backplane/plugin.h"
+#include "error.h"
+#include "handles.h"
+#include "operation.h"
+#include "validation.h"
+#include "log.h"
+
+using namespace backplane;
+
+extern "C" {
+
+/* ---- communicators ---- */
+
+bpl_status bpl_comm_world(bpl_runtime* runtime, bpl_comm** out) {
+  return guarded("bpl_comm_world", [&] {
+    bpl_runtime* rt = check_runtime(runtime);
+    REQUIRE(out != nullptr, "out is NULL");
+    *out = rt->world;
+    return BPL_OK;
+  });
+}
+
+bpl_status bpl_comm_split(bpl_comm* parent, int32_t color, int32_t key, bpl_comm** out) {
+  return guarded("bpl_comm_split", [&] {
+    bpl_comm* comm = check_comm(parent);
+    REQUIRE(out != nullptr, "out is NULL");
+    *out = nullptr;
+    REQUIRE(color >= BPL_COLOR_UNDEFINED,
+            "color = " + std::to_string(color) + ": expected >= 0, or BPL_COLOR_UNDEFINED (-1)");
+    bpl_runtime* rt = comm->runtime;
+    auto fn = require_collective(comm, rt->api().comm_split, BPL_COLL_COMM_SPLIT);
+    bpl_plugin_comm* child = nullptr;
+    bpl_status status = run_operation("bpl_comm_split", comm, fingerprint_of(BPL_COLL_COMM_SPLIT), nullptr,
+                                      [&](bpl_plugin_request**) { return fn(comm->impl, color, key, &child); });
+    // Every rank of the parent splits, in the same order: the split's number names the children alike.
+    const uint32_t split_number = comm->splits.fetch_add(1, std::memory_order_relaxed);
+    if (status != BPL_OK) return status;
+    if (child == nullptr) return BPL_OK;  // BPL_COLOR_UNDEFINED
+    bpl_comm* wrapped = nullptr;
+    try {
+      const int64_t timeout_ms = comm->state.timeout_ms();
+      wrapped = wrap_comm(rt, child, false,
+                          comm->name + "/split" + std::to_string(split_number) + "/color" + std::to_string(color),
+                          timeout_ms);
+      if (auto set_timeout = rt->plugin->optional(&bpl_plugin_api::comm_set_timeout)) {
+        status = set_timeout(child, timeout_ms);
+        if (status != BPL_OK) throw Error(status, "comm_set_timeout on the new communicator failed: " + last_error());
+      }
+    } catch (...) {
+      if (wrapped != nullptr) wrapped->magic = 0;
+      delete wrapped;
+      rt->api().comm_destroy(child);
+      throw;
+    }
+    {
+      std::lock_guard<std::mutex> lock(rt->mutex);
+      rt->split_comms.insert(wrapped);
+    }
+    *out = wrapped;
+    return BPL_OK;
+  });
+}
+
+bpl_status bpl_comm_destroy(bpl_comm* comm) {
+  return guarded("bpl_comm_destroy", [&] {
+    if (comm == nullptr) return BPL_OK;
+    check_comm(comm);
+    REQUIRE(!comm->is_world, "comm is the world communicator, which the runtime owns: it ends with bpl_finalize");
+    const int64_t pending = comm->live_requests.load();
+    REQUIRE(pending == 0, "comm still has " + std::to_string(pending) +
+                              " request(s) that were not released: call bpl_request_free on them first");
+    {
+      std::lock_guard<std::mutex> lock(comm->runtime->mutex);
+      comm->runtime->split_comms.erase(comm);
+    }
+    destroy_comm(comm);
+    return BPL_OK;
+  });
+}
+
+bpl_status bpl_comm_rank(const bpl_comm* comm, int32_t* rank) {
+  return guarded("bpl_comm_rank", [&] {
+    const bpl_comm* c = check_comm(comm);
+    REQUIRE(rank != nullptr, "rank is NULL");
+    *rank = c->rank;
+    return BPL_OK;
+  });
+}
+
+bpl_status bpl_comm_size(const bpl_comm* comm, int32_t* size) {
+  return guarded("bpl_comm_size", [&] {
+    const bpl_comm* c = check_comm(comm);
+    REQUIRE(size != nullptr, "size is NULL");
+    *size = c->size;
+    return BPL_OK;
+  });
+}
+
+
+/* ---- communicator timeouts and abort (ABI 1.1) ---- */
+
+bpl_status bpl_comm_set_timeout(bpl_comm* comm, int64_t timeout_ms) {
+  return guarded("bpl_comm_set_timeout", [&] {
+    bpl_comm* c = check_comm(comm);
+    REQUIRE(timeout_ms > 0 || timeout_ms == BPL_TIMEOUT_DEFAULT,
+            "timeout_ms = " + std::to_string(timeout_ms) + ": expected > 0 (milliseconds) or BPL_TIMEOUT_DEFAULT (-1)");
+    bpl_runtime* rt = c->runtime;
+    timeout_ms = timeout_ms == BPL_TIMEOUT_DEFAULT ? rt->launch.timeout_ms : std::min(timeout_ms, kLongestTimeoutMs);
+    auto fn = rt->plugin->optional(&bpl_plugin_api::comm_set_timeout);
+    if (fn == nullptr) {
+      throw Error(BPL_ERR_UNSUPPORTED, std::string("backend '") + rt->backend() + "' (plugin ABI " +
+                                           std::to_string(rt->api().abi_major) + "." + std::to_string(rt->api().abi_minor) +
+                                           ") cannot change a communicator's timeout");
+    }
+    clear_last_error();
+    const bpl_status status = fn(c->impl, timeout_ms);
+    if (status == BPL_OK) c->state.set_timeout_ms(timeout_ms);
+    return forward("bpl_comm_set_timeout", rt, status);
+  });
+}
+
+bpl_status bpl_comm_get_timeout(const bpl_comm* comm, int64_t* timeout_ms) {
+  return guarded("bpl_comm_get_timeout", [&] {
+    const bpl_comm* c = check_comm(comm);
+    REQUIRE(timeout_ms != nullptr, "timeout_ms is NULL");
+    *timeout_ms = c->state.timeout_ms();
+    return BPL_OK;
+  });
+}
+
+bpl_status bpl_comm_abort(bpl_comm* comm) {
+  return guarded("bpl_comm_abort", [&] {
+    bpl_comm* c = check_comm(comm);
+    if (!c->state.abort()) return BPL_OK;
+    bpl_runtime* rt = c->runtime;
+    log(BPL_LOG_INFO, "core", "communicator " + c->label + " aborted");
+    auto fn = rt->plugin->optional(&bpl_plugin_api::comm_abort);
+    if (fn == nullptr) return BPL_OK;  // the core alone refuses new operations and releases waits
+    clear_last_error();
+    return forward("bpl_comm_abort", rt, fn(c->impl));
+  });
+}
+
+
+}  // extern "C"

@@ -1,0 +1,180 @@
+// The C API of runtimes: init and finalize, what was chosen and why, backends and plugins.
+#include <string>
+
+#include "backplane/backplane.h"
+#include "backplane/plugin.h"
+#include "error.h"
+#include "handles.h"
+#include "operation.h"
+#include "validation.h"
+#include "compile_cache.h"
+#include "environment.h"
+#include "loader.h"
+#include "log.h"
+#include "selection.h"
+
+using namespace backplane;
+
+namespace {
+
+const bpl_init_options kDefaultInitOptions = BPL_INIT_OPTIONS_INIT;
+
+}  // namespace
+
+extern "C" {
+
+bpl_status bpl_init(const bpl_init_options* options, bpl_runtime** out) {
+  return guarded("bpl_init", [&] {
+    REQUIRE(out != nullptr, "out is NULL");
+    *out = nullptr;
+    bpl_init_options opts = read_input(options, kDefaultInitOptions, "options");
+    EnvLookup env = process_environment();
+    auto runtime = std::make_unique<bpl_runtime>();
+    runtime->launch = resolve_launch(opts, env);
+    runtime->debug_detail = debug_detail(env);
+    log_level_setting(env);  // a bad BPL_LOG_LEVEL is refused here, naming it
+    Selection selection = select_backend(opts.backend, env, probe_machine());
+    const std::vector<std::string> dirs = plugin_search_dirs(env);
+    runtime->plugin = use_first_candidate(selection, [&](const Candidate& candidate, const std::string& reason) {
+      std::shared_ptr<Plugin> plugin = Plugin::load(find_plugin(candidate.backend, dirs));
+      runtime->selection_reason = reason;
+      return plugin;
+    });
+
+    const LaunchInfo& launch = runtime->launch;
+    runtime->launch_c = {sizeof(bpl_launch_info), launch.rank, launch.world_size, launch.local_rank,
+                         launch.local_world_size, launch.master_addr.c_str(), launch.launcher.c_str(),
+                         launch.master_port, 0, launch.timeout_ms};
+    const bpl_plugin_api& api = runtime->api();
+    clear_last_error();
+    bpl_status status = api.runtime_create(&runtime->launch_c, &runtime->impl);
+    if (status != BPL_OK) {
+      throw Error(status, std::string(api.name) + " (" + runtime->selection_reason + "): " +
+                              (last_error().empty() ? bpl_status_name(status) : last_error()));
+    }
+    try {
+      runtime->caps.struct_size = sizeof(bpl_plugin_caps);
+      if (api.runtime_describe != nullptr) {
+        status = api.runtime_describe(runtime->impl, &runtime->caps);
+        if (status != BPL_OK) throw Error(status, "runtime_describe failed: " + last_error());
+      }
+      bpl_plugin_comm* world = nullptr;
+      status = api.comm_world(runtime->impl, &world);
+      if (status != BPL_OK) throw Error(status, "comm_world failed: " + last_error());
+      runtime->world = wrap_comm(runtime.get(), world, true, "world", launch.timeout_ms);
+    } catch (...) {
+      api.runtime_destroy(runtime->impl);
+      throw;
+    }
+    log(BPL_LOG_INFO, "core", std::string("rank ") + std::to_string(launch.rank) + "/" +
+                                  std::to_string(launch.world_size) + " using backend " + api.name + " from " +
+                                  runtime->plugin->path() + " (" + runtime->selection_reason + ")");
+    *out = runtime.release();
+    return BPL_OK;
+  });
+}
+
+bpl_status bpl_finalize(bpl_runtime* runtime) {
+  return guarded("bpl_finalize", [&] {
+    if (runtime == nullptr) return BPL_OK;
+    check_runtime(runtime);
+    std::set<bpl_comm*> leftover;
+    {
+      std::lock_guard<std::mutex> lock(runtime->mutex);
+      leftover.swap(runtime->split_comms);
+    }
+    if (!leftover.empty()) {
+      log(BPL_LOG_WARN, "core", std::to_string(leftover.size()) + " communicator(s) were not destroyed before bpl_finalize");
+    }
+    for (bpl_comm* comm : leftover) destroy_comm(comm);
+    std::set<bpl_program*> programs;
+    {
+      std::lock_guard<std::mutex> lock(runtime->mutex);
+      programs.swap(runtime->programs);
+    }
+    for (bpl_program* program : programs) {
+      runtime->api().program_destroy(program->impl);
+      program->magic = 0;
+      delete program;
+    }
+    runtime->world->magic = 0;
+    delete runtime->world;
+    bpl_status status = runtime->api().runtime_destroy(runtime->impl);
+    std::string message = last_error();
+    runtime->magic = 0;
+    delete runtime;
+    if (status != BPL_OK) throw Error(status, message);
+    return BPL_OK;
+  });
+}
+
+bpl_status bpl_runtime_describe(const bpl_runtime* runtime, bpl_runtime_info* out) {
+  return guarded("bpl_runtime_describe", [&] {
+    bpl_runtime* rt = check_runtime(runtime);
+    bpl_runtime_info info{};
+    info.struct_size = sizeof(info);
+    info.backend = rt->api().name;
+    info.plugin_path = rt->plugin->path().c_str();
+    info.plugin_version = rt->api().version;
+    info.selection_reason = rt->selection_reason.c_str();
+    info.launcher = rt->launch.launcher.c_str();
+    info.details = rt->caps.details != nullptr ? rt->caps.details : "";
+    info.plugin_abi_major = rt->api().abi_major;
+    info.plugin_abi_minor = rt->api().abi_minor;
+    info.rank = rt->launch.rank;
+    info.world_size = rt->launch.world_size;
+    info.local_rank = rt->launch.local_rank;
+    info.local_world_size = rt->launch.local_world_size;
+    info.device_count = device_count_of(rt);
+    info.dtypes = rt->caps.dtypes;
+    info.collectives = rt->caps.collectives;
+    info.reduce_ops = rt->caps.reduce_ops;
+    info.timeout_ms = rt->launch.timeout_ms;
+    info.kernels = rt->caps.kernels;
+    info.program_formats = rt->caps.program_formats != nullptr ? rt->caps.program_formats : "";
+    write_output(info, out, "out");
+    return BPL_OK;
+  });
+}
+
+bpl_status bpl_select_backend(const bpl_init_options* options, bpl_selection* out) {
+  return guarded("bpl_select_backend", [&] {
+    REQUIRE(out != nullptr, "out is NULL");
+    bpl_init_options opts = read_input(options, kDefaultInitOptions, "options");
+    EnvLookup env = process_environment();
+    Selection selection = select_backend(opts.backend, env, probe_machine());
+    std::vector<std::string> dirs = plugin_search_dirs(env);
+    check_struct_size(out->struct_size, "out");  // a bad output struct is the caller's error, not a candidate's
+    bpl_selection result{};
+    result.struct_size = sizeof(result);
+    // The backend and reason are written even when no plugin file is found (bpl-cache needs the name).
+    return use_first_candidate(selection, [&](const Candidate& candidate, const std::string& reason) {
+      copy_text(result.backend, sizeof(result.backend), candidate.backend);
+      copy_text(result.reason, sizeof(result.reason), reason);
+      write_output(result, out, "out");
+      copy_text(result.plugin_path, sizeof(result.plugin_path), find_plugin(candidate.backend, dirs));
+      write_output(result, out, "out");
+      return BPL_OK;
+    });
+  });
+}
+
+bpl_status bpl_plugin_probe(const char* backend, bpl_plugin_info* out) {
+  return guarded("bpl_plugin_probe", [&] {
+    REQUIRE(backend != nullptr && *backend != '\0', "backend is " + quoted(backend) + ": expected a name or a path");
+    REQUIRE(out != nullptr, "out is NULL");
+    std::shared_ptr<Plugin> plugin = Plugin::load(find_plugin(backend, plugin_search_dirs(process_environment())));
+    bpl_plugin_info info{};
+    info.struct_size = sizeof(info);
+    copy_text(info.name, sizeof(info.name), plugin->api().name);
+    copy_text(info.version, sizeof(info.version), plugin->api().version);
+    copy_text(info.path, sizeof(info.path), plugin->path());
+    info.abi_major = plugin->api().abi_major;
+    info.abi_minor = plugin->api().abi_minor;
+    write_output(info, out, "out");
+    return BPL_OK;
+  });
+}
+
+
+}  // extern "C"

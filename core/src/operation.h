@@ -1,0 +1,162 @@
+// The core's part of every operation on a communicator: its number and label, the BPL_DEBUG=detail
+// fingerprint check, the plugin's call, and what a failure does (names the operation; fails the
+// communicator for good when the ranks may have diverged, comm_state.h).
+#pragma once
+
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "error.h"
+#include "fingerprint.h"
+#include "handles.h"
+#include "log.h"
+
+namespace backplane {
+
+// "bpl_allreduce #17 on world (rank 0 of 3)": what every message about an operation starts with.
+inline std::string operation_label(const char* function, const bpl_comm* comm, uint64_t sequence) {
+  return std::string(function) + " #" + std::to_string(sequence) + " on " + comm->label;
+}
+
+// The plugin's message for a failed call, or one made up when it gave none.
+inline std::string plugin_message(const bpl_comm* comm, bpl_status status) {
+  return last_error().empty() ? std::string(comm->runtime->backend()) + ": failed with " + bpl_status_name(status) +
+                                    " (the plugin gave no message)"
+                              : last_error();
+}
+
+// An operation that ended in failure: the message names it; a failure after which the ranks may
+// have diverged fails the communicator for good (comm_state.h).
+inline bpl_status operation_failed(const std::string& label, bpl_comm* comm, bpl_status status) {
+  std::string message = label + ": " + plugin_message(comm, status);
+  if (CommState::poisons(status)) comm->state.fail(status, message);
+  set_last_error(std::move(message));
+  return status;
+}
+
+// After the plugin ran operation `sequence`: report a failure, or wrap the request it started.
+inline bpl_status finish_operation(const char* function, bpl_comm* comm, uint64_t sequence, bpl_status status,
+                  bpl_plugin_request* preq, bpl_request** req) {
+  if (status != BPL_OK) return operation_failed(operation_label(function, comm, sequence), comm, status);
+  if (req != nullptr) {
+    if (preq == nullptr) {
+      throw Error(BPL_ERR_INTERNAL, std::string("backend '") + comm->runtime->backend() +
+                                        "' returned BPL_OK without a request");
+    }
+    auto* request = new bpl_request;
+    request->comm = comm;
+    request->impl = preq;
+    request->function = function;
+    request->sequence = sequence;
+    comm->live_requests.fetch_add(1, std::memory_order_relaxed);
+    *req = request;
+  }
+  return BPL_OK;
+}
+
+// The end of a request-side call (`function` is bpl_request_test, _wait or _free) on request `r`.
+inline bpl_status finish_request(const char* function, bpl_request* r, bpl_status status) {
+  if (status == BPL_OK) return BPL_OK;
+  return operation_failed(std::string(function) + ": " + operation_label(r->function, r->comm, r->sequence), r->comm,
+                          status);
+}
+
+// BPL_DEBUG=detail: every rank of `comm` shows the others what it is about to run; BPL_OK when all
+// agree, else MISMATCH with the report (on every rank: each sees every fingerprint), or the status
+// of the exchange itself.
+inline bpl_status check_fingerprints(bpl_comm* comm, const Fingerprint& mine) {
+  bpl_runtime* rt = comm->runtime;
+  if (comm->size == 1) return BPL_OK;
+  if (rt->api().allgather == nullptr || (rt->caps.collectives & BPL_BIT(BPL_COLL_ALLGATHER)) == 0 ||
+      (rt->caps.dtypes & BPL_BIT(BPL_DTYPE_I64)) == 0) {
+    static std::once_flag warned;
+    std::call_once(warned, [&] {
+      log(BPL_LOG_WARN, "core", std::string("BPL_DEBUG=detail: backend '") + rt->backend() +
+                                    "' has no allgather of i64 to exchange fingerprints with: collectives are not checked");
+    });
+    return BPL_OK;
+  }
+  const FingerprintWords words = encode(mine);
+  std::vector<FingerprintWords> all(static_cast<size_t>(comm->size));
+  clear_last_error();
+  const bpl_status status = rt->api().allgather(comm->impl, words.data(), all.data(), kFingerprintWords, BPL_DTYPE_I64,
+                                                nullptr);
+  if (status != BPL_OK) {
+    set_last_error("in the BPL_DEBUG=detail check before it (ranks that do not reach this collective leave the "
+                   "others waiting here): " + plugin_message(comm, status));
+    return status;
+  }
+  std::vector<Fingerprint> fingerprints;
+  for (int32_t r = 0; r < comm->size; ++r) {
+    const std::optional<Fingerprint> theirs = decode(all[static_cast<size_t>(r)]);
+    if (!theirs) {
+      set_last_error("rank " + std::to_string(r) +
+                     " sent no BPL_DEBUG=detail fingerprint: is BPL_DEBUG=detail set on every rank?");
+      return BPL_ERR_INTERNAL;
+    }
+    fingerprints.push_back(*theirs);
+  }
+  const std::string report = compare(fingerprints);
+  if (report.empty()) return BPL_OK;
+  set_last_error("BPL_DEBUG=detail: " + report);
+  return BPL_ERR_MISMATCH;
+}
+
+// Runs one operation on `comm` after the core's checks of its arguments: refuses it at once if the
+// communicator failed or was aborted, numbers it, checks its fingerprint under BPL_DEBUG=detail, then
+// calls the plugin (`call(preq)`, preq NULL for a blocking call) and reports the outcome.
+template <typename Call>
+bpl_status run_operation(const char* function, bpl_comm* comm, Fingerprint fingerprint, bpl_request** req,
+                         Call&& call) {
+  const uint64_t sequence = comm->state.next_sequence();
+  if (comm->state.failed()) {
+    const std::string cause = comm->state.cause();
+    set_last_error(operation_label(function, comm, sequence) + ": not started: " +
+                   (comm->state.status() == BPL_ERR_ABORTED ? cause : "the communicator failed earlier, at " + cause));
+    return comm->state.status();
+  }
+  if (comm->runtime->debug_detail && fingerprint.op >= 0) {
+    fingerprint.sequence = static_cast<int64_t>(sequence);
+    const bpl_status checked = check_fingerprints(comm, fingerprint);
+    if (checked != BPL_OK) {
+      std::string message = last_error();
+      set_last_error(operation_label(function, comm, sequence) + ": " + message);
+      comm->state.fail(checked, last_error());
+      return checked;
+    }
+  }
+  bpl_plugin_request* preq = nullptr;  // the message is still clear here (guarded() cleared it): no reset
+  const bpl_status status = call(req != nullptr ? &preq : nullptr);
+  return finish_operation(function, comm, sequence, status, preq, req);
+}
+
+// Send and recv: numbered, refused on a failed communicator, but not fingerprinted (they are not
+// collective: the ranks' sequences of them differ).
+const Fingerprint kPointToPoint{};
+
+// The fingerprint of a collective (fields it does not have stay -1).
+inline Fingerprint fingerprint_of(bpl_collective op, int64_t dtype = -1, int64_t count = -1, int64_t root = -1,
+                           int64_t reduce_op = -1) {
+  Fingerprint f;
+  f.op = op;
+  f.dtype = dtype;
+  f.count = count;
+  f.root = root;
+  f.reduce_op = reduce_op;
+  return f;
+}
+
+// Plugin call for functions that are not collectives: prefix the plugin's message with the function.
+inline bpl_status forward(const char* function, const bpl_runtime* runtime, bpl_status status) {
+  if (status != BPL_OK) {
+    std::string message = last_error().empty() ? std::string(runtime->backend()) + ": failed with " +
+                                                     bpl_status_name(status)
+                                               : last_error();
+    set_last_error(std::string(function) + ": " + message);
+  }
+  return status;
+}
+
+}  // namespace backplane

@@ -1,0 +1,161 @@
+// The core's checks of a caller's arguments, once for every backend (plugins trust what reaches them,
+// plugin.h): each failure is INVALID_ARGUMENT (or UNSUPPORTED) naming the value and what was expected.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <sstream>
+#include <string>
+
+#include "backplane/backplane.h"
+#include "backplane/plugin.h"
+#include "error.h"
+#include "loader.h"
+
+namespace backplane {
+
+// Larger values are garbage, not a future version of a struct.
+constexpr size_t kMaxStructSize = 1 << 20;
+
+inline std::string quoted(const char* text) { return text == nullptr ? "NULL" : "'" + std::string(text) + "'"; }
+
+// Throws INVALID_ARGUMENT with `message`, which is only built when the check fails: these checks run
+// on every collective, and formatting numbers into strings would otherwise dominate a small call.
+#define REQUIRE(condition, message)                                        \
+  do {                                                                     \
+    if (!(condition)) throw ::backplane::Error(BPL_ERR_INVALID_ARGUMENT, message); \
+  } while (0)
+
+inline void check_struct_size(size_t struct_size, const char* param) {
+  REQUIRE(struct_size >= sizeof(size_t) && struct_size <= kMaxStructSize,
+          std::string(param) + "->struct_size = " + std::to_string(struct_size) + ": expected sizeof(" + param +
+              ") (at least " + std::to_string(sizeof(size_t)) + ")");
+}
+
+// An input struct from a caller of any ABI 1.x version: fields past its struct_size keep `defaults`.
+template <typename T>
+T read_input(const T* in, const T& defaults, const char* param) {
+  T value = defaults;
+  if (in == nullptr) return value;
+  check_struct_size(in->struct_size, param);
+  std::memcpy(static_cast<void*>(&value), in, std::min(in->struct_size, sizeof(T)));
+  value.struct_size = sizeof(T);
+  return value;
+}
+
+// An output struct: write only the fields the caller's struct_size holds.
+template <typename T>
+void write_output(const T& value, T* out, const char* param) {
+  REQUIRE(out != nullptr, std::string(param) + " is NULL");
+  check_struct_size(out->struct_size, param);
+  size_t caller_size = out->struct_size;
+  std::memcpy(static_cast<void*>(out), &value, std::min(caller_size, sizeof(T)));
+  out->struct_size = caller_size;
+}
+
+inline void copy_text(char* dst, size_t capacity, const std::string& text) {
+  size_t n = std::min(text.size(), capacity - 1);
+  std::memcpy(dst, text.data(), n);
+  dst[n] = '\0';
+}
+
+
+
+// The bytes a process can address: user space ends below 2^47 on x86-64 (2^48 on AArch64), or 2^56
+// where the kernel has handed out an address above that (5-level page tables).
+constexpr uint64_t kAddressSpaceBytes = uint64_t{1} << (sizeof(void*) < 8 ? 32 :
+#if defined(__aarch64__)
+                                                                            48
+#else
+                                                                            47
+#endif
+                                                        );
+
+inline uint64_t address_space_of(const void* buffer) {
+  return reinterpret_cast<uintptr_t>(buffer) < kAddressSpaceBytes ? kAddressSpaceBytes : uint64_t{1} << 56;
+}
+
+// Bytes of `count` elements times `blocks`, rejecting negative counts and sizes no process can address
+// (a buffer that large cannot exist: the backend would read or write memory it does not own).
+inline size_t check_count(int64_t count, size_t element_size, int64_t blocks, const char* param) {
+  REQUIRE(count >= 0, std::string(param) + " = " + std::to_string(count) + ": expected >= 0");
+  const auto limit = static_cast<int64_t>(kAddressSpaceBytes / element_size / static_cast<uint64_t>(blocks));
+  REQUIRE(count <= limit, std::string(param) + " = " + std::to_string(count) + ": " +
+                              (blocks == 1 ? "" : std::to_string(blocks) + " blocks of ") + "that many elements of " +
+                              std::to_string(element_size) + (element_size == 1 ? " byte" : " bytes") + " exceed the address space (expected " + param +
+                              " <= " + std::to_string(limit) + ")");
+  return static_cast<size_t>(count) * element_size * static_cast<size_t>(blocks);
+}
+
+inline void check_buffer(const void* buffer, size_t bytes, const char* param) {
+  REQUIRE(buffer != nullptr || bytes == 0, std::string(param) + " is NULL but holds " + std::to_string(bytes) + " bytes");
+  REQUIRE(bytes <= address_space_of(buffer) - std::min<uint64_t>(reinterpret_cast<uintptr_t>(buffer), address_space_of(buffer)),
+          std::string(param) + " + " + std::to_string(bytes) + " bytes runs past the end of the address space");
+}
+
+inline bool overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
+  if (a_bytes == 0 || b_bytes == 0) return false;
+  auto x = reinterpret_cast<uintptr_t>(a);
+  auto y = reinterpret_cast<uintptr_t>(b);
+  return x < y + b_bytes && y < x + a_bytes;
+}
+
+inline size_t check_known_dtype(bpl_dtype dtype, const char* field) {
+  const size_t size = bpl_dtype_size(dtype);
+  REQUIRE(size != 0, std::string(field) + " = " + std::to_string(dtype) +
+                         " is not a bpl_dtype (expected BPL_DTYPE_F32 .. BPL_DTYPE_I64)");
+  return size;
+}
+
+inline bool is_floating(bpl_dtype dtype) { return dtype >= BPL_DTYPE_F32 && dtype <= BPL_DTYPE_BF16; }
+
+// A rows×cols row-major matrix with leading dimension `ld`: checks the sizes and returns its bytes.
+inline size_t check_matrix(const void* data, int64_t rows, int64_t cols, int64_t ld, size_t element, const char* name,
+                    const char* ld_name) {
+  REQUIRE(ld >= std::max<int64_t>(1, cols), std::string(ld_name) + " = " + std::to_string(ld) + ": expected >= " +
+                                                std::to_string(std::max<int64_t>(1, cols)) + " (the row length of " +
+                                                name + ")");
+  if (rows == 0 || cols == 0) return 0;
+  REQUIRE(rows <= std::numeric_limits<int64_t>::max() / ld / static_cast<int64_t>(element),
+          std::string(name) + " of " + std::to_string(rows) + " rows of " + std::to_string(ld) +
+              " elements exceeds the address space");
+  const size_t bytes = static_cast<size_t>((rows - 1) * ld + cols) * element;
+  REQUIRE(data != nullptr, std::string(name) + " is NULL but holds " + std::to_string(rows) + "x" +
+                               std::to_string(cols) + " elements");
+  return bytes;
+}
+
+inline bool lists(const std::string& formats, const std::string& format) {
+  std::istringstream words(formats);
+  for (std::string word; words >> word;) {
+    if (word == format) return true;
+  }
+  return false;
+}
+
+inline void check_tensors(const bpl_tensor* tensors, int32_t count, const char* name) {
+  REQUIRE(count >= 0, std::string("num_") + name + " = " + std::to_string(count) + ": expected >= 0");
+  REQUIRE(tensors != nullptr || count == 0, std::string(name) + " is NULL but num_" + name + " = " + std::to_string(count));
+  for (int32_t i = 0; i < count; ++i) {
+    const bpl_tensor& t = tensors[i];
+    const std::string label = std::string(name) + "[" + std::to_string(i) + "]";
+    check_struct_size(t.struct_size, label.c_str());
+    REQUIRE(t.struct_size >= sizeof(bpl_tensor), label + ".struct_size = " + std::to_string(t.struct_size) +
+                                                     ": expected sizeof(bpl_tensor) = " + std::to_string(sizeof(bpl_tensor)));
+    const size_t element = check_known_dtype(t.dtype, (label + ".dtype").c_str());
+    REQUIRE(t.ndim >= 0 && t.ndim <= BPL_MAX_DIMS,
+            label + ".ndim = " + std::to_string(t.ndim) + ": expected 0.." + std::to_string(BPL_MAX_DIMS));
+    int64_t elements = 1;
+    for (int32_t d = 0; d < t.ndim; ++d) {
+      REQUIRE(t.shape[d] >= 0, label + ".shape[" + std::to_string(d) + "] = " + std::to_string(t.shape[d]) + ": expected >= 0");
+      REQUIRE(t.shape[d] == 0 || elements <= std::numeric_limits<int64_t>::max() / static_cast<int64_t>(element) / t.shape[d],
+              label + " has more elements than the address space holds");
+      elements *= t.shape[d];
+    }
+    check_buffer(t.data, static_cast<size_t>(elements) * element, (label + ".data").c_str());
+  }
+}
+
+}  // namespace backplane

@@ -1,0 +1,153 @@
+// A request whose operation the backend moves on only when asked (MPI progresses inside its calls; the
+// Neuron runtime is asked whether a sequence number completed): one state machine for both, with one
+// error convention, that of every plugin entry: a failure is thrown as Error, and the entry (guarded)
+// turns it into the status and the thread's last error.
+//
+// A subclass says how to move its operation on (poll, which calls finish once it ended) and what a
+// deadline that passed means (expire). The operation is bounded by the communicator's timeout from
+// its start; past that it ends with BPL_ERR_TIMEOUT, but the backend may still own its buffers
+// (owned_by_backend), and a freed request is then handed to its communicator to keep (abandon).
+#pragma once
+
+#include <sched.h>
+
+#include <algorithm>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "backplane/plugin.h"
+#include "plugin_support.h"
+
+namespace backplane::plugin {
+
+// How a rank waits for a backend that progresses only when asked: it asks without pause (yielding the
+// core now and then: ranks may outnumber cores) for as long as the operation may be moving its bytes,
+// 2 ms plus 1 ns a byte (a transfer at 1 GB/s), then with pauses that double from 50 us to 1 ms. A peer
+// that is stopped, gone or far behind then costs this rank about one question a millisecond.
+class Backoff {
+ public:
+  explicit Backoff(size_t bytes)
+      : spin_until_(std::chrono::steady_clock::now() + std::chrono::milliseconds(2) +
+                    std::chrono::nanoseconds(std::min<size_t>(bytes, size_t{1} << 40))) {}
+  void pause() {
+    if (pause_.count() == 0) {
+      if ((++spins_ & 63) != 0) return;
+      if (std::chrono::steady_clock::now() < spin_until_) {
+        sched_yield();
+        return;
+      }
+      pause_ = std::chrono::microseconds(50);
+    }
+    std::this_thread::sleep_for(pause_);
+    pause_ = std::min(2 * pause_, std::chrono::microseconds(1000));
+  }
+
+ private:
+  std::chrono::steady_clock::time_point spin_until_;
+  std::chrono::microseconds pause_{0};
+  unsigned spins_ = 0;
+};
+
+class PolledRequest {
+ public:
+  // `op` names the operation in messages (a string literal); `bytes` sizes the busy part of a wait.
+  PolledRequest(const char* op, std::chrono::milliseconds timeout, size_t bytes)
+      : op_(op), bytes_(bytes), deadline_(deadline_after(timeout)) {}
+  virtual ~PolledRequest() = default;
+  PolledRequest(const PolledRequest&) = delete;
+  PolledRequest& operator=(const PolledRequest&) = delete;
+
+  // *done = 1 once the operation ended: complete, failed, or past its deadline (then BPL_ERR_TIMEOUT,
+  // as expire explains it). A failure is thrown, on this and every later call.
+  bpl_status test(int32_t* done) {
+    if (!done_) {
+      poll();
+      if (!done_ && std::chrono::steady_clock::now() >= deadline_) expire();
+    }
+    *done = done_ ? 1 : 0;
+    if (done_ && status_ != BPL_OK) throw Error(status_, message_);
+    return BPL_OK;
+  }
+
+  // Tests until done or `timeout` passes (BPL_ERR_TIMEOUT; the request stays in flight), or, when
+  // `released_by_abort`, until the communicator is aborted (BPL_ERR_ABORTED; likewise).
+  bpl_status wait(std::chrono::milliseconds timeout, bool released_by_abort = true) {
+    const auto give_up = deadline_after(timeout);
+    Backoff backoff(bytes_);
+    for (;;) {
+      int32_t done = 0;
+      test(&done);
+      if (done) return BPL_OK;
+      if (released_by_abort && aborted()) {
+        throw Error(BPL_ERR_ABORTED, std::string(op_) + " released by bpl_comm_abort; " + uncancellable());
+      }
+      if (std::chrono::steady_clock::now() >= give_up) {
+        throw Error(BPL_ERR_TIMEOUT, std::string(op_) + " has not completed after " + std::to_string(timeout.count()) +
+                                         " ms; it is still in flight");
+      }
+      backoff.pause();
+    }
+  }
+
+  // True while the backend may still use the operation's buffers: not ended, or ended by its deadline.
+  bool owned_by_backend() const { return !done_ || expired_; }
+  const std::string& message() const { return message_; }
+  const char* op() const { return op_; }
+
+  // bpl_request_free: waits for the operation to end (bounded by its own deadline; an abort does not
+  // cut it short, so that no buffer is touched after this returns). One the backend still owns goes to
+  // its communicator (`keep`), and its failure is reported.
+  template <typename Request, typename Keep>
+  static bpl_status free(std::unique_ptr<Request> request, Keep&& keep) {
+    PolledRequest& base = *request;
+    try {
+      base.wait(base.timeout() + std::chrono::milliseconds(1), /*released_by_abort=*/false);
+    } catch (const Error&) {
+      if (base.owned_by_backend()) {
+        if (!base.done_) base.expire();
+        const Error failure(base.status_ != BPL_OK ? base.status_ : BPL_ERR_TIMEOUT, base.message_);
+        keep(std::move(request));
+        throw failure;
+      }
+      // An operation that failed is over: nothing more to report at free.
+    }
+    return BPL_OK;
+  }
+
+ protected:
+  // Moves the operation on; calls finish once it ended.
+  virtual void poll() = 0;
+  // The deadline passed and the operation did not end: ends it with BPL_ERR_TIMEOUT and says why,
+  // through expired(). The backend keeps it.
+  virtual void expire() = 0;
+  // The communicator's timeout (what bounds the operation) and whether it was aborted.
+  virtual std::chrono::milliseconds timeout() const = 0;
+  virtual bool aborted() const { return false; }
+  // What a caller released by an abort is told about the operation.
+  virtual std::string uncancellable() const { return "the backend cannot cancel it, and keeps its buffers"; }
+
+  void finish(bpl_status status, std::string message) {
+    done_ = true;
+    status_ = status;
+    message_ = std::move(message);
+  }
+  void expired(bpl_status status, std::string message) {
+    finish(status, std::move(message));
+    expired_ = true;
+  }
+  bool done() const { return done_; }
+  bpl_status status() const { return status_; }
+
+ private:
+  const char* op_;
+  size_t bytes_;
+  std::chrono::steady_clock::time_point deadline_;
+  bool done_ = false;
+  bool expired_ = false;
+  bpl_status status_ = BPL_OK;
+  std::string message_;
+};
+
+}  // namespace backplane::plugin
