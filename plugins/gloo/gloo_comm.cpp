@@ -1,12 +1,6 @@
 #include "gloo_comm.h"
 
-#include <gloo/allgather.h>
-#include <gloo/allreduce.h>
-#include <gloo/alltoall.h>
-#include <gloo/barrier.h>
-#include <gloo/broadcast.h>
 #include <gloo/common/error.h>
-#include <gloo/reduce.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/transport/tcp/address.h>
@@ -37,10 +31,6 @@
 #include "shm_group.h"
 
 namespace backplane::gloo_plugin {
-
-// Slot prefixes for the transfers this plugin makes itself; Gloo's own algorithms use 0x01..0x08.
-constexpr uint8_t kReduceScatterSlotPrefix = 0x40;
-constexpr uint8_t kPointToPointSlotPrefix = 0x41;
 
 bpl_status classify_exception(const std::exception& e) {
   if (auto* error = dynamic_cast<const Error*>(&e)) return error->status();
@@ -119,12 +109,6 @@ class PointToPointRequest : public Request {
   std::thread waiter_;
 };
 
-// Calls fn(T{}) with T a type of `dtype`'s size, for Gloo options that only need the element size.
-template <typename Fn>
-void with_element_type(bpl_dtype dtype, Fn&& fn) {
-  plugin::detail::visit(dtype, std::forward<Fn>(fn));
-}
-
 }  // namespace
 
 GlooComm::GlooComm(std::shared_ptr<Shared> shared, std::string uid, int rank, int size,
@@ -139,6 +123,7 @@ GlooComm::GlooComm(std::shared_ptr<Shared> shared, std::string uid, int rank, in
   ::gloo::rendezvous::PrefixStore store(uid_, *shared_->store);
   context->connectFullMesh(store, shared_->device);
   context_ = std::move(context);
+  path_ = std::make_unique<TcpPath>(*this);  // unless set_up_shared_memory finds ranks sharing a machine
   learn_peers(store);
   set_up_shared_memory(store);
   watch_connections();
@@ -276,13 +261,13 @@ void GlooComm::set_up_shared_memory(::gloo::rendezvous::Store& store) {
     if (machine_of_rank_[static_cast<size_t>(r)] == machine) local_ranks.push_back(r);
   }
   if (machines == size()) {
-    path_ = "gloo over tcp (each rank on a machine of its own)";
+    path_name_ = "gloo over tcp (each rank on a machine of its own)";
     return;
   }
   std::string refusal;
   std::unique_ptr<ShmGroup> group = map_machine_segment(store, local_ranks, wanted, refusal);
   if (!refusal.empty()) {
-    path_ = "gloo over tcp (shared memory not used: " + refusal + ")";
+    path_name_ = "gloo over tcp (shared memory not used: " + refusal + ")";
     return;
   }
   std::string copies;  // how large messages move within this machine
@@ -292,7 +277,8 @@ void GlooComm::set_up_shared_memory(::gloo::rendezvous::Store& store) {
   }
   if (machines == 1) {
     shm_ = std::move(group);
-    path_ = "shared memory (all " + std::to_string(size()) + " ranks on this machine; " + copies + ")";
+    path_ = std::make_unique<ShmPath>(*this);
+    path_name_ = "shared memory (all " + std::to_string(size()) + " ranks on this machine; " + copies + ")";
     return;
   }
   machine_shm_ = std::move(group);  // none where this rank is alone on its machine
@@ -303,7 +289,8 @@ void GlooComm::set_up_shared_memory(::gloo::rendezvous::Store& store) {
     leaders->connectFullMesh(leaders_store, shared_->device);
     leaders_ = std::move(leaders);
   }
-  path_ = "shared memory within each of " + std::to_string(machines) + " machines, gloo over tcp between them (" +
+  path_ = std::make_unique<HierarchicalPath>(*this);
+  path_name_ = "shared memory within each of " + std::to_string(machines) + " machines, gloo over tcp between them (" +
           std::to_string(local_ranks.size()) + " of " + std::to_string(size()) + " ranks on this one" +
           (copies.empty() ? "" : "; " + copies) + ")";
 }
@@ -618,224 +605,48 @@ char* GlooComm::scratch(size_t slot, size_t bytes) {
   return buffer.data();
 }
 
-// Reductions run in the accumulation dtype (dtypes.h): when it differs from the caller's, the data is
-// widened into scratch, reduced, divided for AVG, and narrowed once at the end (through shared memory,
-// piece by piece).
+// Each collective is numbered and fingerprinted (begin) on every path, so that ranks number their
+// collectives alike, then runs on the path chosen when the communicator was made.
 void GlooComm::run_allreduce(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_reduce_op op) {
   begin(BPL_COLL_ALLREDUCE, dtype, count, -1, op);
-  if (count == 0) return;
-  const bpl_dtype acc = plugin::accumulation_dtype(dtype, op);
-  if (shm_ && acc == dtype) {  // straight from send to recv, no copy beforehand
-    shm_->allreduce(send, recv, count, acc, plugin::reduce_function(acc, op), timeout());
-    plugin::finish_reduction(recv, acc, recv, dtype, count, op, size());
-    return;
-  }
-  if (shm_) {
-    // Widened, reduced and narrowed a slot's worth at a time, so that the accumulation copy stays in
-    // cache and its size bounded (bf16 on 2 ranks: 64 MiB 73 -> 42 ms, 16 MiB 12 -> 10.5 ms, against
-    // widening the whole buffer first).
-    const size_t piece = ShmGroup::kSlotBytes / plugin::dtype_size(acc);
-    const size_t element = plugin::dtype_size(dtype);
-    char* work = scratch(0, std::min(count, piece) * plugin::dtype_size(acc));
-    for (size_t first = 0; first < count; first += piece) {
-      const size_t n = std::min(piece, count - first);
-      plugin::convert(static_cast<const char*>(send) + first * element, dtype, work, acc, n);
-      shm_->allreduce(work, work, n, acc, plugin::reduce_function(acc, op), timeout());
-      plugin::finish_reduction(work, acc, static_cast<char*>(recv) + first * element, dtype, n, op, size());
-    }
-    return;
-  }
-  void* work = recv;
-  if (acc != dtype) {
-    work = scratch(0, count * plugin::dtype_size(acc));
-    plugin::convert(send, dtype, work, acc, count);
-  } else if (send != recv) {
-    std::memcpy(recv, send, count * plugin::dtype_size(dtype));
-  }
-  if (hierarchical()) {
-    hierarchical_allreduce(work, count, acc, op);
-  } else if (size() > 1) {
-    ::gloo::AllreduceOptions options(context_);
-    with_element_type(acc, [&](auto zero) { options.setOutput(static_cast<decltype(zero)*>(work), count); });
-    options.setReduceFunction(plugin::reduce_function(acc, op));
-    options.setTag(tag());
-    options.setTimeout(timeout());
-    ::gloo::allreduce(options);
-  }
-  plugin::finish_reduction(work, acc, recv, dtype, count, op, size());
+  if (count > 0) path_->allreduce(send, recv, count, dtype, op);
 }
 
 void GlooComm::run_broadcast(void* buf, size_t count, bpl_dtype dtype, int root) {
   begin(BPL_COLL_BROADCAST, dtype, count, root);
-  if (count == 0 || size() == 1) return;
-  if (shm_) return shm_->broadcast(buf, count * plugin::dtype_size(dtype), root, timeout());
-  ::gloo::BroadcastOptions options(context_);
-  options.setOutput(static_cast<uint8_t*>(buf), count * plugin::dtype_size(dtype));
-  options.setRoot(root);
-  options.setTag(tag());
-  options.setTimeout(timeout());
-  ::gloo::broadcast(options);
+  if (count > 0) path_->broadcast(buf, count * plugin::dtype_size(dtype), root);
 }
 
 void GlooComm::run_reduce(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_reduce_op op, int root) {
   begin(BPL_COLL_REDUCE, dtype, count, root, op);
-  if (count == 0) return;
-  const bpl_dtype acc = plugin::accumulation_dtype(dtype, op);
-  const bool is_root = rank() == root;
-  // Gloo's reduce uses its buffer as scratch on every rank, so non-roots never reduce in `recv`.
-  void* work = (acc == dtype && is_root) ? recv : scratch(0, count * plugin::dtype_size(acc));
-  if (acc != dtype) {
-    plugin::convert(send, dtype, work, acc, count);
-  } else if (work != send) {
-    std::memcpy(work, send, count * plugin::dtype_size(dtype));
-  }
-  if (shm_) {  // an allreduce whose result only the root keeps
-    shm_->allreduce(work, work, count, acc, plugin::reduce_function(acc, op), timeout());
-  } else if (hierarchical()) {
-    hierarchical_allreduce(work, count, acc, op);
-  } else if (size() > 1) {
-    ::gloo::ReduceOptions options(context_);
-    with_element_type(acc, [&](auto zero) { options.setOutput(static_cast<decltype(zero)*>(work), count); });
-    options.setRoot(root);
-    options.setReduceFunction(plugin::reduce_function(acc, op));
-    options.setTag(tag());
-    options.setTimeout(timeout());
-    ::gloo::reduce(options);
-  }
-  if (is_root) plugin::finish_reduction(work, acc, recv, dtype, count, op, size());
+  if (count > 0) path_->reduce(send, recv, count, dtype, op, root);
 }
 
 void GlooComm::run_allgather(const void* send, void* recv, size_t count, bpl_dtype dtype) {
   begin(BPL_COLL_ALLGATHER, dtype, count);
-  if (count == 0) return;
-  const size_t block = count * plugin::dtype_size(dtype);
-  char* own_block = static_cast<char*>(recv) + block * static_cast<size_t>(rank());
-  if (size() == 1) {
-    if (send != own_block) std::memcpy(own_block, send, block);
-    return;
-  }
-  if (shm_) return shm_->allgather(send, recv, block, timeout());
-  ::gloo::AllgatherOptions options(context_);
-  // In place (send already at recv's own block) Gloo reads the block from the output buffer.
-  if (send != own_block) options.setInput(static_cast<uint8_t*>(const_cast<void*>(send)), block);
-  options.setOutput(static_cast<uint8_t*>(recv), block * static_cast<size_t>(size()));
-  options.setTag(tag());
-  options.setTimeout(timeout());
-  ::gloo::allgather(options);
+  if (count > 0) path_->allgather(send, recv, count * plugin::dtype_size(dtype));
 }
 
-// Ring reduce-scatter over Gloo's transport: N-1 steps; in step s a rank passes the partial sum of
-// block (rank-s-1) to its right neighbour and adds its own data to block (rank-s-2) from its left, so
-// after the last step it holds the full reduction of its own block. Each rank sends (N-1)/N of the
-// data once, as an allreduce's first half would.
 void GlooComm::run_reduce_scatter(const void* send, void* recv, size_t recvcount, bpl_dtype dtype, bpl_reduce_op op) {
   begin(BPL_COLL_REDUCE_SCATTER, dtype, recvcount, -1, op);
-  if (recvcount == 0) return;
-  const int n = size();
-  const int me = rank();
-  const bpl_dtype acc = plugin::accumulation_dtype(dtype, op);
-  const size_t block = recvcount * plugin::dtype_size(acc);
-  char* work = scratch(0, block * static_cast<size_t>(n));
-  if (acc != dtype) {
-    plugin::convert(send, dtype, work, acc, recvcount * static_cast<size_t>(n));
-  } else {
-    std::memcpy(work, send, block * static_cast<size_t>(n));
-  }
-  if (shm_) {
-    shm_->reduce_scatter(work, work + block * static_cast<size_t>(me), recvcount, acc, plugin::reduce_function(acc, op),
-                         timeout());
-  } else if (n > 1) {
-    char* incoming = scratch(1, block);
-    const plugin::ReduceFn reduce_fn = plugin::reduce_function(acc, op);
-    const uint64_t slot = ::gloo::Slot::build(kReduceScatterSlotPrefix, tag());
-    const int right = (me + 1) % n;
-    const int left = (me + n - 1) % n;
-    auto in = context_->createUnboundBuffer(incoming, block);
-    for (int step = 0; step < n - 1; ++step) {
-      const int send_block = (me - step - 1 + 2 * n) % n;
-      const int recv_block = (me - step - 2 + 2 * n) % n;
-      auto out = context_->createUnboundBuffer(work + block * static_cast<size_t>(send_block), block);
-      in->recv(left, slot);
-      out->send(right, slot);
-      in->waitRecv(timeout());
-      out->waitSend(timeout());
-      char* target = work + block * static_cast<size_t>(recv_block);
-      reduce_fn(target, target, incoming, recvcount);
-    }
-  }
-  plugin::finish_reduction(work + block * static_cast<size_t>(me), acc, recv, dtype, recvcount, op, n);
+  if (recvcount > 0) path_->reduce_scatter(send, recv, recvcount, dtype, op);
 }
 
 void GlooComm::run_alltoall(const void* send, void* recv, size_t count, bpl_dtype dtype) {
   begin(BPL_COLL_ALLTOALL, dtype, count);
-  if (count == 0) return;
-  if (shm_) return shm_->alltoall(send, recv, count * plugin::dtype_size(dtype), timeout());
-  const size_t total = count * plugin::dtype_size(dtype) * static_cast<size_t>(size());
-  const void* input = send;
-  if (send == recv) {  // in place: Gloo needs distinct buffers
-    input = scratch(0, total);
-    std::memcpy(const_cast<void*>(input), send, total);
-  }
-  if (size() == 1) {
-    if (input != recv) std::memcpy(recv, input, total);
-    return;
-  }
-  ::gloo::AlltoallOptions options(context_);
-  options.setInput(static_cast<uint8_t*>(const_cast<void*>(input)), total);
-  options.setOutput(static_cast<uint8_t*>(recv), total);
-  options.setTag(tag());
-  options.setTimeout(timeout());
-  ::gloo::alltoall(options);
+  if (count > 0) path_->alltoall(send, recv, count * plugin::dtype_size(dtype));
 }
 
 void GlooComm::run_barrier() {
   begin(BPL_COLL_BARRIER);
-  if (size() == 1) return;
-  if (shm_) return shm_->barrier(timeout());
-  if (hierarchical()) {
-    return across_machines([&] {
-      if (machine_shm_) machine_shm_->barrier(timeout());
-      if (leaders_) {
-        ::gloo::BarrierOptions options(leaders_);
-        options.setTag(tag());
-        options.setTimeout(timeout());
-        ::gloo::barrier(options);
-      }
-      // Released by the leader, whose wait above is bounded by the timeout: hence twice that here.
-      if (machine_shm_) machine_shm_->barrier(2 * timeout());
-    });
-  }
-  ::gloo::BarrierOptions options(context_);
-  options.setTag(tag());
-  options.setTimeout(timeout());
-  ::gloo::barrier(options);
-}
-
-// Within each machine through its segment, between machines over the leaders' mesh, then from each
-// leader back to its machine: every rank ends with the leaders' result, bit-identical everywhere.
-void GlooComm::hierarchical_allreduce(void* work, size_t count, bpl_dtype acc, bpl_reduce_op op) {
-  const plugin::ReduceFn reduce = plugin::reduce_function(acc, op);
-  across_machines([&] {
-    if (machine_shm_) machine_shm_->allreduce(work, work, count, acc, reduce, timeout());
-    if (leaders_) {
-      ::gloo::AllreduceOptions options(leaders_);
-      with_element_type(acc, [&](auto zero) { options.setOutput(static_cast<decltype(zero)*>(work), count); });
-      options.setReduceFunction(reduce);
-      options.setTag(tag());
-      options.setTimeout(timeout());
-      ::gloo::allreduce(options);
-    }
-    // Sent by the leader, whose wait above is bounded by the timeout: hence twice that here.
-    if (machine_shm_) machine_shm_->broadcast(work, count * plugin::dtype_size(acc), 0, 2 * timeout());
-  });
+  path_->barrier();
 }
 
 // A failure on this machine's segment reaches the other machines as the leaders' mesh and the
 // communicator's connections close (their leaders then fail their own segments); a failure between
 // machines reaches this machine's ranks through its segment's failure record. Either way the
 // communicator's first failure is recorded in the store, so every rank names the same cause.
-template <typename Body>
-void GlooComm::across_machines(Body&& body) {
+void GlooComm::across_machines(const std::function<void()>& body) {
   try {
     body();
   } catch (const std::bad_alloc&) {

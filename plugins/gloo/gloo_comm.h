@@ -1,6 +1,7 @@
-// A communicator of the Gloo plugin: one Gloo context (a full mesh of TCP pairs) plus the queue that
-// orders its operations. Collectives block in Gloo, so asynchronous requests run them on the queue's
-// worker; point-to-point transfers are posted at once and only their completion is waited for.
+// A communicator of the Gloo plugin: one Gloo context (a full mesh of TCP pairs), the path its
+// collectives take (shared memory, hierarchical or TCP: collective_paths.h, chosen once), and the
+// queue that orders its operations. Collectives block, so asynchronous requests run them on the
+// queue's worker; point-to-point transfers are posted at once and only their completion is waited for.
 #pragma once
 
 #include <gloo/context.h>
@@ -23,6 +24,7 @@
 #include <vector>
 
 #include "backplane/plugin.h"
+#include "collective_paths.h"
 #include "connection_watch.h"
 #include "fingerprint.h"
 #include "op_queue.h"
@@ -66,7 +68,7 @@ class GlooComm {
   int size() const { return context_->size; }
   // How its collectives travel: "shared memory (…)", "shared memory within each of N machines, …" or
   // "gloo over tcp (…)".
-  const std::string& path() const { return path_; }
+  const std::string& path() const { return path_name_; }
 
   std::chrono::milliseconds timeout() const { return std::chrono::milliseconds(timeout_ms_.load(std::memory_order_relaxed)); }
   // Bounds the operations started from now on.
@@ -111,6 +113,14 @@ class GlooComm {
   void recv(void* buf, size_t count, bpl_dtype dtype, int peer, int tag, bpl_plugin_request** req);
 
  private:
+  friend class CollectivePath;
+  friend class ShmPath;
+  friend class TcpPath;
+  friend class HierarchicalPath;
+  // Slot prefixes for the transfers this plugin makes itself; Gloo's own algorithms use 0x01..0x08.
+  static constexpr uint8_t kReduceScatterSlotPrefix = 0x40;
+  static constexpr uint8_t kPointToPointSlotPrefix = 0x41;
+
   // Runs `body` in this communicator's order: now (req == NULL) or as a request in *req. Now, on an
   // idle communicator, it runs on this thread without being copied.
   template <typename Body>
@@ -165,9 +175,6 @@ class GlooComm {
   void set_up_shared_memory(::gloo::rendezvous::Store& store);
   std::unique_ptr<ShmGroup> map_machine_segment(::gloo::rendezvous::Store& store, const std::vector<int>& local_ranks,
                                                 bool wanted, std::string& refusal);
-  // Spanning machines, with a segment on at least one: collectives with a hierarchical form use it.
-  bool hierarchical() const { return machine_shm_ != nullptr || leaders_ != nullptr; }
-  void hierarchical_allreduce(void* work, size_t count, bpl_dtype acc, bpl_reduce_op op);
   // The sockets of this communicator's pairs (and of the leaders' mesh), found among the process's
   // descriptors by their local address (unique: each pair listened on a port of its own, or connected
   // from one), held through descriptors of its own and put under the connection watch.
@@ -185,8 +192,7 @@ class GlooComm {
   // plugin's own and bad_alloc as they are.
   [[noreturn]] void rethrow_classified(const std::exception_ptr& thrown);
   // Runs one hierarchical collective, carrying a failure on one machine to all the others.
-  template <typename Body>
-  void across_machines(Body&& body);
+  void across_machines(const std::function<void()>& body);
   // " (…)" naming the peer behind a failed operation's `message`, or "" when none can be named.
   // `pair_peer`: the peer whose connection Gloo's failure came from, when the operation tells (a send
   // or recv fails only by its own pair); -1 for a collective, whose message's address is looked up.
@@ -230,7 +236,8 @@ class GlooComm {
   // theirs), released by shut_down_connections.
   std::mutex transfers_mutex_;
   std::vector<std::weak_ptr<::gloo::transport::UnboundBuffer>> transfers_;
-  std::string path_ = "single rank";
+  std::unique_ptr<CollectivePath> path_;  // how the collectives travel (collective_paths.h)
+  std::string path_name_ = "single rank";
   plugin::OpQueue queue_;
   Fingerprint current_;          // the collective running now
   uint64_t collectives_ = 0;     // collectives begun so far

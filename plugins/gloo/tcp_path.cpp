@@ -1,0 +1,152 @@
+// Gloo's collectives over the communicator's TCP mesh (a world of one needs no mesh), a ring
+// reduce-scatter of its own, and the helpers every path shares.
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/alltoall.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/reduce.h>
+
+#include <cstring>
+
+#include "collective_paths.h"
+#include "dtypes.h"
+#include "gloo_comm.h"
+
+namespace backplane::gloo_plugin {
+
+void* CollectivePath::accumulation_copy(const void* send, bpl_dtype dtype, bpl_dtype acc, size_t count, void* work) {
+  if (work == nullptr) work = comm_.scratch(0, count * plugin::dtype_size(acc));
+  if (acc != dtype) {
+    plugin::convert(send, dtype, work, acc, count);
+  } else if (work != send) {
+    std::memcpy(work, send, count * plugin::dtype_size(dtype));
+  }
+  return work;
+}
+
+void* CollectivePath::reduce_work(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_dtype acc, int root) {
+  const bool in_recv = acc == dtype && comm_.rank() == root;
+  return accumulation_copy(send, dtype, acc, count, in_recv ? recv : nullptr);
+}
+
+void TcpPath::allreduce(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_reduce_op op) {
+  const bpl_dtype acc = plugin::accumulation_dtype(dtype, op);
+  void* work = accumulation_copy(send, dtype, acc, count, acc == dtype ? recv : nullptr);
+  allreduce_work(work, count, acc, op);
+  plugin::finish_reduction(work, acc, recv, dtype, count, op, comm_.size());
+}
+
+void TcpPath::allreduce_work(void* work, size_t count, bpl_dtype acc, bpl_reduce_op op) {
+  if (comm_.size() == 1) return;
+  ::gloo::AllreduceOptions options(comm_.context_);
+  with_element_type(acc, [&](auto zero) { options.setOutput(static_cast<decltype(zero)*>(work), count); });
+  options.setReduceFunction(plugin::reduce_function(acc, op));
+  options.setTag(comm_.tag());
+  options.setTimeout(comm_.timeout());
+  ::gloo::allreduce(options);
+}
+
+void TcpPath::reduce(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_reduce_op op, int root) {
+  const bpl_dtype acc = plugin::accumulation_dtype(dtype, op);
+  void* work = reduce_work(send, recv, count, dtype, acc, root);
+  reduce_work_to_root(work, count, acc, op, root);
+  if (comm_.rank() == root) plugin::finish_reduction(work, acc, recv, dtype, count, op, comm_.size());
+}
+
+void TcpPath::reduce_work_to_root(void* work, size_t count, bpl_dtype acc, bpl_reduce_op op, int root) {
+  if (comm_.size() == 1) return;
+  ::gloo::ReduceOptions options(comm_.context_);
+  with_element_type(acc, [&](auto zero) { options.setOutput(static_cast<decltype(zero)*>(work), count); });
+  options.setRoot(root);
+  options.setReduceFunction(plugin::reduce_function(acc, op));
+  options.setTag(comm_.tag());
+  options.setTimeout(comm_.timeout());
+  ::gloo::reduce(options);
+}
+
+void TcpPath::broadcast(void* buf, size_t bytes, int root) {
+  if (comm_.size() == 1) return;
+  ::gloo::BroadcastOptions options(comm_.context_);
+  options.setOutput(static_cast<uint8_t*>(buf), bytes);
+  options.setRoot(root);
+  options.setTag(comm_.tag());
+  options.setTimeout(comm_.timeout());
+  ::gloo::broadcast(options);
+}
+
+void TcpPath::allgather(const void* send, void* recv, size_t block) {
+  char* own_block = static_cast<char*>(recv) + block * static_cast<size_t>(comm_.rank());
+  if (comm_.size() == 1) {
+    if (send != own_block) std::memcpy(own_block, send, block);
+    return;
+  }
+  ::gloo::AllgatherOptions options(comm_.context_);
+  // In place (send already at recv's own block) Gloo reads the block from the output buffer.
+  if (send != own_block) options.setInput(static_cast<uint8_t*>(const_cast<void*>(send)), block);
+  options.setOutput(static_cast<uint8_t*>(recv), block * static_cast<size_t>(comm_.size()));
+  options.setTag(comm_.tag());
+  options.setTimeout(comm_.timeout());
+  ::gloo::allgather(options);
+}
+
+// A ring: N-1 steps; in step s a rank passes the partial sum of block (rank-s-1) to its right
+// neighbour and adds its own data to block (rank-s-2) from its left, so after the last step it holds
+// the full reduction of its own block. Each rank sends (N-1)/N of the data once, as an allreduce's
+// first half would.
+void TcpPath::reduce_scatter(const void* send, void* recv, size_t recvcount, bpl_dtype dtype, bpl_reduce_op op) {
+  const int n = comm_.size();
+  const int me = comm_.rank();
+  const bpl_dtype acc = plugin::accumulation_dtype(dtype, op);
+  const size_t block = recvcount * plugin::dtype_size(acc);
+  char* work = static_cast<char*>(accumulation_copy(send, dtype, acc, recvcount * static_cast<size_t>(n)));
+  if (n > 1) {
+    char* incoming = comm_.scratch(1, block);
+    const plugin::ReduceFn reduce_fn = plugin::reduce_function(acc, op);
+    const uint64_t slot = ::gloo::Slot::build(GlooComm::kReduceScatterSlotPrefix, comm_.tag());
+    const int right = (me + 1) % n;
+    const int left = (me + n - 1) % n;
+    auto in = comm_.context_->createUnboundBuffer(incoming, block);
+    for (int step = 0; step < n - 1; ++step) {
+      const int send_block = (me - step - 1 + 2 * n) % n;
+      const int recv_block = (me - step - 2 + 2 * n) % n;
+      auto out = comm_.context_->createUnboundBuffer(work + block * static_cast<size_t>(send_block), block);
+      in->recv(left, slot);
+      out->send(right, slot);
+      in->waitRecv(comm_.timeout());
+      out->waitSend(comm_.timeout());
+      char* target = work + block * static_cast<size_t>(recv_block);
+      reduce_fn(target, target, incoming, recvcount);
+    }
+  }
+  plugin::finish_reduction(work + block * static_cast<size_t>(me), acc, recv, dtype, recvcount, op, n);
+}
+
+void TcpPath::alltoall(const void* send, void* recv, size_t block) {
+  const size_t total = block * static_cast<size_t>(comm_.size());
+  const void* input = send;
+  if (send == recv) {  // in place: Gloo needs distinct buffers
+    input = comm_.scratch(0, total);
+    std::memcpy(const_cast<void*>(input), send, total);
+  }
+  if (comm_.size() == 1) {
+    if (input != recv) std::memcpy(recv, input, total);
+    return;
+  }
+  ::gloo::AlltoallOptions options(comm_.context_);
+  options.setInput(static_cast<uint8_t*>(const_cast<void*>(input)), total);
+  options.setOutput(static_cast<uint8_t*>(recv), total);
+  options.setTag(comm_.tag());
+  options.setTimeout(comm_.timeout());
+  ::gloo::alltoall(options);
+}
+
+void TcpPath::barrier() {
+  if (comm_.size() == 1) return;
+  ::gloo::BarrierOptions options(comm_.context_);
+  options.setTag(comm_.tag());
+  options.setTimeout(comm_.timeout());
+  ::gloo::barrier(options);
+}
+
+}  // namespace backplane::gloo_plugin
