@@ -1,4 +1,4 @@
-// ABI 1.x stays compatible with the committed 1.0 snapshot (tests/abi/1.0):
+// ABI 1.x stays compatible with the committed 1.0 snapshot (tests/core/abi/1.0):
 //  - every struct field of 1.0 keeps its offset, every constant its value; structs only grow;
 //  - a plugin built against the 1.0 headers runs under the current core (old plugin x new core);
 //  - (in ctest, abi_old_embedder: examples/embed.c built against 1.0 runs on the current library).

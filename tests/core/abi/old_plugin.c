@@ -1,5 +1,5 @@
 /* A plugin as it was written for ABI 1.0, compiled against the 1.0 snapshot of the headers
- * (tests/abi/1.0): a world of one rank with blocking allreduce and barrier. The current core must load
+ * (tests/core/abi/1.0): a world of one rank with blocking allreduce and barrier. The current core must load
  * it and run it, and answer the functions added since (ABI 1.1's comm_set_timeout) with UNSUPPORTED. */
 #include <backplane/plugin.h>
 #include <string.h>

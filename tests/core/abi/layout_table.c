@@ -1,6 +1,6 @@
 /* The layout of ABI 1.0, as numbers: every public struct's size and field offsets and every
  * constant of the 1.0 headers. Compiled twice (tests/CMakeLists.txt): against the committed 1.0
- * snapshot (tests/abi/1.0) and against the current headers, each defining LAYOUT_TABLE under its own
+ * snapshot (tests/core/abi/1.0) and against the current headers, each defining LAYOUT_TABLE under its own
  * name, so that one test compares the two. The list is 1.0's and never changes. */
 #include <stddef.h>
 #include <backplane/plugin.h>

@@ -44,7 +44,7 @@ run_two_ranks "$work/embed_pkgconfig"
 echo "--- find_package only"
 with_parallel=OFF
 [ -e "$prefix/lib/cmake/backplane/backplaneParallelTargets.cmake" ] && with_parallel=ON
-cmake -S "$source_dir/tests/install" -B "$work/consumer" -DCMAKE_PREFIX_PATH="$prefix" \
+cmake -S "$source_dir/tests/system/install" -B "$work/consumer" -DCMAKE_PREFIX_PATH="$prefix" \
       -DEMBED_SOURCE="$source_dir/examples/embed.c" -DWITH_PARALLEL=$with_parallel > /dev/null
 cmake --build "$work/consumer" > /dev/null
 run_two_ranks "$work/consumer/embed_from_package"

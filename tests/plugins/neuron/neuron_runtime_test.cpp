@@ -1,6 +1,6 @@
 // The Neuron plugin's logic up to the runtime boundary: finding and loading libnrt, status mapping,
 // core selection, the device address space, and the device, collective and program interfaces through
-// the core against a TEST DOUBLE of libnrt (tests/neuron/nrt_test_double.c) and a stand-in neuronx-cc.
+// the core against a TEST DOUBLE of libnrt (tests/plugins/neuron/nrt_test_double.c) and a stand-in neuronx-cc.
 // No Neuron hardware is involved; nothing here shows the backend working on a device.
 #include <gtest/gtest.h>
 #include <stdlib.h>
