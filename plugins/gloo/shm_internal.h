@@ -1,0 +1,202 @@
+// What the files of ShmGroup share (shm_group.h is its interface): the segment's layout, its
+// protocol's constants, and the copy, futex and naming helpers. Not for other files.
+#pragma once
+
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <climits>
+#include <cstring>
+#include <ctime>
+#include <sched.h>
+
+#include <algorithm>
+#include <string>
+
+#include "local_process.h"
+#include "plugin_support.h"
+#include "shm_group.h"
+
+namespace backplane::gloo_plugin {
+namespace shm_detail {
+
+constexpr uint64_t kMagic = 0x62706c73686d3031;  // "bplshm01"
+constexpr size_t kLine = 64;                     // one cache line per counter: no false sharing
+constexpr auto kSpin = std::chrono::microseconds(20);  // a peer a step behind arrives within this
+constexpr int kYields = 200;  // then yields: with more ranks than cores, the peer needs this core
+constexpr auto kSleepSlice = std::chrono::milliseconds(5);
+constexpr auto kLivenessInterval = std::chrono::milliseconds(10);
+
+static_assert(sizeof(std::atomic<uint32_t>) == 4 && std::atomic<uint32_t>::is_always_lock_free,
+              "a futex word is a lock-free 32-bit atomic");
+
+// kAlltoallInPlace: an alltoall in place at a size where one not in place reads the peers' buffers,
+// so that ranks disagreeing on it (each must call the same way) find out instead of reading stale
+// addresses.
+enum Kind : uint32_t { kAllreduce = 1, kBroadcast, kAllgather, kReduceScatter, kAlltoall, kBarrier, kProbe, kAlltoallInPlace };
+
+inline const char* kind_name(uint32_t kind) {
+  switch (kind) {
+    case kAllreduce: return "allreduce or reduce";  // a reduce runs as an allreduce here
+    case kBroadcast: return "broadcast";
+    case kAllgather: return "allgather";
+    case kReduceScatter: return "reduce_scatter";
+    case kAlltoall: return "alltoall";
+    case kBarrier: return "barrier";
+    case kProbe: return "the single-copy check";
+    case kAlltoallInPlace: return "alltoall in place";
+    default: return "?";
+  }
+}
+
+inline size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+inline void futex_wait(std::atomic<uint32_t>* word, uint32_t expected, std::chrono::nanoseconds timeout) {
+  timespec ts{};
+  ts.tv_sec = static_cast<time_t>(timeout.count() / 1000000000);
+  ts.tv_nsec = static_cast<long>(timeout.count() % 1000000000);
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+
+inline void futex_wake_all(std::atomic<uint32_t>* word) {
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+inline std::string system_error(const std::string& what, const std::string& name) {
+  return "shared memory: " + what + " of segment " + name + " failed: " + std::strerror(errno);
+}
+
+// Copies between a caller's buffer and the segment (shm_copy.cpp says how, and why not always memcpy).
+void copy_bytes(void* to, const void* from, size_t n);
+// Copies data into this rank's part of the segment, for its peers to read (streaming stores when large).
+void copy_to_peers(void* to, const void* from, size_t n);
+
+}  // namespace shm_detail
+
+using namespace shm_detail;  // the files of ShmGroup only
+
+// A rank's published step, and what it does in the last two steps (by step % 2: a peer is at most one
+// step ahead), so that ranks calling different collectives or sizes find out at once instead of
+// reading each other's data wrongly.
+struct alignas(kLine) ShmGroup::Progress {
+  std::atomic<uint32_t> step;
+  uint32_t kind[2];
+  uint64_t bytes[2];
+  // Single copy: where this rank's buffers lie in its address space, for its peers to read from.
+  uint64_t send_address[2];
+  uint64_t recv_address[2];
+};
+
+struct alignas(kLine) ShmGroup::Header {
+  uint64_t magic;
+  uint32_t size;
+  alignas(kLine) std::atomic<uint32_t> failed_by;  // 0, or 1 + the rank whose record follows
+  int32_t status;
+  char reason[512];
+  alignas(kLine) std::atomic<uint32_t> sleepers;  // waiters in futex_wait: publishers wake only then
+};
+
+// A send announced in a mailbox: what rank `from` offers rank `to`, and what became of it.
+struct ShmGroup::Announcement {
+  std::atomic<uint32_t> posted;  // 1 + the sequence number of the send announced here (0: never used)
+  std::atomic<uint32_t> done;    // equals `posted` once the receiver has read it, or refused it
+  int32_t tag;
+  int32_t status;                // BPL_OK, or BPL_ERR_MISMATCH when the recv had another size
+  uint64_t bytes;
+  uint64_t address;              // of the send buffer, in the sender's address space
+  uint64_t received_bytes;       // the size the recv asked for (for the sender's message)
+  char data[kInlineSendBytes];   // a small send's bytes, when `address` is 0
+};
+
+struct alignas(kLine) ShmGroup::Mailbox {
+  std::atomic<uint32_t> posted;  // announcements so far: a receiver waiting for one sleeps on it
+  std::atomic<uint32_t> done;    // announcements read: a sender waiting for its recv sleeps on it
+  alignas(kLine) Announcement slots[kMailboxSlots];
+};
+
+// An announcement a recv may match, taken out of the mailbox in sequence order.
+struct ShmGroup::Arrival {
+  uint32_t sequence;
+  int32_t tag;
+  uint64_t bytes;
+  uint64_t address;
+};
+
+struct ShmGroup::PendingRecv {
+  void* buf;
+  size_t bytes;
+  int peer;
+  int tag;
+  bool done = false;  // under p2p_mutex_, as are the two below
+  bpl_status status = BPL_OK;
+  std::string error;
+};
+
+// The one wait of the step protocol and the mailboxes (a template: its callers are in several files).
+template <typename Reached, typename Late>
+void ShmGroup::wait_until(int peer, std::atomic<uint32_t>& word, Reached reached,
+                          const Deadline& deadline, Late late) {
+  auto failed = [&] { return header_->failed_by.load(std::memory_order_acquire) != 0; };
+  std::chrono::steady_clock::time_point spin_until{};  // the clock is first read after 63 spins
+  for (uint32_t i = 1;; ++i) {
+    if (reached()) return;
+    if ((i & 63) == 0) {
+      if (failed()) throw_failure_record();
+      const auto now = std::chrono::steady_clock::now();
+      if (spin_until == std::chrono::steady_clock::time_point{}) {
+        spin_until = now + kSpin;
+        deadline.at();  // starts the operation's clock
+      } else if (now >= spin_until) {
+        break;
+      }
+    }
+    cpu_relax();
+  }
+  for (int i = 0; i < kYields; ++i) {
+    if (reached()) return;
+    ::sched_yield();
+  }
+  const pid_t pid = peer_pid(peer);
+  auto next_liveness_check = std::chrono::steady_clock::now();
+  for (;;) {
+    if (reached()) return;
+    if (failed()) throw_failure_record();
+    const auto now = std::chrono::steady_clock::now();
+    if (pid != 0 && now >= next_liveness_check) {
+      if (plugin::process_state(pid) == plugin::ProcessState::kEnded) {
+        const std::string reason = "shared memory: " + plugin::local_peer_description(rank_name(peer), pid, plugin::ProcessState::kEnded);
+        fail(BPL_ERR_REMOTE, reason);
+        throw plugin::Error(BPL_ERR_REMOTE, reason);
+      }
+      next_liveness_check = now + kLivenessInterval;
+    }
+    if (now >= deadline.at()) {
+      std::string reason = "shared memory: " + late();
+      if (pid != 0 && plugin::process_state(pid) == plugin::ProcessState::kStopped) {
+        reason += " (" + plugin::local_peer_description(rank_name(peer), pid, plugin::ProcessState::kStopped) + ")";
+      }
+      fail(BPL_ERR_TIMEOUT, reason);
+      throw plugin::Error(BPL_ERR_TIMEOUT, reason);
+    }
+    header_->sleepers.fetch_add(1, std::memory_order_seq_cst);
+    const uint32_t seen = word.load(std::memory_order_seq_cst);
+    if (!reached() && !failed()) {
+      futex_wait(&word, seen, std::min<std::chrono::nanoseconds>(kSleepSlice, deadline.at() - now));
+    }
+    header_->sleepers.fetch_sub(1, std::memory_order_seq_cst);
+  }
+}
+
+}  // namespace backplane::gloo_plugin

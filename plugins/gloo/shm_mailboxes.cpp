@@ -1,0 +1,169 @@
+// ShmGroup's point to point: sends announced in mailboxes, matched and read by the receiver.
+#include <dirent.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <new>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "fingerprint.h"
+#include "local_process.h"
+#include "plugin_support.h"
+#include "shm_internal.h"
+
+namespace backplane::gloo_plugin {
+
+/* ---- point to point ---- */
+
+ShmGroup::SendTicket ShmGroup::post_send(const void* buf, size_t bytes, int peer, int tag,
+                                         std::chrono::milliseconds timeout) {
+  const Deadline deadline(timeout);
+  if (header_->failed_by.load(std::memory_order_acquire) != 0) throw_failure_record();
+  uint64_t sequence;
+  {
+    std::lock_guard<std::mutex> lock(p2p_mutex_);  // sequence numbers in call order
+    sequence = sends_announced_[static_cast<size_t>(peer)]++;
+  }
+  Mailbox& box = mailbox(rank_, peer);
+  Announcement& slot = box.slots[sequence % kMailboxSlots];
+  // The slot's last send, kMailboxSlots ago, must have been read. (The receiver takes announcements in
+  // sequence order, so it waits for an earlier send of this rank still waiting for its slot.)
+  const bool first_use = sequence < kMailboxSlots;
+  const auto last_use = static_cast<uint32_t>(sequence - kMailboxSlots + 1);
+  wait_until(peer, box.done, [&] {
+               return first_use ? slot.posted.load(std::memory_order_acquire) == 0
+                                : slot.done.load(std::memory_order_acquire) == last_use;
+             },
+             deadline, [&] {
+               return "send to rank " + std::to_string(rank_name(peer)) + " (tag " + std::to_string(tag) + "): the " +
+                      std::to_string(kMailboxSlots) + " sends to it before this one were not received in time";
+             });
+  std::lock_guard<std::mutex> lock(p2p_mutex_);  // against wait_sent reading the last send's outcome
+  if (!first_use && slot.status != BPL_OK) refused_sends_[{peer, sequence - kMailboxSlots}] = slot.received_bytes;
+  slot.tag = tag;
+  slot.status = BPL_OK;
+  slot.bytes = bytes;
+  const bool inline_send = bytes <= kInlineSendBytes;
+  if (inline_send && bytes > 0) std::memcpy(slot.data, buf, bytes);
+  slot.address = inline_send ? 0 : reinterpret_cast<uint64_t>(buf);
+  slot.posted.store(static_cast<uint32_t>(sequence + 1), std::memory_order_release);
+  box.posted.fetch_add(1, std::memory_order_seq_cst);
+  if (header_->sleepers.load(std::memory_order_seq_cst) > 0) futex_wake_all(&box.posted);
+  return {peer, tag, bytes, sequence};
+}
+
+void ShmGroup::wait_sent(const SendTicket& ticket, std::chrono::milliseconds timeout) {
+  if (ticket.bytes <= kInlineSendBytes) return;  // copied into the announcement: the buffer is free
+  Mailbox& box = mailbox(rank_, ticket.peer);
+  Announcement& slot = box.slots[ticket.sequence % kMailboxSlots];
+  const int tag = ticket.tag;
+  const uint64_t bytes = ticket.bytes;
+  const auto sent = static_cast<uint32_t>(ticket.sequence + 1);
+  // Done once the slot's count of reads reaches this send's (a later send may have taken it since).
+  wait_until(ticket.peer, box.done, [&] { return static_cast<int32_t>(slot.done.load(std::memory_order_acquire) - sent) >= 0; },
+             Deadline(timeout), [&] {
+               return "send to rank " + std::to_string(rank_name(ticket.peer)) + " (tag " + std::to_string(tag) +
+                      ") was not received in time";
+             });
+  std::lock_guard<std::mutex> lock(p2p_mutex_);
+  uint64_t received = bytes;
+  if (slot.posted.load(std::memory_order_relaxed) == sent) {
+    if (slot.status != BPL_OK) received = slot.received_bytes;
+  } else if (auto refused = refused_sends_.find({ticket.peer, ticket.sequence}); refused != refused_sends_.end()) {
+    received = refused->second;
+    refused_sends_.erase(refused);
+  }
+  if (received != bytes) {
+    throw plugin::Error(BPL_ERR_MISMATCH, "send of " + std::to_string(bytes) + " bytes to rank " +
+                                              std::to_string(rank_name(ticket.peer)) + " (tag " + std::to_string(tag) +
+                                              ") met a recv of " + std::to_string(received) + " bytes");
+  }
+}
+
+std::shared_ptr<ShmGroup::PendingRecv> ShmGroup::post_recv(void* buf, size_t bytes, int peer, int tag) {
+  if (header_->failed_by.load(std::memory_order_acquire) != 0) throw_failure_record();
+  auto recv = std::make_shared<PendingRecv>();
+  recv->buf = buf;
+  recv->bytes = bytes;
+  recv->peer = peer;
+  recv->tag = tag;
+  std::lock_guard<std::mutex> lock(p2p_mutex_);
+  pending_recvs_[static_cast<size_t>(peer)].push_back(recv);
+  match_arrivals(peer);  // a send already announced completes it at once
+  return recv;
+}
+
+void ShmGroup::wait_received(const std::shared_ptr<PendingRecv>& recv, std::chrono::milliseconds timeout) {
+  const int peer = recv->peer;
+  try {
+    wait_until(peer, mailbox(peer, rank_).posted, [&] {
+                 std::lock_guard<std::mutex> lock(p2p_mutex_);
+                 match_arrivals(peer);
+                 return recv->done;
+               },
+               Deadline(timeout), [&] {
+                 return "recv from rank " + std::to_string(rank_name(peer)) + " (tag " + std::to_string(recv->tag) +
+                        "): no matching send in time";
+               });
+  } catch (...) {
+    // Never matched: its buffer is the caller's again.
+    std::lock_guard<std::mutex> lock(p2p_mutex_);
+    auto& pending = pending_recvs_[static_cast<size_t>(peer)];
+    pending.erase(std::remove(pending.begin(), pending.end(), recv), pending.end());
+    throw;
+  }
+  if (recv->status != BPL_OK) throw plugin::Error(recv->status, recv->error);
+}
+
+void ShmGroup::match_arrivals(int peer) {
+  if (header_->failed_by.load(std::memory_order_acquire) != 0) return;
+  Mailbox& box = mailbox(peer, rank_);
+  auto& arrived = arrived_[static_cast<size_t>(peer)];
+  uint32_t& taken = arrivals_taken_[static_cast<size_t>(peer)];
+  for (;;) {
+    Announcement& slot = box.slots[taken % kMailboxSlots];
+    if (slot.posted.load(std::memory_order_acquire) != taken + 1) break;
+    arrived.push_back({taken, slot.tag, slot.bytes, slot.address});
+    ++taken;
+  }
+  auto& pending = pending_recvs_[static_cast<size_t>(peer)];
+  for (auto recv = pending.begin(); recv != pending.end();) {
+    const auto match = std::find_if(arrived.begin(), arrived.end(), [&](const Arrival& a) { return a.tag == (*recv)->tag; });
+    if (match == arrived.end()) {
+      ++recv;
+      continue;
+    }
+    const Arrival arrival = *match;
+    arrived.erase(match);
+    const std::shared_ptr<PendingRecv> matched = *recv;
+    PendingRecv& mine = *matched;
+    recv = pending.erase(recv);
+    Announcement& slot = box.slots[arrival.sequence % kMailboxSlots];
+    if (arrival.bytes != mine.bytes) {
+      slot.status = BPL_ERR_MISMATCH;
+      slot.received_bytes = mine.bytes;
+      mine.status = BPL_ERR_MISMATCH;
+      mine.error = "recv of " + std::to_string(mine.bytes) + " bytes from rank " + std::to_string(rank_name(peer)) +
+                   " (tag " + std::to_string(mine.tag) + ") met a send of " + std::to_string(arrival.bytes) + " bytes";
+    } else if (arrival.address == 0) {
+      if (arrival.bytes > 0) std::memcpy(mine.buf, slot.data, arrival.bytes);
+    } else {
+      read_peer(peer, mine.buf, arrival.address, arrival.bytes);
+    }
+    mine.done = true;
+    slot.done.store(arrival.sequence + 1, std::memory_order_release);
+    box.done.fetch_add(1, std::memory_order_seq_cst);
+    if (header_->sleepers.load(std::memory_order_seq_cst) > 0) futex_wake_all(&box.done);
+  }
+}
+
+
+}  // namespace backplane::gloo_plugin

@@ -1,0 +1,115 @@
+// ShmGroup's single copy: reading the peers' buffers directly (process_vm_readv) where every rank may.
+#include <dirent.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <new>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "fingerprint.h"
+#include "local_process.h"
+#include "plugin_support.h"
+#include "shm_internal.h"
+
+namespace backplane::gloo_plugin {
+
+/* ---- single copy ---- */
+
+std::string ShmGroup::enable_single_copy(bool wanted, std::chrono::milliseconds timeout) {
+  const Deadline deadline(timeout);
+  Progress& mine = progress_[rank_];
+  // Each rank publishes the address of a word that holds that address: a peer that reads the word
+  // with process_vm_readv and finds the same value can read this process's memory.
+  const uint32_t probe = next_step();
+  mine.send_address[probe % 2] = reinterpret_cast<uint64_t>(&mine.send_address[probe % 2]);
+  publish(kProbe, 0);
+  wait_for_all(probe, deadline);
+  uint64_t verdict = wanted ? 0 : 1;  // 0: can read every peer; 1: not wanted; 2 + errno: cannot
+  for (int q = 0; q < size_ && verdict == 0; ++q) {
+    if (q == rank_) continue;
+    const uint64_t address = progress_[q].send_address[probe % 2];
+    uint64_t seen = 0;
+    iovec local{&seen, sizeof(seen)};
+    iovec remote{reinterpret_cast<void*>(address), sizeof(seen)};
+    if (::process_vm_readv(peer_pid(q), &local, 1, &remote, 1, 0) != static_cast<ssize_t>(sizeof(seen))) {
+      verdict = 2 + static_cast<uint64_t>(errno);
+    } else if (seen != address) {
+      verdict = 2 + ESRCH;  // another process under that pid
+    }
+  }
+  const uint32_t answer = next_step();
+  mine.recv_address[answer % 2] = verdict;
+  publish(kProbe, 0);
+  // Every rank's verdict is here, so the check is complete: a peer that has returned from it may
+  // already have failed the group (an abort right after joining), which this rank's first operation,
+  // not its joining, reports.
+  wait_for_peers(answer, deadline);
+  for (int q = 0; q < size_; ++q) {
+    const uint64_t theirs = progress_[q].recv_address[answer % 2];
+    if (theirs == 1) return "turned off on rank " + std::to_string(rank_name(q));
+    if (theirs >= 2) {
+      return "rank " + std::to_string(rank_name(q)) + " may not read its peers' memory (process_vm_readv: " +
+             std::strerror(static_cast<int>(theirs - 2)) + ")";
+    }
+  }
+  single_copy_ = true;
+  return "";
+}
+
+pid_t ShmGroup::peer_pid(int peer) const {
+  return peer_pids_.size() > static_cast<size_t>(peer) ? peer_pids_[static_cast<size_t>(peer)] : 0;
+}
+
+uint32_t ShmGroup::publish_buffers(uint32_t kind, uint64_t bytes, const void* send, const void* recv,
+                                   const Deadline& deadline) {
+  const uint32_t step = next_step();
+  progress_[rank_].send_address[step % 2] = reinterpret_cast<uint64_t>(send);
+  progress_[rank_].recv_address[step % 2] = reinterpret_cast<uint64_t>(recv);
+  publish(kind, bytes);
+  wait_for_all(step, deadline);
+  return step;
+}
+
+void ShmGroup::finish_single_copy(uint32_t kind, uint64_t bytes, const Deadline& deadline) {
+  // No rank may return, and let its caller touch its buffers, while a peer may still read them.
+  const uint32_t done = publish(kind, bytes);
+  wait_for_all(done, deadline);
+}
+
+void ShmGroup::read_peer(int peer, void* to, uint64_t address, size_t n) {
+  auto* into = static_cast<char*>(to);
+  while (n > 0) {
+    iovec local{into, n};
+    iovec remote{reinterpret_cast<void*>(address), n};
+    const ssize_t got = ::process_vm_readv(peer_pid(peer), &local, 1, &remote, 1, 0);
+    if (got <= 0) {
+      const int error = got < 0 ? errno : EIO;
+      // A peer that failed first (an abort, say) may have let its caller free the buffer: its record
+      // says what happened.
+      if (header_->failed_by.load(std::memory_order_acquire) != 0) throw_failure_record();
+      // ESRCH: the process is gone, or ending (its memory released before /proc shows it ended).
+      const pid_t pid = peer_pid(peer);
+      const std::string reason =
+          error == ESRCH || plugin::process_state(pid) == plugin::ProcessState::kEnded
+              ? "shared memory: " + plugin::local_peer_description(rank_name(peer), pid, plugin::ProcessState::kEnded)
+              : "shared memory: reading rank " + std::to_string(rank_name(peer)) + "'s buffer (process_vm_readv) failed: " +
+                    std::strerror(error);
+      fail(BPL_ERR_REMOTE, reason);
+      throw plugin::Error(BPL_ERR_REMOTE, reason);
+    }
+    into += got;
+    address += static_cast<uint64_t>(got);
+    n -= static_cast<size_t>(got);
+  }
+}
+
+
+}  // namespace backplane::gloo_plugin
