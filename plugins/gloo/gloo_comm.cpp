@@ -142,10 +142,6 @@ void GlooComm::set_timeout(std::chrono::milliseconds timeout) {
   queue_.set_op_timeout(timeout);
 }
 
-namespace {
-
-}  // namespace
-
 void GlooComm::abort() {
   failed_ = true;
   if (aborted_.exchange(true)) return;
