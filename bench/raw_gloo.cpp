@@ -1,5 +1,9 @@
-// Raw Gloo: the same calls the gloo plugin makes, made directly.
+// Raw Gloo: the same calls the gloo plugin makes, made directly, meeting as PyTorch's Gloo does (a
+// c10d::TCPStore seen through c10d's Gloo store adapter, and a Gloo TCP device), with nothing of the
+// plugin's own.
 #include <c10/util/BFloat16.h>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/alltoall.h>
@@ -7,14 +11,17 @@
 #include <gloo/broadcast.h>
 #include <gloo/reduce_scatter.h>
 #include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/prefix_store.h>
+#include <gloo/transport/tcp/device.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <vector>
 
 #include "raw_library.h"
-#include "rendezvous.h"
 
 namespace backplane::bench {
 namespace {
@@ -42,24 +49,40 @@ void with_type(bpl_dtype dtype, Body body) {
   }
 }
 
+// Loopback when the job is on this host; otherwise GLOO_SOCKET_IFNAME's interface, else the address
+// this host's name resolves to (torch's Gloo chooses the same way).
+std::shared_ptr<gloo::transport::Device> device_for(const std::string& master_addr) {
+  gloo::transport::tcp::attr attr;
+  const char* iface = std::getenv("GLOO_SOCKET_IFNAME");
+  if (master_addr == "localhost" || master_addr.rfind("127.", 0) == 0) {
+    attr.hostname = "127.0.0.1";
+  } else if (iface != nullptr && *iface != '\0') {
+    attr.iface = iface;
+  } else {
+    char name[256] = {};
+    ::gethostname(name, sizeof(name) - 1);
+    attr.hostname = name;
+  }
+  return gloo::transport::tcp::CreateDevice(attr);
+}
+
 class RawGloo : public RawLibrary {
  public:
+  // Joins the store that the running gloo plugin's rank 0 (or a torchrun agent) hosts at addr:port, under
+  // a key prefix of its own.
   RawGloo(int rank, int world, const std::string& addr, int port, int64_t timeout_ms)
       : timeout_(timeout_ms), rank_(rank), world_(world) {
-    bpl_launch_info launch{};
-    launch.struct_size = sizeof(launch);
-    launch.rank = rank;
-    launch.world_size = world;
-    launch.master_addr = addr.c_str();
-    launch.master_port = port;
-    launch.timeout_ms = timeout_ms;
-    gloo_plugin::RendezvousOptions options;
-    options.store_hosted_elsewhere = true;
-    options.key_prefix = "bench-raw-gloo";
-    gloo_plugin::Rendezvous rendezvous = gloo_plugin::rendezvous(launch, options);
+    c10d::TCPStoreOptions options;
+    options.port = static_cast<uint16_t>(port);
+    options.isServer = false;
+    options.timeout = timeout_;
+    auto tcp_store = c10::make_intrusive<c10d::TCPStore>(addr, options);
+    auto store = std::make_shared<c10d::ProcessGroupGloo::GlooStore>(tcp_store);
+    gloo::rendezvous::PrefixStore prefixed("bench-raw-gloo", *store);
     context_ = std::make_shared<gloo::rendezvous::Context>(rank, world);
     context_->setTimeout(timeout_);
-    context_->connectFullMesh(*rendezvous.store, rendezvous.device);
+    std::shared_ptr<gloo::transport::Device> device = device_for(addr);
+    context_->connectFullMesh(prefixed, device);
   }
 
   std::string description() const override { return std::string("gloo ") + BPL_GLOO_VERSION + " over tcp"; }

@@ -14,7 +14,6 @@
 
 #include "backplane/backplane.h"
 #include "compile_cache.h"
-#include "error.h"
 
 namespace {
 

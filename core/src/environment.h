@@ -11,15 +11,9 @@
 #include <vector>
 
 #include "backplane/backplane.h"
+#include "env_lookup.h"
 
 namespace backplane {
-
-// Returns the variable's value, or nullopt when unset. An empty value counts as unset.
-using EnvLookup = std::function<std::optional<std::string>(const std::string& name)>;
-
-// The process environment. Path-like variables (plugin and cache paths, BPL_BACKEND, which may be a
-// path) read through secure_getenv, so a setuid program never loads code a caller points it at.
-EnvLookup process_environment();
 
 // Parses a whole base-10 integer ("42", "-1"); nullopt for anything else ("", "4x", " 4", overflow).
 std::optional<int64_t> parse_integer(const std::string& text);

@@ -34,9 +34,12 @@ namespace backplane::gloo_plugin {
 
 bpl_status classify_exception(const std::exception& e) {
   if (auto* error = dynamic_cast<const Error*>(&e)) return error->status();
-  const bool timed_out = std::strstr(e.what(), "Timed out") != nullptr || is_store_timeout(e);
-  if (timed_out) return BPL_ERR_TIMEOUT;
-  if (dynamic_cast<const ::gloo::IoException*>(&e) != nullptr) return BPL_ERR_REMOTE;
+  if (auto* io = dynamic_cast<const ::gloo::IoException*>(&e)) {
+    // Gloo has one exception type for a wait that timed out and a connection that failed: only its
+    // text ("Timed out waiting ...") tells them apart.
+    return std::strstr(io->what(), "Timed out") != nullptr ? BPL_ERR_TIMEOUT : BPL_ERR_REMOTE;
+  }
+  if (is_store_timeout(e)) return BPL_ERR_TIMEOUT;
   return BPL_ERR_INTERNAL;
 }
 

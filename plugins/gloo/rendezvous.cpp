@@ -5,6 +5,7 @@
 #include <gloo/transport/tcp/device.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/csrc/distributed/c10d/exception.h>
 
 #include <ifaddrs.h>
 #include <netdb.h>
@@ -16,6 +17,7 @@
 #include <cstring>
 #include <set>
 #include <thread>
+#include <typeinfo>
 
 #include "bounded_store.h"
 #include "plugin_support.h"
@@ -209,11 +211,15 @@ void resolve_master_addr(const std::string& addr, std::chrono::milliseconds time
 }  // namespace
 
 bool is_store_timeout(const std::exception& e) {
+  if (dynamic_cast<const c10d::TimeoutError*>(&e) != nullptr) return true;  // a connect that timed out
+  // LibTorch 1.13 reports a store call that ran past its timeout as an untyped error (TORCH_CHECK's
+  // c10::Error "Socket Timeout", "Wait timeout"): for those only the text tells.
+  if (dynamic_cast<const c10::Error*>(&e) == nullptr && typeid(e) != typeid(std::runtime_error)) return false;
   const char* what = e.what();
   return std::strstr(what, "imed out") != nullptr || std::strstr(what, "imeout") != nullptr;
 }
 
-Rendezvous rendezvous(const bpl_launch_info& launch, const RendezvousOptions& rendezvous_options) {
+Rendezvous rendezvous(const bpl_launch_info& launch) {
   using backplane::plugin::Error;
   Rendezvous result;
   const std::string addr = launch.master_addr != nullptr ? launch.master_addr : "";
@@ -256,11 +262,10 @@ Rendezvous rendezvous(const bpl_launch_info& launch, const RendezvousOptions& re
   // A torchrun agent hosts the store itself and tells its workers so; otherwise rank 0 hosts it.
   const char* agent_store = env("TORCHELASTIC_USE_AGENT_STORE");
   const bool agent_hosts = agent_store != nullptr && std::string(agent_store) == "True";
-  const bool hosted_elsewhere = agent_hosts || rendezvous_options.store_hosted_elsewhere;
   const std::string store_host = agent_hosts ? "the torchrun agent" : "rank 0";
   c10d::TCPStoreOptions options;
   options.port = static_cast<uint16_t>(launch.master_port);
-  options.isServer = launch.rank == 0 && !hosted_elsewhere;
+  options.isServer = launch.rank == 0 && !agent_hosts;
   options.numWorkers = static_cast<size_t>(launch.world_size);
   options.waitWorkers = false;  // the full-mesh connect below waits for every rank, with the timeout
   options.timeout = timeout;    // bounds the connect, which c10d retries while the store is not up yet
@@ -283,7 +288,7 @@ Rendezvous rendezvous(const bpl_launch_info& launch, const RendezvousOptions& re
   }
   // A restarted torchrun job reuses the agent's store: keep each attempt's keys apart.
   const char* restart = env("TORCHELASTIC_RESTART_COUNT");
-  const std::string prefix = rendezvous_options.key_prefix + "/" + (restart ? restart : "0");
+  const std::string prefix = std::string("backplane/") + (restart ? restart : "0");
   try {
     check_arrivals(*tcp_store, prefix + "/arrival/", launch, timeout);
   } catch (const Error& e) {

@@ -1,7 +1,6 @@
 // How the ranks of a Gloo runtime find each other: a key-value store at MASTER_ADDR:MASTER_PORT
 // (LibTorch's c10d::TCPStore, so a real torchrun's agent store works too) and a Gloo TCP device.
-// This is the plugin's only translation unit that includes LibTorch headers; the benchmarks link it too,
-// so that raw Gloo meets the same way.
+// This is the plugin's only translation unit that includes LibTorch headers.
 #pragma once
 
 #include <gloo/rendezvous/store.h>
@@ -42,19 +41,12 @@ struct Rendezvous {
   std::shared_ptr<FailureBoard> board;                 // on the same store, under the same prefix
 };
 
-struct RendezvousOptions {
-  // Every rank a client of a store someone already hosts (a torchrun agent, or a running backplane
-  // runtime: the benchmarks' raw Gloo context meets through the plugin's store).
-  bool store_hosted_elsewhere = false;
-  // Keys live under "<key_prefix>/<torchrun restart count>/".
-  std::string key_prefix = "backplane";
-};
-
 // Joins (rank 0 hosts the store unless a torchrun agent does) or, for a world of one, uses an
 // in-process store. Throws on an unreachable store or port in use, naming host:port.
-Rendezvous rendezvous(const bpl_launch_info& launch, const RendezvousOptions& options = {});
+Rendezvous rendezvous(const bpl_launch_info& launch);
 
-// True for exceptions LibTorch's store throws that mean a timeout.
+// True for the exceptions of LibTorch's store that mean a timeout (its TimeoutError, or a c10::Error
+// saying so).
 bool is_store_timeout(const std::exception& e);
 
 }  // namespace backplane::gloo_plugin

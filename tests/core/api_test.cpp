@@ -246,42 +246,7 @@ TEST_F(SingleRank, DescribeReportsCapabilities) {
   EXPECT_TRUE(info.reduce_ops & BPL_BIT(BPL_OP_AVG));
 }
 
-TEST_F(SingleRank, BadArgumentsNameTheParameter) {
-  float x[4] = {1, 2, 3, 4}, y[4];
-  EXPECT_EQ(bpl_allreduce(nullptr, x, y, 4, BPL_DTYPE_F32, BPL_OP_SUM, nullptr), BPL_ERR_INVALID_ARGUMENT);
-  EXPECT_TRUE(error_mentions({"bpl_allreduce", "comm is NULL"}));
-  EXPECT_EQ(bpl_allreduce(world_, x, y, -3, BPL_DTYPE_F32, BPL_OP_SUM, nullptr), BPL_ERR_INVALID_ARGUMENT);
-  EXPECT_TRUE(error_mentions({"count = -3"}));
-  EXPECT_EQ(bpl_allreduce(world_, x, y, INT64_MAX / 2, BPL_DTYPE_F32, BPL_OP_SUM, nullptr), BPL_ERR_INVALID_ARGUMENT);
-  EXPECT_TRUE(error_mentions({"exceed the address space"}));
-  EXPECT_EQ(bpl_allreduce(world_, x, y, 4, 99, BPL_OP_SUM, nullptr), BPL_ERR_INVALID_ARGUMENT);
-  EXPECT_TRUE(error_mentions({"dtype = 99"}));
-  EXPECT_EQ(bpl_allreduce(world_, x, y, 4, BPL_DTYPE_F32, 0, nullptr), BPL_ERR_INVALID_ARGUMENT);
-  EXPECT_TRUE(error_mentions({"op = 0"}));
-  EXPECT_EQ(bpl_allreduce(world_, nullptr, y, 4, BPL_DTYPE_F32, BPL_OP_SUM, nullptr), BPL_ERR_INVALID_ARGUMENT);
-  EXPECT_TRUE(error_mentions({"send is NULL"}));
-  EXPECT_EQ(bpl_allreduce(world_, x, x + 1, 3, BPL_DTYPE_F32, BPL_OP_SUM, nullptr), BPL_ERR_INVALID_ARGUMENT);
-  EXPECT_TRUE(error_mentions({"overlap"}));
-  EXPECT_EQ(bpl_broadcast(world_, x, 4, BPL_DTYPE_F32, 1, nullptr), BPL_ERR_INVALID_ARGUMENT);
-  EXPECT_TRUE(error_mentions({"root = 1", "0..0"}));
-  EXPECT_EQ(bpl_send(world_, x, 4, BPL_DTYPE_F32, 0, 0, nullptr), BPL_ERR_INVALID_ARGUMENT);
-  EXPECT_TRUE(error_mentions({"peer = 0 is the calling rank"}));
-  EXPECT_EQ(bpl_comm_split(world_, -2, 0, nullptr), BPL_ERR_INVALID_ARGUMENT);
-  bpl_comm* child = nullptr;
-  EXPECT_EQ(bpl_comm_split(world_, -2, 0, &child), BPL_ERR_INVALID_ARGUMENT);
-  EXPECT_TRUE(error_mentions({"color = -2"}));
-  EXPECT_EQ(bpl_comm_destroy(world_), BPL_ERR_INVALID_ARGUMENT);
-  EXPECT_TRUE(error_mentions({"world communicator"}));
-  EXPECT_EQ(bpl_request_wait(nullptr, 10), BPL_ERR_INVALID_ARGUMENT);
-  EXPECT_TRUE(error_mentions({"req is NULL"}));
-  // Zero counts need no buffers; NULL destroys are no-ops.
-  EXPECT_EQ(bpl_allreduce(world_, nullptr, nullptr, 0, BPL_DTYPE_F32, BPL_OP_SUM, nullptr), BPL_OK);
-  EXPECT_EQ(bpl_comm_destroy(nullptr), BPL_OK);
-  EXPECT_EQ(bpl_request_free(nullptr), BPL_OK);
-  EXPECT_EQ(bpl_finalize(nullptr), BPL_OK);
-  // A success clears the previous message.
-  EXPECT_STREQ(bpl_last_error(), "");
-}
+// Bad arguments of every function, on every backend: bad_arguments_test.cpp.
 
 TEST_F(SingleRank, WorldOfOneReducesLocally) {
   uint16_t bf16_three = 0x4040;  // bf16 3.0

@@ -220,7 +220,7 @@ TEST_P(BadArguments, Collectives) {
       {"bpl_reduce_scatter(dtype -4)", [&] { return bpl_reduce_scatter(w, x, y, 4, -4, BPL_OP_SUM, nullptr); }, {"dtype = -4"}, reduce_scatter},
       {"bpl_alltoall(send NULL)", [&] { return bpl_alltoall(w, nullptr, y, 4, BPL_DTYPE_F32, nullptr); }, {"send is NULL"}, alltoall},
       {"bpl_barrier(comm NULL)", [&] { return bpl_barrier(nullptr, nullptr); }, {"comm is NULL"}},
-      {"bpl_send(peer 0 = self)", [&] { return bpl_send(w, x, 4, BPL_DTYPE_F32, 0, 0, nullptr); }, {"peer = 0"}, send},
+      {"bpl_send(peer 0 = self)", [&] { return bpl_send(w, x, 4, BPL_DTYPE_F32, 0, 0, nullptr); }, {"peer = 0 is the calling rank"}, send},
       {"bpl_send(peer 9)", [&] { return bpl_send(w, x, 4, BPL_DTYPE_F32, 9, 0, nullptr); }, {"peer = 9"}, send},
       {"bpl_recv(peer 9, tag -1)", [&] { return bpl_recv(w, y, 4, BPL_DTYPE_F32, 9, -1, nullptr); }, {"peer = 9"}, recv},
       {"bpl_request_test(req NULL)", [&] { int32_t done = 0; return bpl_request_test(nullptr, &done); }, {"req is NULL"}},
@@ -271,6 +271,21 @@ TEST_P(BadArguments, KernelsAndPrograms) {
          gemm.ldb = gemm.ldc = 2;
          return bpl_gemm(rt, &gemm);
        }, {"args->lda = 1"}, gemm_kernel},
+      {"bpl_gemm(ldc 0)", [&] { gemm.lda = 2; gemm.ldc = 0; return bpl_gemm(rt, &gemm); }, {"args->ldc = 0"}, gemm_kernel},
+      {"bpl_gemm(trans_b 2)", [&] { gemm.ldc = 2; gemm.trans_b = 2; return bpl_gemm(rt, &gemm); }, {"args->trans_b = 2"}, gemm_kernel},
+      {"bpl_gemm(dtype 42)", [&] { gemm.trans_b = 0; gemm.dtype = 42; return bpl_gemm(rt, &gemm); }, {"args->dtype = 42"}, gemm_kernel},
+      {"bpl_gemm(m and lda huge)", [&] {
+         gemm.dtype = BPL_DTYPE_F32;
+         gemm.m = gemm.lda = kHuge;
+         return bpl_gemm(rt, &gemm);
+       }, {"exceeds the address space"}, gemm_kernel},
+      {"bpl_gemm(device 3)", [&] {
+         gemm.m = 2;
+         gemm.lda = 2;
+         gemm.device = 3;
+         return bpl_gemm(rt, &gemm);
+       }, {"device = 3"}, gemm_kernel},
+      {"bpl_gemm(c overlaps a)", [&] { gemm.device = 0; gemm.c = x_; return bpl_gemm(rt, &gemm); }, {"overlaps"}, gemm_kernel},
       {"bpl_add(count -2)", [&] {
          add.x = x_;
          add.y = x_;
@@ -283,7 +298,10 @@ TEST_P(BadArguments, KernelsAndPrograms) {
          add.out = nullptr;
          return bpl_add(rt, &add);
        }, {"args->out is NULL"}, add_kernel},
+      {"bpl_add(y NULL)", [&] { add.out = y_; add.y = nullptr; return bpl_add(rt, &add); }, {"args->y is NULL"}, add_kernel},
+      {"bpl_scale(out overlaps x)", [&] { add.out = x_ + 1; return bpl_scale(rt, &add); }, {"args->out overlaps args->x"}, scale_kernel},
       {"bpl_scale(dtype 50)", [&] {
+         add.y = x_;
          add.out = y_;
          add.dtype = 50;
          return bpl_scale(rt, &add);
@@ -295,6 +313,15 @@ TEST_P(BadArguments, KernelsAndPrograms) {
          cast.from = 77;
          return bpl_cast(rt, &cast);
        }, {"args->from = 77"}, cast_kernel},
+      {"bpl_cast(to 77)", [&] {
+         cast = BPL_CAST_ARGS_INIT;
+         cast.count = 4;
+         cast.src = x_;
+         cast.dst = y_;
+         cast.to = 77;
+         return bpl_cast(rt, &cast);
+       }, {"args->to = 77"}, cast_kernel},
+      {"bpl_cast(dst NULL)", [&] { cast.to = BPL_DTYPE_F32; cast.dst = nullptr; return bpl_cast(rt, &cast); }, {"args->dst is NULL"}, cast_kernel},
       {"bpl_program_compile(out NULL)", [&] { return bpl_program_compile(rt, source, sizeof(source), &options, nullptr); }, {"out is NULL"}},
       {"bpl_program_compile(source NULL)", [&] { return bpl_program_compile(rt, nullptr, 0, &options, &program); }, {"source is empty"}},
       {"bpl_program_compile(options struct_size 0)", [&] {
@@ -328,6 +355,12 @@ TEST_P(BadArguments, NamesOfUnknownValues) {
   EXPECT_EQ(bpl_comm_destroy(nullptr), BPL_OK);
   EXPECT_EQ(bpl_request_free(nullptr), BPL_OK);
   EXPECT_EQ(bpl_program_destroy(nullptr), BPL_OK);
+  // A count of zero needs no buffers.
+  EXPECT_EQ(bpl_allreduce(world_, nullptr, nullptr, 0, BPL_DTYPE_F32, BPL_OP_SUM, nullptr), BPL_OK) << bpl_last_error();
+  // A success clears the previous message.
+  EXPECT_EQ(bpl_allreduce(nullptr, x_, y_, 4, BPL_DTYPE_F32, BPL_OP_SUM, nullptr), BPL_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(bpl_barrier(world_, nullptr), BPL_OK) << bpl_last_error();
+  EXPECT_STREQ(bpl_last_error(), "");
   EXPECT_EQ(bpl_free(runtime_, nullptr), BPL_OK);
 }
 

@@ -1,5 +1,7 @@
 // The persistent compile cache (DESIGN.md, "Persistent compile cache"; reference: "Persistent cache for
-// compiled graphs"). Every backend's bpl_program_compile goes through it.
+// compiled graphs"). Every backend's bpl_program_compile goes through it, and bpl-cache looks after it
+// through this header alone: this folder is the cache's stated interface (the bpl_compile_cache
+// library), the rest of the core stays private to libbackplane.
 //
 // Layout: <root>/<compiler>/MODULE_<program hash>+<flags hash>/ holding
 //   model.bin       the artifact, written under a temporary name and renamed;
@@ -17,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "environment.h"
+#include "env_lookup.h"
 
 namespace backplane {
 

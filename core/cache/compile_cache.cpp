@@ -16,6 +16,7 @@
 #include <sstream>
 #include <thread>
 
+#include "environment.h"
 #include "error.h"
 #include "log.h"
 
