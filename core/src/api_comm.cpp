@@ -11,6 +11,34 @@
 
 using namespace backplane;
 
+namespace {
+
+// A communicator the plugin has just made, handed to the caller: wrapped, given its timeout, and
+// registered so that bpl_finalize destroys one the caller forgets. `store` is the one it was made
+// through, kept as long as it lives. On failure the plugin's communicator is destroyed.
+bpl_comm* adopt_comm(bpl_runtime* rt, bpl_plugin_comm* impl, std::string name, int64_t timeout_ms,
+                     std::unique_ptr<bpl_store> store) {
+  bpl_comm* wrapped = nullptr;
+  try {
+    wrapped = wrap_comm(rt, impl, false, std::move(name), timeout_ms);
+    wrapped->store = std::move(store);
+    if (auto set_timeout = rt->plugin->optional(&bpl_plugin_api::comm_set_timeout)) {
+      const bpl_status status = set_timeout(impl, timeout_ms);
+      if (status != BPL_OK) throw Error(status, "comm_set_timeout on the new communicator failed: " + last_error());
+    }
+  } catch (...) {
+    if (wrapped != nullptr) wrapped->magic = 0;
+    delete wrapped;
+    rt->api().comm_destroy(impl);
+    throw;
+  }
+  std::lock_guard<std::mutex> lock(rt->mutex);
+  rt->split_comms.insert(wrapped);
+  return wrapped;
+}
+
+}  // namespace
+
 extern "C" {
 
 /* ---- communicators ---- */
@@ -40,27 +68,37 @@ bpl_status bpl_comm_split(bpl_comm* parent, int32_t color, int32_t key, bpl_comm
     const uint32_t split_number = comm->splits.fetch_add(1, std::memory_order_relaxed);
     if (status != BPL_OK) return status;
     if (child == nullptr) return BPL_OK;  // BPL_COLOR_UNDEFINED
-    bpl_comm* wrapped = nullptr;
-    try {
-      const int64_t timeout_ms = comm->state.timeout_ms();
-      wrapped = wrap_comm(rt, child, false,
-                          comm->name + "/split" + std::to_string(split_number) + "/color" + std::to_string(color),
-                          timeout_ms);
-      if (auto set_timeout = rt->plugin->optional(&bpl_plugin_api::comm_set_timeout)) {
-        status = set_timeout(child, timeout_ms);
-        if (status != BPL_OK) throw Error(status, "comm_set_timeout on the new communicator failed: " + last_error());
-      }
-    } catch (...) {
-      if (wrapped != nullptr) wrapped->magic = 0;
-      delete wrapped;
-      rt->api().comm_destroy(child);
-      throw;
+    *out = adopt_comm(rt, child, comm->name + "/split" + std::to_string(split_number) + "/color" + std::to_string(color),
+                      comm->state.timeout_ms(), nullptr);
+    return BPL_OK;
+  });
+}
+
+bpl_status bpl_comm_create_from_store(bpl_runtime* runtime, const bpl_store* store, int32_t rank, int32_t size,
+                                      bpl_comm** out) {
+  return guarded("bpl_comm_create_from_store", [&] {
+    bpl_runtime* rt = check_runtime(runtime);
+    REQUIRE(out != nullptr, "out is NULL");
+    *out = nullptr;
+    REQUIRE(store != nullptr, "store is NULL");
+    std::unique_ptr<bpl_store> copy = read_store(store, "store");
+    REQUIRE(size >= 1, "size = " + std::to_string(size) + ": expected at least 1");
+    REQUIRE(rank >= 0 && rank < size,
+            "rank = " + std::to_string(rank) + ": expected 0.." + std::to_string(size - 1) + " (size " + std::to_string(size) + ")");
+    auto fn = rt->plugin->optional(&bpl_plugin_api::comm_create_from_store);
+    if (fn == nullptr) {
+      throw Error(BPL_ERR_UNSUPPORTED, std::string(rt->backend()) + " (plugin ABI " + std::to_string(rt->api().abi_major) +
+                                           "." + std::to_string(rt->api().abi_minor) +
+                                           ") cannot make a communicator through a store");
     }
-    {
-      std::lock_guard<std::mutex> lock(rt->mutex);
-      rt->split_comms.insert(wrapped);
-    }
-    *out = wrapped;
+    const int64_t timeout_ms = rt->world->state.timeout_ms();
+    bpl_plugin_comm* impl = nullptr;
+    clear_last_error();
+    const bpl_status status = fn(rt->impl, copy.get(), rank, size, timeout_ms, &impl);
+    if (status != BPL_OK) return forward("bpl_comm_create_from_store", rt, status);
+    // Members number their communicators from a store alike only by the store's keys, which the core
+    // does not see: the name says where it came from, the label which rank this is.
+    *out = adopt_comm(rt, impl, "store-comm(" + std::to_string(size) + " ranks)", timeout_ms, std::move(copy));
     return BPL_OK;
   });
 }

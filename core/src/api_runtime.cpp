@@ -30,6 +30,7 @@ bpl_status bpl_init(const bpl_init_options* options, bpl_runtime** out) {
     bpl_init_options opts = read_input(options, kDefaultInitOptions, "options");
     EnvLookup env = process_environment();
     auto runtime = std::make_unique<bpl_runtime>();
+    if (opts.store != nullptr) runtime->store = read_store(opts.store, "options->store");
     runtime->launch = resolve_launch(opts, env);
     runtime->debug_detail = debug_detail(env);
     log_level_setting(env);  // a bad BPL_LOG_LEVEL is refused here, naming it
@@ -44,8 +45,13 @@ bpl_status bpl_init(const bpl_init_options* options, bpl_runtime** out) {
     const LaunchInfo& launch = runtime->launch;
     runtime->launch_c = {sizeof(bpl_launch_info), launch.rank, launch.world_size, launch.local_rank,
                          launch.local_world_size, launch.master_addr.c_str(), launch.launcher.c_str(),
-                         launch.master_port, 0, launch.timeout_ms};
+                         launch.master_port, 0, launch.timeout_ms, runtime->store.get()};
     const bpl_plugin_api& api = runtime->api();
+    if (runtime->store != nullptr && api.abi_minor < 2) {
+      throw Error(BPL_ERR_UNSUPPORTED, std::string("options->store is given, but the ") + api.name + " plugin at " +
+                                           runtime->plugin->path() + " is ABI " + std::to_string(api.abi_major) + "." +
+                                           std::to_string(api.abi_minor) + ", older than 1.2, and cannot meet through a store");
+    }
     clear_last_error();
     bpl_status status = api.runtime_create(&runtime->launch_c, &runtime->impl);
     if (status != BPL_OK) {

@@ -28,6 +28,7 @@ struct bpl_runtime {
   bpl_plugin_runtime* impl = nullptr;
   backplane::LaunchInfo launch;
   bpl_launch_info launch_c{};
+  std::unique_ptr<bpl_store> store;  // the caller's store (bpl_init_options.store), or null
   std::string selection_reason;
   bpl_plugin_caps caps{};
   bool debug_detail = false;         // BPL_DEBUG=detail: fingerprints checked before each collective
@@ -52,6 +53,7 @@ struct bpl_comm {
   std::string label;                      // name and this rank's place, for messages
   backplane::CommState state;             // timeout, operation numbers, failure
   std::atomic<uint32_t> splits{0};        // splits made of it so far: names its children
+  std::unique_ptr<bpl_store> store;       // the store it was made through (bpl_comm_create_from_store)
   std::atomic<int64_t> live_requests{0};  // a communicator outlives its requests
 };
 

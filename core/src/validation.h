@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <sstream>
 #include <string>
 
@@ -53,6 +54,19 @@ void write_output(const T& value, T* out, const char* param) {
   size_t caller_size = out->struct_size;
   std::memcpy(static_cast<void*>(out), &value, std::min(caller_size, sizeof(T)));
   out->struct_size = caller_size;
+}
+
+// A caller's store (ABI 1.2), copied so that the caller's struct need not outlive the call; its
+// context and callbacks must. Every callback but last_error is required.
+inline std::unique_ptr<bpl_store> read_store(const bpl_store* store, const char* param) {
+  const bpl_store defaults = BPL_STORE_INIT;
+  auto copy = std::make_unique<bpl_store>(read_input(store, defaults, param));
+  const std::string name(param);
+  REQUIRE(copy->set != nullptr, name + "->set is NULL: a store needs set, get, add and check");
+  REQUIRE(copy->get != nullptr, name + "->get is NULL: a store needs set, get, add and check");
+  REQUIRE(copy->add != nullptr, name + "->add is NULL: a store needs set, get, add and check");
+  REQUIRE(copy->check != nullptr, name + "->check is NULL: a store needs set, get, add and check");
+  return copy;
 }
 
 inline void copy_text(char* dst, size_t capacity, const std::string& text) {

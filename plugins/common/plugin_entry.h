@@ -11,6 +11,9 @@
 //     using Request = MpiRequest;                            // test(int32_t*), wait(ms),
 //                                                            // static bpl_status free(std::unique_ptr<Request>)
 //     static Comm* world(bpl_plugin_runtime*);
+//     // optional (ABI 1.2): a communicator its members make through a caller's store
+//     static std::unique_ptr<Comm> create_from_store(bpl_plugin_runtime*, const bpl_store&, int rank, int size,
+//                                                    std::chrono::milliseconds timeout);
 //   };
 //
 // Comm has rank(), size(), set_timeout(ms), split(color, key) returning std::unique_ptr<Comm> (null for
@@ -63,6 +66,13 @@ struct HasAbort : std::false_type {};
 template <typename Comm>
 struct HasAbort<Comm, std::void_t<decltype(std::declval<Comm&>().abort())>> : std::true_type {};
 
+template <typename Traits, typename = void>
+struct HasCreateFromStore : std::false_type {};
+template <typename Traits>
+struct HasCreateFromStore<Traits, std::void_t<decltype(Traits::create_from_store(
+                                      nullptr, std::declval<const bpl_store&>(), 0, 0, std::chrono::milliseconds{}))>>
+    : std::true_type {};
+
 }  // namespace detail
 
 template <typename Traits>
@@ -96,6 +106,12 @@ struct CommEntries {
   }
   static bpl_status comm_split(bpl_plugin_comm* parent, int32_t color, int32_t key, bpl_plugin_comm** out) {
     return run([&] { *out = handle(comm(parent).split(color, key).release()); });
+  }
+  static bpl_status comm_create_from_store(bpl_plugin_runtime* rt, const bpl_store* store, int32_t rank, int32_t size,
+                                           int64_t timeout_ms, bpl_plugin_comm** out) {
+    return run([&] {
+      *out = handle(Traits::create_from_store(rt, *store, rank, size, std::chrono::milliseconds(timeout_ms)).release());
+    });
   }
   static bpl_status comm_destroy(bpl_plugin_comm* c) {
     return run([&] { delete &comm(c); });
@@ -181,6 +197,7 @@ bpl_plugin_api comm_table() {
   api.comm_rank_size = E::comm_rank_size;
   api.comm_set_timeout = E::comm_set_timeout;
   if constexpr (detail::HasAbort<Comm>::value) api.comm_abort = E::comm_abort;
+  if constexpr (detail::HasCreateFromStore<Traits>::value) api.comm_create_from_store = E::comm_create_from_store;
   api.allreduce = E::allreduce;
   api.broadcast = E::broadcast;
   api.reduce = E::reduce;

@@ -95,6 +95,16 @@ struct Traits {
   using Comm = GlooComm;
   using Request = gloo_plugin::Request;
   static Comm* world(bpl_plugin_runtime* rt) { return rt->world.get(); }
+  // Its members meet through the caller's store on the runtime's device; its path (shared memory,
+  // hierarchical, TCP) comes from where they run, as a split's does.
+  static std::unique_ptr<Comm> create_from_store(bpl_plugin_runtime* rt, const bpl_store& store, int rank, int size,
+                                                 std::chrono::milliseconds timeout) {
+    Rendezvous joined = rendezvous_through(store, rank, size, timeout, rt->shared->device);
+    std::shared_ptr<ConnectionWatch> watch = rt->shared->watch;
+    if (watch == nullptr && size > 1) watch = std::make_shared<ConnectionWatch>();
+    auto shared = std::make_shared<Shared>(Shared{joined.store, joined.device, timeout, joined.board, watch});
+    return std::make_unique<GlooComm>(shared, "comm", rank, size, timeout);
+  }
 };
 
 bpl_plugin_api make_table() {

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstddef>
 #include <chrono>
 #include <cstring>
 #include <set>
@@ -20,6 +21,7 @@
 #include <typeinfo>
 
 #include "bounded_store.h"
+#include "caller_store.h"
 #include "plugin_support.h"
 
 namespace backplane::gloo_plugin {
@@ -55,13 +57,13 @@ std::vector<uint8_t> bytes_of(const std::string& text) { return std::vector<uint
 // timeout, for all the others. The first rank to find the rendezvous failed (a duplicate rank, ranks
 // disagreeing on the world size, or, at its timeout, ranks missing) records why in the store, and
 // every rank waiting there fails at once with the same message.
-void check_arrivals(c10d::Store& store, const std::string& prefix, const bpl_launch_info& launch,
+void check_arrivals(c10d::Store& store, const std::string& prefix, int32_t rank, int32_t world_size,
                     std::chrono::milliseconds timeout) {
   using backplane::plugin::Error;
   const std::string outcome_key = prefix + "failed";
   char host[256] = {};
   ::gethostname(host, sizeof(host) - 1);
-  const std::string me = "rank " + std::to_string(launch.rank) + " (" + host + " pid " + std::to_string(::getpid()) + ")";
+  const std::string me = "rank " + std::to_string(rank) + " (" + host + " pid " + std::to_string(::getpid()) + ")";
   // "<status>|<message>": the first failure recorded wins, so that every rank reports the same one.
   auto fail_everyone = [&](bpl_status status, const std::string& reason) {
     const std::string first =
@@ -70,20 +72,20 @@ void check_arrivals(c10d::Store& store, const std::string& prefix, const bpl_lau
     throw Error(static_cast<bpl_status>(std::atoi(first.c_str())), first.substr(bar == std::string::npos ? 0 : bar + 1));
   };
 
-  const std::string world = std::to_string(launch.world_size);
+  const std::string world = std::to_string(world_size);
   const std::string agreed = text_of(store.compareSet(prefix + "world_size", {}, bytes_of(world)));
   if (agreed != world) {
     fail_everyone(BPL_ERR_MISMATCH, me + " was started with WORLD_SIZE=" + world + " but an earlier rank with WORLD_SIZE=" +
                                         agreed + ": every rank must be given the same world size");
   }
-  const std::string rank_key = prefix + "rank/" + std::to_string(launch.rank);
+  const std::string rank_key = prefix + "rank/" + std::to_string(rank);
   if (store.add(rank_key, 1) > 1) {
     fail_everyone(BPL_ERR_MISMATCH, me + " joined, but another process already joined as rank " +
-                                        std::to_string(launch.rank) + ": each rank must be started once (check RANK / the launcher)");
+                                        std::to_string(rank) + ": each rank must be started once (check RANK / the launcher)");
   }
 
   std::vector<std::string> rank_keys;
-  for (int32_t r = 0; r < launch.world_size; ++r) rank_keys.push_back(prefix + "rank/" + std::to_string(r));
+  for (int32_t r = 0; r < world_size; ++r) rank_keys.push_back(prefix + "rank/" + std::to_string(r));
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
     if (store.check({outcome_key})) fail_everyone(BPL_ERR_INTERNAL, "");  // reports the recorded failure
@@ -93,7 +95,7 @@ void check_arrivals(c10d::Store& store, const std::string& prefix, const bpl_lau
   }
   std::string missing;
   int32_t joined = 0;
-  for (int32_t r = 0; r < launch.world_size; ++r) {
+  for (int32_t r = 0; r < world_size; ++r) {
     if (store.check({rank_keys[static_cast<size_t>(r)]})) {
       ++joined;
     } else {
@@ -101,9 +103,51 @@ void check_arrivals(c10d::Store& store, const std::string& prefix, const bpl_lau
     }
   }
   fail_everyone(BPL_ERR_TIMEOUT, "timed out after " + std::to_string(timeout.count()) + " ms (BPL_TIMEOUT_MS): " +
-                                     std::to_string(joined) + "/" + std::to_string(launch.world_size) +
+                                     std::to_string(joined) + "/" + std::to_string(world_size) +
                                      " joined, missing ranks [" + missing + "]");
 }
+
+// A caller's store (bpl_store, ABI 1.2) as a c10d::Store, so that the rendezvous, Gloo's full mesh and
+// the failure board meet through it as through a TCPStore. `timeout` bounds get and wait.
+class CallerC10dStore : public c10d::Store {
+ public:
+  CallerC10dStore(const bpl_store& store, std::chrono::milliseconds timeout) : c10d::Store(timeout), store_(store) {}
+
+  void set(const std::string& key, const std::vector<uint8_t>& value) override { store_.set(key, value); }
+  std::vector<uint8_t> get(const std::string& key) override { return store_.get(key, timeout_); }
+  int64_t add(const std::string& key, int64_t delta) override { return store_.add(key, delta); }
+  bool check(const std::vector<std::string>& keys) override {
+    return std::all_of(keys.begin(), keys.end(), [&](const std::string& key) { return store_.check(key); });
+  }
+  // The callbacks have no compare-and-set. Every use here sets a key unless it is set and returns the
+  // value that stands, which a counter beside the key makes safe: the first to count sets it, the
+  // others wait for that value.
+  std::vector<uint8_t> compareSet(const std::string& key, const std::vector<uint8_t>& expected,
+                                  const std::vector<uint8_t>& desired) override {
+    if (!expected.empty()) {
+      throw plugin::Error(BPL_ERR_INTERNAL, "compareSet with an expected value on a caller's store (key '" + key + "')");
+    }
+    if (store_.add(key + "/claimed", 1) == 1) {
+      store_.set(key, desired);
+      return desired;
+    }
+    return store_.get(key, timeout_);
+  }
+  bool deleteKey(const std::string& key) override {
+    throw plugin::Error(BPL_ERR_UNSUPPORTED, "a caller's store cannot delete keys (key '" + key + "')");
+  }
+  int64_t getNumKeys() override { throw plugin::Error(BPL_ERR_UNSUPPORTED, "a caller's store cannot count its keys"); }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (const std::string& key : keys) {
+      store_.wait(key, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()));
+    }
+  }
+
+ private:
+  plugin::CallerStore store_;
+};
 
 // A world of one: nobody to tell.
 class InProcessBoard : public FailureBoard {
@@ -219,25 +263,19 @@ bool is_store_timeout(const std::exception& e) {
   return std::strstr(what, "imed out") != nullptr || std::strstr(what, "imeout") != nullptr;
 }
 
-Rendezvous rendezvous(const bpl_launch_info& launch) {
-  using backplane::plugin::Error;
-  Rendezvous result;
-  const std::string addr = launch.master_addr != nullptr ? launch.master_addr : "";
-  const auto timeout = std::chrono::milliseconds(launch.timeout_ms);
-  if (launch.world_size > 1) {
-    if (addr.empty() || launch.master_port <= 0) {
-      throw Error(BPL_ERR_INVALID_ARGUMENT,
-                  "a world of " + std::to_string(launch.world_size) + " ranks needs MASTER_ADDR and MASTER_PORT (got '" +
-                      addr + "' and " + std::to_string(launch.master_port) + "); launch with bpl-run or torchrun");
-    }
-    resolve_master_addr(addr, timeout);
-  }
+namespace {
 
-  // The transport: loopback when the job is on this host; otherwise the interface named by
-  // GLOO_SOCKET_IFNAME, else the address this host's name resolves to (as torch's Gloo does).
+// The launch's store (ABI 1.2), where the core that filled `launch` knows the field.
+const bpl_store* caller_store_of(const bpl_launch_info& launch) {
+  const bool has_field = launch.struct_size >= offsetof(bpl_launch_info, store) + sizeof(launch.store);
+  return has_field ? launch.store : nullptr;
+}
+
+// The transport: loopback when the job is on this host; otherwise the interface named by
+// GLOO_SOCKET_IFNAME, else the address this host's name resolves to (as torch's Gloo does).
+std::shared_ptr<::gloo::transport::Device> make_device(bool on_this_host, std::string& transport) {
   ::gloo::transport::tcp::attr attr;
-  std::string transport;
-  if (launch.world_size == 1 || is_loopback(addr)) {
+  if (on_this_host) {
     attr.hostname = "127.0.0.1";
     transport = "tcp 127.0.0.1";
   } else if (const char* iface = env("GLOO_SOCKET_IFNAME")) {
@@ -250,15 +288,68 @@ Rendezvous rendezvous(const bpl_launch_info& launch) {
     attr.hostname = name;
     transport = std::string("tcp host ") + name;
   }
-  result.device = ::gloo::transport::tcp::CreateDevice(attr);
+  return ::gloo::transport::tcp::CreateDevice(attr);
+}
+
+// Meets the other `size` ranks through a caller's store: arrivals checked, every key under "backplane/".
+// The failure board uses the same store with a short bound on its waits (a callback that blocks
+// beyond it cannot be stopped: the caller's store must honour its own deadlines).
+Rendezvous meet_through(const bpl_store& caller, int32_t rank, int32_t size, std::chrono::milliseconds timeout,
+                        std::shared_ptr<::gloo::transport::Device> device, const std::string& transport) {
+  Rendezvous result;
+  result.device = std::move(device);
+  const std::string prefix = "backplane";
+  auto store = c10::make_intrusive<CallerC10dStore>(caller, timeout);
+  try {
+    check_arrivals(*store, prefix + "/arrival/", rank, size, timeout);
+  } catch (const plugin::Error& e) {
+    throw plugin::Error(e.status(), "rendezvous through the caller's store as rank " + std::to_string(rank) + " of " +
+                                        std::to_string(size) + " failed: " + e.what());
+  }
+  result.store = std::make_shared<PrefixedStore>(std::make_shared<c10d::ProcessGroupGloo::GlooStore>(store), prefix);
+  result.board = std::make_shared<StoreBoard>(
+      c10::make_intrusive<CallerC10dStore>(caller, std::min(timeout, std::chrono::milliseconds(500))), prefix);
+  result.description = "store=the caller's (bpl_init_options.store); transport=" + transport;
+  return result;
+}
+
+}  // namespace
+
+Rendezvous rendezvous_through(const bpl_store& store, int32_t rank, int32_t size, std::chrono::milliseconds timeout,
+                              std::shared_ptr<::gloo::transport::Device> device) {
+  return meet_through(store, rank, size, timeout, std::move(device), "the runtime's");
+}
+
+Rendezvous rendezvous(const bpl_launch_info& launch) {
+  using backplane::plugin::Error;
+  const std::string addr = launch.master_addr != nullptr ? launch.master_addr : "";
+  const auto timeout = std::chrono::milliseconds(launch.timeout_ms);
+  const bpl_store* caller = caller_store_of(launch);
+  if (launch.world_size > 1 && caller == nullptr) {
+    if (addr.empty() || launch.master_port <= 0) {
+      throw Error(BPL_ERR_INVALID_ARGUMENT,
+                  "a world of " + std::to_string(launch.world_size) + " ranks needs MASTER_ADDR and MASTER_PORT (got '" +
+                      addr + "' and " + std::to_string(launch.master_port) +
+                      "), or a store (bpl_init_options.store); launch with bpl-run or torchrun");
+    }
+    resolve_master_addr(addr, timeout);
+  }
+  // Through a caller's store the ranks' host is unknown unless MASTER_ADDR says loopback.
+  std::string transport;
+  auto device = make_device(launch.world_size == 1 || is_loopback(addr), transport);
 
   if (launch.world_size == 1) {
+    Rendezvous result;
+    result.device = device;
     result.store = std::make_shared<::gloo::rendezvous::HashStore>();
     result.description = "store=in-process; transport=" + transport;
     result.board = std::make_shared<InProcessBoard>();
     return result;
   }
+  if (caller != nullptr) return meet_through(*caller, launch.rank, launch.world_size, timeout, device, transport);
 
+  Rendezvous result;
+  result.device = device;
   // A torchrun agent hosts the store itself and tells its workers so; otherwise rank 0 hosts it.
   const char* agent_store = env("TORCHELASTIC_USE_AGENT_STORE");
   const bool agent_hosts = agent_store != nullptr && std::string(agent_store) == "True";
@@ -290,7 +381,7 @@ Rendezvous rendezvous(const bpl_launch_info& launch) {
   const char* restart = env("TORCHELASTIC_RESTART_COUNT");
   const std::string prefix = std::string("backplane/") + (restart ? restart : "0");
   try {
-    check_arrivals(*tcp_store, prefix + "/arrival/", launch, timeout);
+    check_arrivals(*tcp_store, prefix + "/arrival/", launch.rank, launch.world_size, timeout);
   } catch (const Error& e) {
     // The store ends with this process: give the other ranks a moment to read the failure from it.
     if (options.isServer) std::this_thread::sleep_for(std::chrono::milliseconds(300));

@@ -41,9 +41,15 @@ struct Rendezvous {
   std::shared_ptr<FailureBoard> board;                 // on the same store, under the same prefix
 };
 
-// Joins (rank 0 hosts the store unless a torchrun agent does) or, for a world of one, uses an
+// Joins through the launch's store (bpl_init_options.store) when it has one, else at
+// MASTER_ADDR:MASTER_PORT (rank 0 hosts the store unless a torchrun agent does); a world of one uses an
 // in-process store. Throws on an unreachable store or port in use, naming host:port.
 Rendezvous rendezvous(const bpl_launch_info& launch);
+
+// The members of a new communicator (bpl_comm_create_from_store) meeting through the caller's `store`
+// on the runtime's `device`. Throws plugin::Error: TIMEOUT naming the members missing, MISMATCH.
+Rendezvous rendezvous_through(const bpl_store& store, int32_t rank, int32_t size, std::chrono::milliseconds timeout,
+                              std::shared_ptr<::gloo::transport::Device> device);
 
 // True for the exceptions of LibTorch's store that mean a timeout (its TimeoutError, or a c10::Error
 // saying so).

@@ -10,6 +10,7 @@
 #include <thread>
 #include <utility>
 
+#include "caller_store.h"
 #include "dtypes.h"
 #include "local_process.h"
 #include "plugin_support.h"
@@ -648,6 +649,61 @@ std::unique_ptr<MpiComm> MpiComm::split(int color, int key) {
   }
   if (child == MPI_COMM_NULL) return nullptr;
   return std::make_unique<MpiComm>(process_, child, timeout());
+}
+
+std::unique_ptr<MpiComm> MpiComm::create_from_store(const MpiProcess& process, const bpl_store& store, int rank,
+                                                    int size, std::chrono::milliseconds timeout) {
+  const plugin::CallerStore members(store);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  if (members.add("backplane/mpi/rank/" + std::to_string(rank), 1) != 1) {
+    throw Error(BPL_ERR_MISMATCH, "two members of the new communicator claim rank " + std::to_string(rank) +
+                                      ": each rank 0.." + std::to_string(size - 1) + " must be given to one process");
+  }
+  int world_rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  // "<world rank> <size>" under each member's rank.
+  const std::string mine = std::to_string(world_rank) + " " + std::to_string(size);
+  members.set("backplane/mpi/member/" + std::to_string(rank), std::vector<uint8_t>(mine.begin(), mine.end()));
+  std::vector<int> world_ranks(static_cast<size_t>(size));
+  for (int r = 0; r < size; ++r) {
+    const std::string key = "backplane/mpi/member/" + std::to_string(r);
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    std::vector<uint8_t> value;
+    try {
+      value = members.get(key, left);
+    } catch (const plugin::Error& e) {
+      if (e.status() != BPL_ERR_TIMEOUT) throw;
+      std::string missing;
+      for (int m = r; m < size; ++m) {
+        if (!members.check("backplane/mpi/member/" + std::to_string(m))) missing += (missing.empty() ? "" : ", ") + std::to_string(m);
+      }
+      throw Error(BPL_ERR_TIMEOUT, "making a communicator of " + std::to_string(size) + " ranks through the caller's store: ranks [" +
+                                       missing + "] did not come within " + std::to_string(timeout.count()) + " ms");
+    }
+    const std::string text(value.begin(), value.end());
+    const size_t space = text.find(' ');
+    const int their_size = space == std::string::npos ? -1 : std::atoi(text.c_str() + space + 1);
+    if (their_size != size) {
+      throw Error(BPL_ERR_MISMATCH, "members disagree on the new communicator's size: rank " + std::to_string(rank) +
+                                        " says " + std::to_string(size) + ", rank " + std::to_string(r) + " says " +
+                                        std::to_string(their_size));
+    }
+    world_ranks[static_cast<size_t>(r)] = std::atoi(text.c_str());
+  }
+  // Every member is there, so MPI_Comm_create_group, which has no timeout, only waits for peers that
+  // are already calling it.
+  MPI_Comm created = MPI_COMM_NULL;
+  {
+    MpiLock lock(process);
+    MPI_Group world_group = MPI_GROUP_NULL, group = MPI_GROUP_NULL;
+    MPI_Comm_group(MPI_COMM_WORLD, &world_group);
+    MPI_Group_incl(world_group, size, world_ranks.data(), &group);
+    const int code = MPI_Comm_create_group(MPI_COMM_WORLD, group, /*tag=*/0x6270, &created);
+    MPI_Group_free(&group);
+    MPI_Group_free(&world_group);
+    if (code != MPI_SUCCESS) throw Error(BPL_ERR_INTERNAL, "MPI_Comm_create_group failed");
+  }
+  return std::make_unique<MpiComm>(process, created, timeout);
 }
 
 }  // namespace backplane::mpi_plugin

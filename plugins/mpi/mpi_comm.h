@@ -134,6 +134,11 @@ class MpiComm {
   void send(const void* buf, size_t count, bpl_dtype dtype, int peer, int tag, bpl_plugin_request** req);
   void recv(void* buf, size_t count, bpl_dtype dtype, int peer, int tag, bpl_plugin_request** req);
   std::unique_ptr<MpiComm> split(int color, int key);
+  // ABI 1.2: a communicator of `size` ranks that only they create (MPI_Comm_create_group), each passing
+  // its `rank` in it; they learn each other's MPI_COMM_WORLD ranks through the caller's `store`, within
+  // `timeout` (a member missing is TIMEOUT naming it, members disagreeing MISMATCH).
+  static std::unique_ptr<MpiComm> create_from_store(const MpiProcess& process, const bpl_store& store, int rank,
+                                                    int size, std::chrono::milliseconds timeout);
 
   // Throws Error(MPI's own error string) unless `code` is MPI_SUCCESS.
   void check(int code, const char* call) const;

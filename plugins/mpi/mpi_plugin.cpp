@@ -195,6 +195,10 @@ struct Traits {
   using Comm = MpiComm;
   using Request = mpi_plugin::Request;
   static Comm* world(bpl_plugin_runtime* rt) { return rt->world.get(); }
+  static std::unique_ptr<Comm> create_from_store(bpl_plugin_runtime* rt, const bpl_store& store, int rank, int size,
+                                                 std::chrono::milliseconds timeout) {
+    return MpiComm::create_from_store(rt->world->process(), store, rank, size, timeout);
+  }
 };
 
 bpl_plugin_api make_table() {

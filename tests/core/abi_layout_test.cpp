@@ -11,7 +11,7 @@
 
 TEST(AbiLayout, bpl_init_options) {
   EXPECT_EQ(offsetof(bpl_init_options, struct_size), 0u);
-  EXPECT_EQ(sizeof(bpl_init_options), 56u);
+  EXPECT_EQ(sizeof(bpl_init_options), 64u);
   EXPECT_EQ(offsetof(bpl_init_options, backend), 8u);
   EXPECT_EQ(offsetof(bpl_init_options, rank), 16u);
   EXPECT_EQ(offsetof(bpl_init_options, world_size), 20u);
@@ -20,7 +20,21 @@ TEST(AbiLayout, bpl_init_options) {
   EXPECT_EQ(offsetof(bpl_init_options, master_addr), 32u);
   EXPECT_EQ(offsetof(bpl_init_options, master_port), 40u);
   EXPECT_EQ(offsetof(bpl_init_options, timeout_ms), 48u);
-  EXPECT_NO_TRAILING_PADDING(bpl_init_options, timeout_ms);
+  // ABI 1.2
+  EXPECT_EQ(offsetof(bpl_init_options, store), 56u);
+  EXPECT_NO_TRAILING_PADDING(bpl_init_options, store);
+}
+
+TEST(AbiLayout, bpl_store) {  // ABI 1.2
+  EXPECT_EQ(offsetof(bpl_store, struct_size), 0u);
+  EXPECT_EQ(sizeof(bpl_store), 56u);
+  EXPECT_EQ(offsetof(bpl_store, context), 8u);
+  EXPECT_EQ(offsetof(bpl_store, set), 16u);
+  EXPECT_EQ(offsetof(bpl_store, get), 24u);
+  EXPECT_EQ(offsetof(bpl_store, add), 32u);
+  EXPECT_EQ(offsetof(bpl_store, check), 40u);
+  EXPECT_EQ(offsetof(bpl_store, last_error), 48u);
+  EXPECT_NO_TRAILING_PADDING(bpl_store, last_error);
 }
 
 TEST(AbiLayout, bpl_runtime_info) {
@@ -150,7 +164,7 @@ TEST(AbiLayout, bpl_tensor) {
 
 TEST(AbiLayout, bpl_launch_info) {
   EXPECT_EQ(offsetof(bpl_launch_info, struct_size), 0u);
-  EXPECT_EQ(sizeof(bpl_launch_info), 56u);
+  EXPECT_EQ(sizeof(bpl_launch_info), 64u);
   EXPECT_EQ(offsetof(bpl_launch_info, rank), 8u);
   EXPECT_EQ(offsetof(bpl_launch_info, world_size), 12u);
   EXPECT_EQ(offsetof(bpl_launch_info, local_rank), 16u);
@@ -160,7 +174,9 @@ TEST(AbiLayout, bpl_launch_info) {
   EXPECT_EQ(offsetof(bpl_launch_info, master_port), 40u);
   EXPECT_EQ(offsetof(bpl_launch_info, reserved0), 44u);
   EXPECT_EQ(offsetof(bpl_launch_info, timeout_ms), 48u);
-  EXPECT_NO_TRAILING_PADDING(bpl_launch_info, timeout_ms);
+  // ABI 1.2
+  EXPECT_EQ(offsetof(bpl_launch_info, store), 56u);
+  EXPECT_NO_TRAILING_PADDING(bpl_launch_info, store);
 }
 
 TEST(AbiLayout, bpl_host_api) {
@@ -191,7 +207,7 @@ TEST(AbiLayout, bpl_plugin_caps) {
 
 TEST(AbiLayout, bpl_plugin_api) {
   EXPECT_EQ(offsetof(bpl_plugin_api, struct_size), 0u);
-  EXPECT_EQ(sizeof(bpl_plugin_api), 320u);
+  EXPECT_EQ(sizeof(bpl_plugin_api), 328u);
   EXPECT_EQ(offsetof(bpl_plugin_api, abi_major), 8u);
   EXPECT_EQ(offsetof(bpl_plugin_api, abi_minor), 12u);
   EXPECT_EQ(offsetof(bpl_plugin_api, name), 16u);
@@ -233,7 +249,9 @@ TEST(AbiLayout, bpl_plugin_api) {
   // ABI 1.1
   EXPECT_EQ(offsetof(bpl_plugin_api, comm_set_timeout), 304u);
   EXPECT_EQ(offsetof(bpl_plugin_api, comm_abort), 312u);
-  EXPECT_NO_TRAILING_PADDING(bpl_plugin_api, comm_abort);
+  // ABI 1.2
+  EXPECT_EQ(offsetof(bpl_plugin_api, comm_create_from_store), 320u);
+  EXPECT_NO_TRAILING_PADDING(bpl_plugin_api, comm_create_from_store);
 }
 
 TEST(AbiLayout, FixedNumericValues) {
@@ -262,6 +280,11 @@ TEST(AbiLayout, InitializersSetSizeAndDefaults) {
   EXPECT_EQ(options.world_size, -1);
   EXPECT_EQ(options.master_port, -1);
   EXPECT_EQ(options.timeout_ms, -1);
+  EXPECT_EQ(options.store, nullptr);
+  bpl_store store = BPL_STORE_INIT;
+  EXPECT_EQ(store.struct_size, sizeof(bpl_store));
+  EXPECT_EQ(store.set, nullptr);
+  EXPECT_EQ(store.last_error, nullptr);
   bpl_runtime_info info = BPL_RUNTIME_INFO_INIT;
   EXPECT_EQ(info.struct_size, sizeof(bpl_runtime_info));
   bpl_selection selection = BPL_SELECTION_INIT;

@@ -170,6 +170,12 @@ TEST_P(BadArguments, RuntimeAndDevice) {
 
 TEST_P(BadArguments, Communicators) {
   bpl_comm* child = nullptr;
+  // A store whose every call fails: the arguments are refused before any is made.
+  bpl_store store = BPL_STORE_INIT;
+  store.set = [](void*, const char*, const void*, size_t) -> bpl_status { return BPL_ERR_IO; };
+  store.get = [](void*, const char*, int64_t, void*, size_t, size_t*) -> bpl_status { return BPL_ERR_IO; };
+  store.add = [](void*, const char*, int64_t, int64_t*) -> bpl_status { return BPL_ERR_IO; };
+  store.check = [](void*, const char*, int32_t*) -> bpl_status { return BPL_ERR_IO; };
   int32_t value = 0;
   int64_t timeout = 0;
   check({
@@ -187,6 +193,36 @@ TEST_P(BadArguments, Communicators) {
       {"bpl_comm_get_timeout(out NULL)", [&] { return bpl_comm_get_timeout(world_, nullptr); }, {"timeout_ms is NULL"}},
       {"bpl_comm_get_timeout(comm NULL)", [&] { return bpl_comm_get_timeout(nullptr, &timeout); }, {"comm is NULL"}},
       {"bpl_comm_abort(comm NULL)", [&] { return bpl_comm_abort(nullptr); }, {"comm is NULL"}},
+      {"bpl_comm_create_from_store(runtime NULL)", [&] { return bpl_comm_create_from_store(nullptr, &store, 0, 1, &child); },
+       {"runtime is NULL"}},
+      {"bpl_comm_create_from_store(out NULL)", [&] { return bpl_comm_create_from_store(runtime_, &store, 0, 1, nullptr); },
+       {"out is NULL"}},
+      {"bpl_comm_create_from_store(store NULL)", [&] { return bpl_comm_create_from_store(runtime_, nullptr, 0, 1, &child); },
+       {"store is NULL"}},
+      {"bpl_comm_create_from_store(store->get NULL)", [&] {
+         bpl_store no_get = store;
+         no_get.get = nullptr;
+         return bpl_comm_create_from_store(runtime_, &no_get, 0, 1, &child);
+       }, {"store->get is NULL"}},
+      {"bpl_comm_create_from_store(store struct_size 0)", [&] {
+         bpl_store sizeless = store;
+         sizeless.struct_size = 0;
+         return bpl_comm_create_from_store(runtime_, &sizeless, 0, 1, &child);
+       }, {"store->struct_size = 0"}},
+      {"bpl_comm_create_from_store(rank 3 of 2)", [&] { return bpl_comm_create_from_store(runtime_, &store, 3, 2, &child); },
+       {"rank = 3", "0..1"}},
+      {"bpl_comm_create_from_store(rank -1)", [&] { return bpl_comm_create_from_store(runtime_, &store, -1, 2, &child); },
+       {"rank = -1"}},
+      {"bpl_comm_create_from_store(size 0)", [&] { return bpl_comm_create_from_store(runtime_, &store, 0, 0, &child); },
+       {"size = 0"}},
+      {"bpl_init(store without check)", [&] {
+         bpl_store no_check = store;
+         no_check.check = nullptr;
+         bpl_init_options options = BPL_INIT_OPTIONS_INIT;
+         options.store = &no_check;
+         bpl_runtime* out = nullptr;
+         return bpl_init(&options, &out);
+       }, {"options->store->check is NULL"}},
   });
 }
 

@@ -1,6 +1,6 @@
 /*
- * backplane.h — the embedder's C API of backplane (ABI 1.1: 1.0 plus bpl_comm_set_timeout,
- * bpl_comm_get_timeout, bpl_comm_abort and BPL_ERR_ABORTED).
+ * backplane.h — the embedder's C API of backplane (ABI 1.2; what each minor version added is in
+ * core/ABI_CHANGELOG.md).
  *
  * One program written against this header runs on any backend plugin (Gloo CPU mode, MPI, Neuron);
  * the backend is chosen at run time (see bpl_init). The header is C99 and compiles as C and C++.
@@ -27,7 +27,7 @@ extern "C" {
 #endif
 
 #define BPL_ABI_MAJOR 1
-#define BPL_ABI_MINOR 1
+#define BPL_ABI_MINOR 2
 
 #if defined(__GNUC__)
 #define BPL_API __attribute__((visibility("default")))
@@ -122,6 +122,35 @@ typedef struct bpl_request bpl_request; /* an operation in flight */
 /* ------------------------------------------------------------------------------------------------ */
 /* Runtime: selection, initialisation and description.                                             */
 
+/* A key-value store the caller already has (ABI 1.2): torch.distributed's c10d::Store, a launcher's or a
+ * scheduler's service. Given to bpl_init, the ranks meet through it instead of at
+ * MASTER_ADDR:MASTER_PORT; given to bpl_comm_create_from_store, the members of a new communicator do.
+ * backplane puts its keys under prefixes of its own, so one store can serve several runtimes and
+ * communicators. The callbacks may run on any thread of backplane, also at the same time, for as long as
+ * the runtime (bpl_init) or the communicator (bpl_comm_create_from_store) lives. Each returns BPL_OK or
+ * a status (BPL_ERR_TIMEOUT when a wait ran out; BPL_ERR_IO, BPL_ERR_REMOTE when the store cannot be
+ * reached); backplane adds the callback's last_error() text, if given, to its own message. */
+typedef struct bpl_store {
+  size_t struct_size; /* sizeof(bpl_store) */
+  void* context;      /* handed to every callback */
+  /* Sets `key` to the `size` bytes at `value`. */
+  bpl_status (*set)(void* context, const char* key, const void* value, size_t size);
+  /* Waits up to timeout_ms (> 0) for `key` to be set, copies up to `capacity` bytes of its value to
+   * `value` (NULL when capacity is 0: backplane only waits) and sets *size to the value's full size
+   * (backplane calls again with a buffer that large when it was larger). BPL_ERR_TIMEOUT if the key
+   * is not set in time. */
+  bpl_status (*get)(void* context, const char* key, int64_t timeout_ms, void* value, size_t capacity,
+                    size_t* size);
+  /* Adds `delta` to the integer stored under `key` (absent: 0) and sets *result to the new value. */
+  bpl_status (*add)(void* context, const char* key, int64_t delta, int64_t* result);
+  /* *found = 1 if `key` is set, else 0, at once. */
+  bpl_status (*check)(void* context, const char* key, int32_t* found);
+  /* Optional (may be NULL): a message for the last failed call on the calling thread. */
+  const char* (*last_error)(void* context);
+} bpl_store;
+
+#define BPL_STORE_INIT {sizeof(bpl_store), NULL, NULL, NULL, NULL, NULL, NULL}
+
 /* Options of bpl_init. Every field left at its *_INIT value is taken from the environment:
  *   backend           explicit backend > BPL_BACKEND > NXD_CPU_MODE (1 → gloo, 0 → neuron) > auto
  *                     (neuron if a Neuron device is present, mpi if launched by mpirun, else gloo).
@@ -131,7 +160,12 @@ typedef struct bpl_request bpl_request; /* an operation in flight */
  *                     OMPI_COMM_WORLD_* > Slurm's SLURM_PROCID/SLURM_NTASKS > rank 0 of 1.
  *   master_addr, master_port
  *                     rendezvous address for backends that need one: explicit > MASTER_ADDR/MASTER_PORT.
- *   timeout_ms        every wait's default bound: explicit > BPL_TIMEOUT_MS > 300000 (5 minutes). */
+ *   timeout_ms        every wait's default bound: explicit > BPL_TIMEOUT_MS > 300000 (5 minutes).
+ *   store             ABI 1.2: the ranks meet through this store (copied; its context and callbacks must
+ *                     stay valid until bpl_finalize) instead of at master_addr:master_port. rank and
+ *                     world_size must then be known (options or environment). A backend whose ranks
+ *                     need no meeting (mpi under mpirun) ignores it; a plugin older than ABI 1.2 is
+ *                     refused (UNSUPPORTED). */
 typedef struct bpl_init_options {
   size_t struct_size;      /* sizeof(bpl_init_options) */
   const char* backend;     /* NULL: from the environment */
@@ -142,9 +176,10 @@ typedef struct bpl_init_options {
   const char* master_addr; /* NULL: from the environment */
   int32_t master_port;     /* -1: from the environment */
   int64_t timeout_ms;      /* -1: from the environment */
+  const bpl_store* store;  /* ABI 1.2. NULL: meet at master_addr:master_port */
 } bpl_init_options;
 
-#define BPL_INIT_OPTIONS_INIT {sizeof(bpl_init_options), NULL, -1, -1, -1, -1, NULL, -1, -1}
+#define BPL_INIT_OPTIONS_INIT {sizeof(bpl_init_options), NULL, -1, -1, -1, -1, NULL, -1, -1, NULL}
 
 /* Loads the selected backend plugin and joins the job (for multi-rank backends this is a rendezvous
  * bounded by the timeout). `options` may be NULL (everything from the environment).
@@ -275,7 +310,21 @@ BPL_API bpl_status bpl_comm_world(bpl_runtime* runtime, bpl_comm** out);
 #define BPL_COLOR_UNDEFINED (-1)
 BPL_API bpl_status bpl_comm_split(bpl_comm* parent, int32_t color, int32_t key, bpl_comm** out);
 
-/* Destroys a communicator from bpl_comm_split, after its pending operations end. Accepts NULL.
+/* ABI 1.2. A communicator of `size` ranks made by those ranks alone, through `store` (as torch's
+ * new_group calls its backend only on the members): each member calls it with its rank in the new
+ * communicator (0..size-1, each once) and the same store, which the members share and no other
+ * communicator uses with the same keys (a prefix store per group). Ranks outside take no part. The
+ * store's context and callbacks must stay valid until the communicator is destroyed (failures are
+ * reported through it). The new communicator starts with the runtime's timeout, which also bounds
+ * this call. *out is owned by the caller, released with bpl_comm_destroy.
+ * Errors: INVALID_ARGUMENT (rank outside 0..size-1, size < 1, a store without set/get/add/check),
+ * MISMATCH (members that disagree on the size, or two members with the same rank), TIMEOUT (members
+ * missing: named), UNSUPPORTED (the backend cannot, or a plugin older than ABI 1.2). */
+BPL_API bpl_status bpl_comm_create_from_store(bpl_runtime* runtime, const bpl_store* store, int32_t rank, int32_t size,
+                                              bpl_comm** out);
+
+/* Destroys a communicator from bpl_comm_split or bpl_comm_create_from_store, after its pending
+ * operations end. Accepts NULL.
  * Errors: INVALID_ARGUMENT for the world communicator. */
 BPL_API bpl_status bpl_comm_destroy(bpl_comm* comm);
 

@@ -1,5 +1,5 @@
 /*
- * plugin.h — the plugin ABI of backplane (ABI 1.1): what a backend plugin exports and what the core
+ * plugin.h — the plugin ABI of backplane (ABI 1.2; core/ABI_CHANGELOG.md): what a backend plugin exports and what the core
  * passes in. A plugin includes only this header (and backplane.h, which it includes).
  *
  * A plugin is a shared object that exports exactly one symbol, bpl_plugin_open_v1. The core calls it
@@ -48,6 +48,9 @@ typedef struct bpl_launch_info {
   int32_t master_port;     /* -1 if unknown */
   int32_t reserved0;       /* zero */
   int64_t timeout_ms;      /* > 0: the bound of every wait, rendezvous included */
+  /* ABI 1.2 (read only when struct_size covers it): the caller's store (bpl_init_options.store), valid
+   * until runtime_destroy returns; NULL: meet at master_addr:master_port. */
+  const bpl_store* store;
 } bpl_launch_info;
 
 /* What the core offers a plugin. Valid from bpl_plugin_open_v1 until the plugin is unloaded. */
@@ -165,6 +168,13 @@ typedef struct bpl_plugin_api {
    * flight end soon, as errors, and let the peers know where the backend can. Must not block; may run
    * on another thread than one blocked in an operation of `comm`. */
   bpl_status (*comm_abort)(bpl_plugin_comm* comm);
+
+  /* --- ABI 1.2 (optional, as above) --- */
+  /* As bpl_comm_create_from_store: only the members call it, each with its rank in the new
+   * communicator; `store` (validated by the core) stays valid until comm_destroy. `timeout_ms` bounds
+   * the call and is the new communicator's timeout. *out owned by the core until comm_destroy. */
+  bpl_status (*comm_create_from_store)(bpl_plugin_runtime* rt, const bpl_store* store, int32_t rank, int32_t size,
+                                       int64_t timeout_ms, bpl_plugin_comm** out);
 } bpl_plugin_api;
 
 /* The one symbol a plugin exports. `host` stays valid while the plugin is loaded; *out must point to

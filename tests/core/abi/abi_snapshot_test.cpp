@@ -67,9 +67,23 @@ TEST(AbiSnapshot, PluginBuiltAgainst10RunsUnderTheCurrentCore) {
   int64_t timeout = 0;
   EXPECT_EQ(bpl_comm_get_timeout(world, &timeout), BPL_OK);
   EXPECT_EQ(timeout, info.timeout_ms);
+  // What 1.2 added: a communicator from a store is UNSUPPORTED by the old table, naming its ABI.
+  bpl_store store = BPL_STORE_INIT;
+  store.set = [](void*, const char*, const void*, size_t) -> bpl_status { return BPL_ERR_IO; };
+  store.get = [](void*, const char*, int64_t, void*, size_t, size_t*) -> bpl_status { return BPL_ERR_IO; };
+  store.add = [](void*, const char*, int64_t, int64_t*) -> bpl_status { return BPL_ERR_IO; };
+  store.check = [](void*, const char*, int32_t*) -> bpl_status { return BPL_ERR_IO; };
+  bpl_comm* from_store = nullptr;
+  EXPECT_EQ(bpl_comm_create_from_store(runtime, &store, 0, 1, &from_store), BPL_ERR_UNSUPPORTED);
+  EXPECT_NE(std::string(bpl_last_error()).find("plugin ABI 1.0"), std::string::npos) << bpl_last_error();
   EXPECT_EQ(bpl_comm_abort(world), BPL_OK) << bpl_last_error();
   EXPECT_EQ(bpl_barrier(world, nullptr), BPL_ERR_ABORTED);
   EXPECT_EQ(bpl_finalize(runtime), BPL_OK) << bpl_last_error();
+
+  // An old plugin cannot meet through a caller's store: refused at bpl_init, not silently ignored.
+  options.store = &store;
+  EXPECT_EQ(bpl_init(&options, &runtime), BPL_ERR_UNSUPPORTED);
+  EXPECT_NE(std::string(bpl_last_error()).find("older than 1.2"), std::string::npos) << bpl_last_error();
 }
 
 }  // namespace
