@@ -1,4 +1,5 @@
 // The C API of requests: test, wait and free.
+#include <algorithm>
 #include <string>
 
 #include "backplane/backplane.h"
@@ -35,7 +36,11 @@ bpl_status bpl_request_wait(bpl_request* req, int64_t timeout_ms) {
     // A wait as long as the communicator's timeout that still sees the operation in flight has seen it
     // overrun its bound; a shorter wait is only a poll with a deadline.
     const bool overran_if_timed_out = timeout_ms >= comm_timeout_ms;
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    // Such a wait also gives the plugin time to end the operation itself: a plugin that bounds its own
+    // operations reports the overrun by T + min(T/4, 1 s), naming the stopped or missing rank it finds
+    // (gloo and mpi: explanation_window); its report is better than the core's, which names no one.
+    const int64_t report_grace_ms = overran_if_timed_out ? 2 * std::min<int64_t>(comm_timeout_ms / 4, 1000) : 0;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms + report_grace_ms);
     // The plugin is waited for in short slices so that bpl_comm_abort, from another thread, releases
     // this wait within one slice whatever the backend.
     constexpr int64_t kAbortCheckMs = 100;

@@ -56,4 +56,10 @@ fi
 echo "--- Python from the prefix"
 PYTHONPATH="$prefix/lib/python3/dist-packages" NXD_CPU_MODE=1 \
   "$prefix/bin/bpl-run" --nproc-per-node 2 python3 "$source_dir/tests/python/test_backplane.py"
+# The torch.distributed backend, where this build has it: imported from the prefix alone.
+if ls "$prefix"/lib/python3/dist-packages/backplane_torch.*.so > /dev/null 2>&1; then
+  echo "--- torch.distributed backend from the prefix"
+  PYTHONPATH="$prefix/lib/python3/dist-packages" PYTHONWARNINGS=ignore \
+    "$prefix/bin/bpl-run" --nproc-per-node 2 /usr/bin/python3 "$source_dir/tests/torch_backend/test_process_group.py"
+fi
 echo "installed tree OK"

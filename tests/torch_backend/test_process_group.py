@@ -1,0 +1,260 @@
+"""torch.distributed on backplane, checked against torch's own Gloo in the same job.
+
+Run on every rank by a launcher (bpl-run, torchrun, or mpirun with BPL_BACKEND=mpi). The default group
+is backplane's; a second group over every rank is torch's Gloo, which gathers each rank's inputs so that
+every expected result is computed here from them (exact for integers, within rounding for floats).
+Exits non-zero on the first failure, naming it.
+"""
+import datetime
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+import backplane_torch  # noqa: F401  (registers the backend)
+
+FLOATS = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
+INTS = [torch.int8, torch.uint8, torch.int32, torch.int64]
+
+
+def check(condition, what):
+    if not condition:
+        raise AssertionError(f"rank {dist.get_rank()}: {what}")
+
+
+def same(actual, expected, what):
+    if actual.dtype in (torch.bfloat16, torch.float16):
+        ok = torch.allclose(actual.float(), expected.float(), rtol=1e-2, atol=1e-2)
+    elif actual.is_floating_point():
+        ok = torch.allclose(actual, expected, rtol=1e-5, atol=1e-6)
+    else:
+        ok = torch.equal(actual, expected)
+    check(ok and actual.dtype == expected.dtype, f"{what}: got {actual.tolist()} expected {expected.tolist()}")
+
+
+def inputs_of_every_rank(mine, gloo):
+    """Each rank's tensor, gathered through torch's own Gloo (float16/bfloat16 travel as float32)."""
+    wire = mine.float() if mine.dtype in (torch.float16, torch.bfloat16) else mine
+    everyone = [torch.empty_like(wire) for _ in range(dist.get_world_size())]
+    dist.all_gather(everyone, wire.contiguous(), group=gloo)
+    return [t.to(mine.dtype) for t in everyone]
+
+
+def value(rank, dtype, n=6):
+    """Small distinct values per rank that every dtype holds exactly."""
+    return (torch.arange(n) % 5 + rank + 1).to(dtype)
+
+
+def reduce_local(tensors, op):
+    stacked = torch.stack([t.double() if t.is_floating_point() else t.long() for t in tensors])
+    if op == dist.ReduceOp.SUM:
+        out = stacked.sum(0)
+    elif op == dist.ReduceOp.PRODUCT:
+        out = stacked.prod(0)
+    elif op == dist.ReduceOp.MIN:
+        out = stacked.min(0).values
+    elif op == dist.ReduceOp.MAX:
+        out = stacked.max(0).values
+    else:  # AVG
+        out = stacked.sum(0) / len(tensors)
+    return out.to(tensors[0].dtype)
+
+
+def test_collectives(gloo):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    for dtype in FLOATS + INTS:
+        ops = [dist.ReduceOp.SUM, dist.ReduceOp.PRODUCT, dist.ReduceOp.MIN, dist.ReduceOp.MAX]
+        if dtype in FLOATS:
+            ops.append(dist.ReduceOp.AVG)
+        mine = value(rank, dtype)
+        everyone = inputs_of_every_rank(mine, gloo)
+        for op in ops:
+            t = mine.clone()
+            dist.all_reduce(t, op=op)
+            same(t, reduce_local(everyone, op), f"all_reduce {dtype} {op}")
+        # non-contiguous: a transposed view, reduced in place through a copy
+        base = torch.stack([mine, mine + 1]).t()
+        check(not base.is_contiguous(), "the view is non-contiguous")
+        dist.all_reduce(base)
+        same(base.t().contiguous()[0], reduce_local(everyone, dist.ReduceOp.SUM), f"all_reduce non-contiguous {dtype}")
+
+        t = mine.clone()
+        dist.broadcast(t, src=world - 1)
+        same(t, everyone[world - 1], f"broadcast {dtype}")
+
+        t = mine.clone()
+        dist.reduce(t, dst=0, op=dist.ReduceOp.MAX)
+        same(t, reduce_local(everyone, dist.ReduceOp.MAX) if rank == 0 else mine, f"reduce {dtype}")
+
+        out = [torch.zeros_like(mine) for _ in range(world)]
+        dist.all_gather(out, mine)
+        for r in range(world):
+            same(out[r], everyone[r], f"all_gather {dtype} from {r}")
+        flat = torch.zeros(world * mine.numel(), dtype=dtype)
+        dist.all_gather_into_tensor(flat, mine)
+        same(flat, torch.cat(everyone), f"all_gather_into_tensor {dtype}")
+
+        gathered = [torch.zeros_like(mine) for _ in range(world)] if rank == 1 % world else None
+        dist.gather(mine, gathered, dst=1 % world)
+        if gathered is not None:
+            for r in range(world):
+                same(gathered[r], everyone[r], f"gather {dtype} from {r}")
+
+        part = torch.zeros_like(mine)
+        parts = [value(r * 10, dtype) for r in range(world)] if rank == 0 else None
+        dist.scatter(part, parts, src=0)
+        same(part, value(rank * 10, dtype), f"scatter {dtype}")
+
+        # reduce_scatter: rank r keeps the sum of every rank's r-th block
+        blocks = [mine + r for r in range(world)]
+        out = torch.zeros_like(mine)
+        dist.reduce_scatter(out, blocks)
+        same(out, reduce_local([e + rank for e in everyone], dist.ReduceOp.SUM), f"reduce_scatter {dtype}")
+        out = torch.zeros_like(mine)
+        dist.reduce_scatter_tensor(out, torch.cat(blocks))
+        same(out, reduce_local([e + rank for e in everyone], dist.ReduceOp.SUM), f"reduce_scatter_tensor {dtype}")
+
+        # all_to_all: rank r sends block s to rank s
+        send = torch.cat([mine + 100 * s for s in range(world)]) if dtype not in (torch.int8, torch.uint8) else \
+            torch.cat([mine + s for s in range(world)])
+        recv = torch.zeros_like(send)
+        dist.all_to_all_single(recv, send)
+        step = 100 if dtype not in (torch.int8, torch.uint8) else 1
+        same(recv, torch.cat([everyone[s] + step * rank for s in range(world)]), f"all_to_all_single {dtype}")
+        outs = [torch.zeros_like(mine) for _ in range(world)]
+        dist.all_to_all(outs, list(send.chunk(world)))
+        same(torch.cat(outs), recv, f"all_to_all {dtype}")
+
+    # several tensors at once
+    a, b = torch.ones(3) * (rank + 1), torch.arange(5, dtype=torch.float32) * (rank + 1)
+    dist.all_reduce_coalesced([a, b])
+    total = world * (world + 1) / 2
+    same(a, torch.ones(3) * total, "all_reduce_coalesced a")
+    same(b, torch.arange(5, dtype=torch.float32) * total, "all_reduce_coalesced b")
+
+    # point to point around a ring
+    nxt, prv = (rank + 1) % world, (rank - 1) % world
+    if world > 1:
+        out = torch.full((4,), float(rank))
+        got = torch.zeros(4)
+        reqs = [dist.isend(out, nxt, tag=5), dist.irecv(got, prv, tag=5)]
+        for req in reqs:
+            req.wait()
+        same(got, torch.full((4,), float(prv)), "send/recv ring")
+    dist.barrier()
+
+
+def test_asynchronous_work_and_futures():
+    rank, world = dist.get_rank(), dist.get_world_size()
+    tensors = [torch.full((1000,), float(rank + i)) for i in range(4)]
+    works = [dist.all_reduce(t, async_op=True) for t in tensors]
+    futures = [w.get_future() for w in works[:2]]  # two complete in the background, two by wait()
+    for w in works[2:]:
+        w.wait()
+    for f in futures:
+        f.wait()
+    for i, t in enumerate(tensors):
+        same(t, torch.full((1000,), float(sum(r + i for r in range(world)))), f"async all_reduce {i}")
+    check(all(w.is_completed() for w in works), "every work completed")
+    chained = dist.all_reduce(torch.ones(2), async_op=True).get_future().then(lambda f: f.value()[0] * 2)
+    same(chained.wait(), torch.full((2,), 2.0 * world), "a future's then()")
+
+
+def test_subgroups():
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if world < 2:
+        return
+    # Every rank calls new_group; only members take part in the group's operations.
+    members = list(range(1, world))
+    group = dist.new_group(members)
+    if rank in members:
+        t = torch.tensor([float(rank)])
+        dist.all_reduce(t, group=group)
+        same(t, torch.tensor([float(sum(members))]), "all_reduce in ranks 1..")
+        check(dist.get_rank(group) == rank - 1, "rank in the subgroup")
+        t = torch.tensor([float(rank)])
+        dist.broadcast(t, src=world - 1, group=group)  # src is a global rank
+        same(t, torch.tensor([float(world - 1)]), "broadcast in the subgroup")
+    pair = dist.new_group([0, world - 1])
+    if rank in (0, world - 1):
+        t = torch.tensor([rank + 1], dtype=torch.int64)
+        dist.all_reduce(t, group=pair)
+        same(t, torch.tensor([world + 1], dtype=torch.int64), "all_reduce in the pair")
+    dist.barrier()
+
+
+def test_ddp_matches_gloo(gloo):
+    """DDP on backplane trains to the same parameters as DDP on torch's Gloo."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    rank = dist.get_rank()
+    results = []
+    for group in (None, gloo):  # None: the default group, backplane's
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+        ddp = DDP(model, process_group=group)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        torch.manual_seed(100 + rank)
+        for _ in range(5):
+            x, y = torch.randn(16, 8), torch.randn(16, 4)
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(ddp(x), y).backward()
+            opt.step()
+        results.append([p.detach().clone() for p in model.parameters()])
+    for a, b in zip(*results):
+        check(torch.allclose(a, b, rtol=1e-5, atol=1e-6), "DDP parameters differ from Gloo's")
+
+
+def test_bad_input_is_an_exception():
+    rank, world = dist.get_rank(), dist.get_world_size()
+
+    def raises(call, fragment, what):
+        try:
+            call()
+        except (RuntimeError, ValueError) as e:
+            check(fragment in str(e), f"{what}: message '{e}' lacks '{fragment}'")
+            return
+        raise AssertionError(f"rank {rank}: {what}: no exception")
+
+    raises(lambda: dist.all_reduce(torch.ones(2, dtype=torch.bool)), "dtype Bool", "a bool tensor")
+    raises(lambda: dist.all_reduce(torch.ones(2), op=dist.ReduceOp.BAND), "BAND", "a bitwise reduce")
+    raises(lambda: dist.broadcast(torch.ones(2), src=world + 3), "", "a root outside the group")
+    raises(lambda: dist.all_gather([torch.ones(2)] * world, torch.ones(3)), "output tensor 0", "mismatched allgather sizes")
+    if world > 1:
+        raises(lambda: dist.all_to_all_single(torch.zeros(world + 1), torch.zeros(world + 1),
+                                              [1] * (world - 1) + [2], [1] * (world - 1) + [2]),
+               "uneven split", "uneven all_to_all splits")
+    # the group still works after refused calls
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    same(t, torch.ones(1) * world, "all_reduce after refused calls")
+
+
+def main():
+    # Under mpirun, torch's env:// rendezvous learns rank and world from Open MPI's variables.
+    if "RANK" not in os.environ and "OMPI_COMM_WORLD_RANK" in os.environ:
+        os.environ["RANK"] = os.environ["OMPI_COMM_WORLD_RANK"]
+        os.environ["WORLD_SIZE"] = os.environ["OMPI_COMM_WORLD_SIZE"]
+    timeout = datetime.timedelta(seconds=float(os.environ.get("TEST_TIMEOUT_S", "60")))
+    init_file = os.environ.get("TEST_INIT_FILE")  # torch's FileStore as the meeting place instead of env://
+    if init_file:
+        dist.init_process_group("backplane", timeout=timeout, init_method=f"file://{init_file}",
+                                rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
+    else:
+        dist.init_process_group("backplane", timeout=timeout)
+    gloo = dist.new_group(backend="gloo")
+    print(f"rank {dist.get_rank()}: {dist.group.WORLD.describe()}", flush=True)
+    for test in (lambda: test_collectives(gloo), test_asynchronous_work_and_futures, test_subgroups,
+                 lambda: test_ddp_matches_gloo(gloo), test_bad_input_is_an_exception):
+        test()
+    dist.barrier()
+    dist.destroy_process_group()
+    print(f"rank {os.environ.get('RANK', os.environ.get('OMPI_COMM_WORLD_RANK'))}: OK", flush=True)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except Exception as e:  # noqa: BLE001  (report, then fail the process)
+        print(f"FAILED: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        sys.exit(1)

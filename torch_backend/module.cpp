@@ -1,0 +1,30 @@
+// The Python module backplane_torch: importing it registers torch.distributed's backend "backplane".
+//
+//   import backplane_torch
+//   torch.distributed.init_process_group("backplane")   # plugin chosen by BPL_BACKEND, NXD_CPU_MODE, auto
+#include <pybind11/chrono.h>
+#include <pybind11/pybind11.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include "process_group.h"
+
+namespace py = pybind11;
+using backplane::torch_backend::ProcessGroupBackplane;
+
+PYBIND11_MODULE(backplane_torch, m) {
+  m.doc() = "torch.distributed backend 'backplane' (import registers it)";
+  // The base class's Python type must be known before ours derives from it.
+  py::module_ distributed = py::module_::import("torch.distributed");
+  py::class_<ProcessGroupBackplane, c10d::ProcessGroup, c10::intrusive_ptr<ProcessGroupBackplane>>(m, "ProcessGroupBackplane")
+      .def("describe", &ProcessGroupBackplane::describe,
+           "What backplane chose for this process: the backend, why, and its details.");
+  m.def(
+      "create_process_group",
+      [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::chrono::milliseconds timeout) {
+        return ProcessGroupBackplane::create(store, rank, size, timeout);
+      },
+      py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::call_guard<py::gil_scoped_release>(),
+      "torch's creator of the backend: the first group starts backplane through `store`, later ones join theirs.");
+  py::object backend = distributed.attr("Backend");
+  if (!py::hasattr(backend, "BACKPLANE")) backend.attr("register_backend")("backplane", m.attr("create_process_group"));
+}

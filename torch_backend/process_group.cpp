@@ -1,0 +1,652 @@
+#include "process_group.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/ivalue.h>
+
+#include <algorithm>
+#include <optional>
+#include <stdexcept>
+#include <utility>
+
+namespace backplane::torch_backend {
+
+// The process's backplane runtime, shared by every group torch makes; finalized with the last of them.
+class Runtime {
+ public:
+  Runtime(bpl_runtime* handle, std::unique_ptr<StoreCallbacks> store) : handle_(handle), store_(std::move(store)) {}
+  ~Runtime() { bpl_finalize(handle_); }
+  bpl_runtime* handle() const { return handle_; }
+
+  // The running one, if a group holds it.
+  static std::shared_ptr<Runtime> current() {
+    std::lock_guard<std::mutex> lock(mutex());
+    return instance().lock();
+  }
+  static void set_current(const std::shared_ptr<Runtime>& runtime) {
+    std::lock_guard<std::mutex> lock(mutex());
+    instance() = runtime;
+  }
+
+ private:
+  static std::mutex& mutex() {
+    static std::mutex m;
+    return m;
+  }
+  static std::weak_ptr<Runtime>& instance() {
+    static std::weak_ptr<Runtime> runtime;
+    return runtime;
+  }
+  bpl_runtime* handle_;
+  std::unique_ptr<StoreCallbacks> store_;  // the world's meeting place, used until bpl_finalize
+};
+
+namespace {
+
+[[noreturn]] void fail(const std::string& message) { throw std::runtime_error("backplane: " + message); }
+
+void check(bpl_status status, const char* what) {
+  if (status != BPL_OK) fail(std::string(what) + " failed (" + bpl_status_name(status) + "): " + bpl_last_error());
+}
+
+bpl_dtype dtype_of(const at::Tensor& tensor, const char* op) {
+  if (!tensor.device().is_cpu()) {
+    fail(std::string(op) + ": the tensor is on " + tensor.device().str() + "; this backend takes CPU tensors");
+  }
+  switch (tensor.scalar_type()) {
+    case at::kFloat: return BPL_DTYPE_F32;
+    case at::kDouble: return BPL_DTYPE_F64;
+    case at::kHalf: return BPL_DTYPE_F16;
+    case at::kBFloat16: return BPL_DTYPE_BF16;
+    case at::kChar: return BPL_DTYPE_I8;
+    case at::kByte: return BPL_DTYPE_U8;
+    case at::kInt: return BPL_DTYPE_I32;
+    case at::kLong: return BPL_DTYPE_I64;
+    default:
+      fail(std::string(op) + ": dtype " + std::string(c10::toString(tensor.scalar_type())) +
+           " is not one backplane moves (float32, float64, float16, bfloat16, int8, uint8, int32, int64)");
+  }
+}
+
+// torch's reduce op as backplane's; PREMUL_SUM is a sum of inputs scaled first (*factor).
+bpl_reduce_op reduce_op_of(const c10d::ReduceOp& op, const char* name, std::optional<double>* factor) {
+  switch (op.op_) {
+    case c10d::ReduceOp::SUM: return BPL_OP_SUM;
+    case c10d::ReduceOp::AVG: return BPL_OP_AVG;
+    case c10d::ReduceOp::PRODUCT: return BPL_OP_PROD;
+    case c10d::ReduceOp::MIN: return BPL_OP_MIN;
+    case c10d::ReduceOp::MAX: return BPL_OP_MAX;
+    case c10d::ReduceOp::PREMUL_SUM: {
+      auto* supplement = dynamic_cast<c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
+      if (supplement == nullptr || !supplement->tensor_factors.empty()) {
+        fail(std::string(name) + ": PREMUL_SUM takes a scalar factor here (a tensor factor is not supported)");
+      }
+      *factor = supplement->double_factor;
+      return BPL_OP_SUM;
+    }
+    default:
+      fail(std::string(name) + ": reduce op " + std::to_string(static_cast<int>(op.op_)) +
+           " (BAND, BOR or BXOR) is not one backplane has: it reduces with SUM, AVG, PRODUCT, MIN, MAX and PREMUL_SUM");
+  }
+}
+
+// One tensor per call, as on CPU every backend of torch but Gloo's multi-tensor allreduce.
+const at::Tensor& single(const std::vector<at::Tensor>& tensors, const char* op) {
+  if (tensors.size() != 1) fail(std::string(op) + " takes one tensor per call (got " + std::to_string(tensors.size()) + ")");
+  return tensors[0];
+}
+
+int64_t checked_root(int64_t root, int size, const char* op) {
+  if (root < 0 || root >= size) {
+    fail(std::string(op) + ": root rank " + std::to_string(root) + " is not a rank of this group (0.." + std::to_string(size - 1) + ")");
+  }
+  return root;
+}
+
+void require_same(const at::Tensor& a, const at::Tensor& b, const char* op, const std::string& what) {
+  if (a.scalar_type() != b.scalar_type() || a.numel() != b.numel()) {
+    fail(std::string(op) + ": " + what + " is " + std::string(c10::toString(b.scalar_type())) + "[" + std::to_string(b.numel()) +
+         "] where " + std::string(c10::toString(a.scalar_type())) + "[" + std::to_string(a.numel()) + "] is expected");
+  }
+}
+
+// A contiguous tensor with `tensor`'s values: itself when it is one.
+at::Tensor contiguous(const at::Tensor& tensor) { return tensor.is_contiguous() ? tensor : tensor.contiguous(); }
+
+// Copies `result` into `target` unless they are the same storage.
+void copy_back(const at::Tensor& target, const at::Tensor& result) {
+  if (!target.is_same(result)) const_cast<at::Tensor&>(target).copy_(result.view_as(target));
+}
+
+// Elements of a flat buffer for the tensors in order.
+at::Tensor flat_of(const std::vector<at::Tensor>& tensors) {
+  std::vector<at::Tensor> flats;
+  flats.reserve(tensors.size());
+  for (const at::Tensor& t : tensors) flats.push_back(t.reshape({-1}));
+  return at::cat(flats);
+}
+
+void copy_slices(const at::Tensor& flat, const std::vector<at::Tensor>& targets) {
+  int64_t offset = 0;
+  for (const at::Tensor& t : targets) {
+    const_cast<at::Tensor&>(t).copy_(flat.slice(0, offset, offset + t.numel()).view_as(t));
+    offset += t.numel();
+  }
+}
+
+}  // namespace
+
+// One posted operation. Whoever owns its request waits for it: the caller (wait, isCompleted), or the
+// progress thread once the future was asked for; never both.
+class BackplaneWork : public c10d::Work {
+ public:
+  BackplaneWork(ProcessGroupBackplane* group, int rank, c10d::OpType type, const char* name, bpl_request* request,
+                std::function<void()> finish, std::vector<at::Tensor> outputs, std::vector<at::Tensor> keep)
+      : c10d::Work(rank, type),
+        group_(group),
+        name_(name),
+        request_(request),
+        finish_(std::move(finish)),
+        outputs_(std::move(outputs)),
+        keep_(std::move(keep)) {}
+
+  ~BackplaneWork() override {
+    std::lock_guard<std::mutex> lock(drive_mutex_);
+    if (request_ != nullptr) bpl_request_free(request_);  // waits, bounded, so no buffer is used after
+  }
+
+  bool isCompleted() override {
+    std::unique_lock<std::mutex> lock(drive_mutex_, std::try_to_lock);
+    if (lock.owns_lock() && request_ != nullptr && !handed_off_) {
+      int32_t done = 0;
+      const bpl_status status = bpl_request_test(request_, &done);
+      if (status != BPL_OK || done != 0) complete(status);
+    }
+    return c10d::Work::isCompleted();
+  }
+
+  bool wait(std::chrono::milliseconds timeout) override {
+    {
+      std::lock_guard<std::mutex> lock(drive_mutex_);
+      if (request_ != nullptr && !handed_off_) {
+        complete(bpl_request_wait(request_, timeout == kNoTimeout ? BPL_TIMEOUT_DEFAULT : std::max<int64_t>(1, timeout.count())));
+      }
+    }
+    return c10d::Work::wait(timeout);
+  }
+
+  std::vector<at::Tensor> result() override { return outputs_; }
+
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
+    std::lock_guard<std::mutex> lock(drive_mutex_);
+    if (!future_) {
+      future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+      if (request_ == nullptr) {
+        settle_future();
+      } else if (!handed_off_) {
+        handed_off_ = true;
+        group_->complete_in_background(c10::intrusive_ptr<BackplaneWork>::reclaim_copy(this));
+      }
+    }
+    return future_;
+  }
+
+  // The progress thread's part: waits for the request (bounded by the communicator's timeout).
+  void drive() {
+    std::lock_guard<std::mutex> lock(drive_mutex_);
+    if (request_ != nullptr) complete(bpl_request_wait(request_, BPL_TIMEOUT_DEFAULT));
+  }
+
+ private:
+  // With drive_mutex_ held: the request ended with `status`.
+  void complete(bpl_status status) {
+    const std::string message = bpl_last_error();
+    bpl_request_free(request_);
+    request_ = nullptr;
+    std::exception_ptr error;
+    if (status != BPL_OK) {
+      error = std::make_exception_ptr(
+          std::runtime_error("backplane: " + name_ + " failed (" + bpl_status_name(status) + "): " + message));
+    } else {
+      try {
+        if (finish_) finish_();
+      } catch (...) {
+        error = std::current_exception();
+      }
+    }
+    keep_.clear();
+    finish(error);
+    if (future_) settle_future();
+  }
+
+  void settle_future() {
+    if (exception_) {
+      future_->setError(exception_);
+    } else {
+      future_->markCompleted(c10::IValue(outputs_));
+    }
+  }
+
+  ProcessGroupBackplane* group_;  // outlives its works: its destructor drains the progress queue
+  std::string name_;
+  std::mutex drive_mutex_;
+  bpl_request* request_;
+  bool handed_off_ = false;
+  std::function<void()> finish_;
+  std::vector<at::Tensor> outputs_;
+  std::vector<at::Tensor> keep_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
+c10::intrusive_ptr<c10d::ProcessGroup> ProcessGroupBackplane::create(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                                                     int size, std::chrono::milliseconds timeout) {
+  auto callbacks = std::make_unique<StoreCallbacks>(store);
+  std::shared_ptr<Runtime> runtime = Runtime::current();
+  if (!runtime) {
+    bpl_init_options options = BPL_INIT_OPTIONS_INIT;
+    options.rank = rank;
+    options.world_size = size;
+    options.timeout_ms = timeout.count();
+    options.store = callbacks->table();
+    bpl_runtime* handle = nullptr;
+    check(bpl_init(&options, &handle), "bpl_init");
+    runtime = std::make_shared<Runtime>(handle, std::move(callbacks));
+    Runtime::set_current(runtime);
+    bpl_comm* world = nullptr;
+    check(bpl_comm_world(handle, &world), "bpl_comm_world");
+    return c10::make_intrusive<ProcessGroupBackplane>(runtime, world, false, nullptr, timeout);
+  }
+  bpl_comm* comm = nullptr;
+  check(bpl_comm_create_from_store(runtime->handle(), callbacks->table(), rank, size, &comm), "bpl_comm_create_from_store");
+  const bpl_status status = bpl_comm_set_timeout(comm, timeout.count());
+  if (status != BPL_OK) {
+    bpl_comm_destroy(comm);
+    check(status, "bpl_comm_set_timeout");
+  }
+  return c10::make_intrusive<ProcessGroupBackplane>(runtime, comm, true, std::move(callbacks), timeout);
+}
+
+namespace {
+int rank_of(bpl_comm* comm) {
+  int32_t rank = 0;
+  bpl_comm_rank(comm, &rank);
+  return rank;
+}
+int size_of(bpl_comm* comm) {
+  int32_t size = 1;
+  bpl_comm_size(comm, &size);
+  return size;
+}
+}  // namespace
+
+ProcessGroupBackplane::ProcessGroupBackplane(std::shared_ptr<Runtime> runtime, bpl_comm* comm, bool owns_comm,
+                                             std::unique_ptr<StoreCallbacks> store, std::chrono::milliseconds timeout)
+    : c10d::ProcessGroup(rank_of(comm), size_of(comm)),
+      runtime_(std::move(runtime)),
+      comm_(comm),
+      owns_comm_(owns_comm),
+      store_(std::move(store)),
+      timeout_(timeout) {
+  if (!owns_comm_) bpl_comm_set_timeout(comm_, timeout.count());
+}
+
+ProcessGroupBackplane::~ProcessGroupBackplane() {
+  {
+    std::lock_guard<std::mutex> lock(progress_mutex_);
+    stopping_ = true;
+  }
+  progress_ready_.notify_all();
+  if (progress_thread_.joinable()) progress_thread_.join();
+  if (owns_comm_) bpl_comm_destroy(comm_);
+}
+
+std::string ProcessGroupBackplane::describe() const {
+  bpl_runtime_info info = BPL_RUNTIME_INFO_INIT;
+  check(bpl_runtime_describe(runtime_->handle(), &info), "bpl_runtime_describe");
+  return std::string(info.backend) + " (" + info.selection_reason + "): " + info.details;
+}
+
+void ProcessGroupBackplane::complete_in_background(c10::intrusive_ptr<BackplaneWork> work) {
+  std::lock_guard<std::mutex> lock(progress_mutex_);
+  if (!progress_thread_.joinable()) progress_thread_ = std::thread([this] { progress_loop(); });
+  progress_queue_.push_back(std::move(work));
+  progress_ready_.notify_one();
+}
+
+// Completes the works handed to it in order; at the group's end, what is queued first.
+void ProcessGroupBackplane::progress_loop() {
+  for (;;) {
+    c10::intrusive_ptr<BackplaneWork> work;
+    {
+      std::unique_lock<std::mutex> lock(progress_mutex_);
+      progress_ready_.wait(lock, [&] { return stopping_ || !progress_queue_.empty(); });
+      if (progress_queue_.empty()) return;
+      work = std::move(progress_queue_.front());
+      progress_queue_.pop_front();
+    }
+    work->drive();
+  }
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::post(c10d::OpType type, const char* name,
+                                                           const std::function<bpl_status(bpl_request**)>& start,
+                                                           std::function<void()> finish, std::vector<at::Tensor> outputs,
+                                                           std::vector<at::Tensor> keep) {
+  bpl_request* request = nullptr;
+  check(start(&request), name);
+  return c10::make_intrusive<BackplaneWork>(this, getRank(), type, name, request, std::move(finish), std::move(outputs),
+                                            std::move(keep));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::allreduce(std::vector<at::Tensor>& tensors,
+                                                                const c10d::AllreduceOptions& opts) {
+  const char* op_name = "allreduce";
+  if (tensors.empty()) fail("allreduce: no tensor given");
+  const bpl_dtype dtype = dtype_of(tensors[0], op_name);
+  for (size_t i = 1; i < tensors.size(); ++i) require_same(tensors[0], tensors[i], op_name, "tensor " + std::to_string(i));
+  std::optional<double> factor;
+  bpl_reduce_op op = reduce_op_of(opts.reduceOp, op_name, &factor);
+  // Several tensors (as Gloo's CPU allreduce takes): each gets the reduction over all of them on every rank.
+  at::Tensor buffer = contiguous(tensors[0]);
+  if (tensors.size() > 1) {
+    buffer = buffer.clone();
+    for (size_t i = 1; i < tensors.size(); ++i) {
+      switch (op) {
+        case BPL_OP_PROD: buffer.mul_(tensors[i]); break;
+        case BPL_OP_MIN: buffer = at::minimum(buffer, tensors[i]); break;
+        case BPL_OP_MAX: buffer = at::maximum(buffer, tensors[i]); break;
+        default: buffer.add_(tensors[i]); break;
+      }
+    }
+    if (op == BPL_OP_AVG) buffer.div_(static_cast<double>(tensors.size()));
+  }
+  if (factor) buffer = buffer.mul(*factor);
+  const int64_t count = buffer.numel();
+  std::vector<at::Tensor> targets = tensors;
+  return post(
+      c10d::OpType::ALLREDUCE, op_name,
+      [&](bpl_request** req) { return bpl_allreduce(comm_, buffer.data_ptr(), buffer.data_ptr(), count, dtype, op, req); },
+      [buffer, targets] {
+        for (const at::Tensor& t : targets) copy_back(t, buffer);
+      },
+      tensors, {buffer});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                                          const c10d::AllreduceCoalescedOptions& opts) {
+  const char* op_name = "allreduce_coalesced";
+  if (tensors.empty()) fail("allreduce_coalesced: no tensor given");
+  const bpl_dtype dtype = dtype_of(tensors[0], op_name);
+  for (size_t i = 1; i < tensors.size(); ++i) {
+    if (tensors[i].scalar_type() != tensors[0].scalar_type()) {
+      fail(std::string(op_name) + ": tensor " + std::to_string(i) + " is " + std::string(c10::toString(tensors[i].scalar_type())) +
+           ", tensor 0 " + std::string(c10::toString(tensors[0].scalar_type())) + ": one dtype per call");
+    }
+    dtype_of(tensors[i], op_name);
+  }
+  std::optional<double> factor;
+  const bpl_reduce_op op = reduce_op_of(opts.reduceOp, op_name, &factor);
+  at::Tensor flat = flat_of(tensors);
+  if (factor) flat.mul_(*factor);
+  const int64_t count = flat.numel();
+  std::vector<at::Tensor> targets = tensors;
+  return post(
+      c10d::OpType::ALLREDUCE_COALESCED, op_name,
+      [&](bpl_request** req) { return bpl_allreduce(comm_, flat.data_ptr(), flat.data_ptr(), count, dtype, op, req); },
+      [flat, targets] { copy_slices(flat, targets); }, tensors, {flat});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::broadcast(std::vector<at::Tensor>& tensors,
+                                                                const c10d::BroadcastOptions& opts) {
+  const char* op_name = "broadcast";
+  const at::Tensor& tensor = single(tensors, op_name);
+  const bpl_dtype dtype = dtype_of(tensor, op_name);
+  const int64_t root = checked_root(opts.rootRank, getSize(), op_name);
+  at::Tensor buffer = contiguous(tensor);
+  return post(
+      c10d::OpType::BROADCAST, op_name,
+      [&](bpl_request** req) {
+        return bpl_broadcast(comm_, buffer.data_ptr(), buffer.numel(), dtype, static_cast<int32_t>(root), req);
+      },
+      [buffer, tensor] { copy_back(tensor, buffer); }, tensors, {buffer});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::reduce(std::vector<at::Tensor>& tensors,
+                                                             const c10d::ReduceOptions& opts) {
+  const char* op_name = "reduce";
+  const at::Tensor& tensor = single(tensors, op_name);
+  const bpl_dtype dtype = dtype_of(tensor, op_name);
+  const int64_t root = checked_root(opts.rootRank, getSize(), op_name);
+  std::optional<double> factor;
+  const bpl_reduce_op op = reduce_op_of(opts.reduceOp, op_name, &factor);
+  at::Tensor buffer = factor ? tensor.mul(*factor) : contiguous(tensor);
+  // Only the root's tensor receives the result (as torch's backends); the others keep their input.
+  at::Tensor result = at::empty_like(buffer);
+  const bool at_root = root == getRank();
+  return post(
+      c10d::OpType::REDUCE, op_name,
+      [&](bpl_request** req) {
+        return bpl_reduce(comm_, buffer.data_ptr(), result.data_ptr(), buffer.numel(), dtype, op, static_cast<int32_t>(root), req);
+      },
+      [result, tensor, at_root] {
+        if (at_root) copy_back(tensor, result);
+      },
+      tensors, {buffer, result});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                                std::vector<at::Tensor>& inputs,
+                                                                const c10d::AllgatherOptions&) {
+  const char* op_name = "allgather";
+  const at::Tensor& input = single(inputs, op_name);
+  const bpl_dtype dtype = dtype_of(input, op_name);
+  if (outputs.size() != 1 || static_cast<int>(outputs[0].size()) != getSize()) {
+    fail(std::string(op_name) + ": expected one list of " + std::to_string(getSize()) + " output tensors (one per rank)");
+  }
+  for (size_t r = 0; r < outputs[0].size(); ++r) require_same(input, outputs[0][r], op_name, "output tensor " + std::to_string(r));
+  at::Tensor source = contiguous(input);
+  at::Tensor gathered = at::empty({getSize() * input.numel()}, input.options());
+  std::vector<at::Tensor> targets = outputs[0];
+  return post(
+      c10d::OpType::ALLGATHER, op_name,
+      [&](bpl_request** req) { return bpl_allgather(comm_, source.data_ptr(), gathered.data_ptr(), source.numel(), dtype, req); },
+      [gathered, targets] { copy_slices(gathered, targets); }, targets, {source, gathered});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::_allgather_base(at::Tensor& output, at::Tensor& input,
+                                                                      const c10d::AllgatherOptions&) {
+  const char* op_name = "_allgather_base";
+  const bpl_dtype dtype = dtype_of(input, op_name);
+  dtype_of(output, op_name);
+  if (output.scalar_type() != input.scalar_type() || output.numel() != getSize() * input.numel()) {
+    fail(std::string(op_name) + ": the output has " + std::to_string(output.numel()) + " elements of " +
+         std::string(c10::toString(output.scalar_type())) + "; expected " + std::to_string(getSize() * input.numel()) +
+         " (world size x input) of " + std::string(c10::toString(input.scalar_type())));
+  }
+  at::Tensor source = contiguous(input);
+  at::Tensor gathered = contiguous(output);
+  return post(
+      c10d::OpType::_ALLGATHER_BASE, op_name,
+      [&](bpl_request** req) { return bpl_allgather(comm_, source.data_ptr(), gathered.data_ptr(), source.numel(), dtype, req); },
+      [gathered, output] { copy_back(output, gathered); }, {output}, {source, gathered});
+}
+
+// backplane's ABI has no gather yet (#24): an allgather whose result only the root keeps.
+c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                             std::vector<at::Tensor>& inputs, const c10d::GatherOptions& opts) {
+  const char* op_name = "gather";
+  const at::Tensor& input = single(inputs, op_name);
+  const bpl_dtype dtype = dtype_of(input, op_name);
+  const int64_t root = checked_root(opts.rootRank, getSize(), op_name);
+  const bool at_root = root == getRank();
+  if (at_root) {
+    if (outputs.size() != 1 || static_cast<int>(outputs[0].size()) != getSize()) {
+      fail(std::string(op_name) + ": the root expects one list of " + std::to_string(getSize()) + " output tensors");
+    }
+    for (size_t r = 0; r < outputs[0].size(); ++r) require_same(input, outputs[0][r], op_name, "output tensor " + std::to_string(r));
+  } else if (!outputs.empty() && !outputs[0].empty()) {
+    fail(std::string(op_name) + ": only the root (rank " + std::to_string(root) + ") gives output tensors");
+  }
+  at::Tensor source = contiguous(input);
+  at::Tensor gathered = at::empty({getSize() * input.numel()}, input.options());
+  std::vector<at::Tensor> targets = at_root ? outputs[0] : std::vector<at::Tensor>{};
+  return post(
+      c10d::OpType::GATHER, op_name,
+      [&](bpl_request** req) { return bpl_allgather(comm_, source.data_ptr(), gathered.data_ptr(), source.numel(), dtype, req); },
+      [gathered, targets] { copy_slices(gathered, targets); }, targets, {source, gathered});
+}
+
+// backplane's ABI has no scatter yet (#24): the root broadcasts every rank's part, each keeps its own.
+c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::scatter(std::vector<at::Tensor>& outputs,
+                                                              std::vector<std::vector<at::Tensor>>& inputs,
+                                                              const c10d::ScatterOptions& opts) {
+  const char* op_name = "scatter";
+  const at::Tensor& output = single(outputs, op_name);
+  const bpl_dtype dtype = dtype_of(output, op_name);
+  const int64_t root = checked_root(opts.rootRank, getSize(), op_name);
+  at::Tensor parts;
+  if (root == getRank()) {
+    if (inputs.size() != 1 || static_cast<int>(inputs[0].size()) != getSize()) {
+      fail(std::string(op_name) + ": the root expects one list of " + std::to_string(getSize()) + " input tensors");
+    }
+    for (size_t r = 0; r < inputs[0].size(); ++r) require_same(output, inputs[0][r], op_name, "input tensor " + std::to_string(r));
+    parts = flat_of(inputs[0]);
+  } else {
+    if (!inputs.empty() && !inputs[0].empty()) {
+      fail(std::string(op_name) + ": only the root (rank " + std::to_string(root) + ") gives input tensors");
+    }
+    parts = at::empty({getSize() * output.numel()}, output.options());
+  }
+  const int64_t begin = getRank() * output.numel();
+  return post(
+      c10d::OpType::SCATTER, op_name,
+      [&](bpl_request** req) {
+        return bpl_broadcast(comm_, parts.data_ptr(), parts.numel(), dtype, static_cast<int32_t>(root), req);
+      },
+      [parts, output, begin] { copy_back(output, parts.slice(0, begin, begin + output.numel())); }, outputs, {parts});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                                     std::vector<std::vector<at::Tensor>>& inputs,
+                                                                     const c10d::ReduceScatterOptions& opts) {
+  const char* op_name = "reduce_scatter";
+  const at::Tensor& output = single(outputs, op_name);
+  const bpl_dtype dtype = dtype_of(output, op_name);
+  if (inputs.size() != 1 || static_cast<int>(inputs[0].size()) != getSize()) {
+    fail(std::string(op_name) + ": expected one list of " + std::to_string(getSize()) + " input tensors (one per rank)");
+  }
+  for (size_t r = 0; r < inputs[0].size(); ++r) require_same(output, inputs[0][r], op_name, "input tensor " + std::to_string(r));
+  std::optional<double> factor;
+  const bpl_reduce_op op = reduce_op_of(opts.reduceOp, op_name, &factor);
+  at::Tensor flat = flat_of(inputs[0]);
+  if (factor) flat.mul_(*factor);
+  at::Tensor result = contiguous(output);
+  return post(
+      c10d::OpType::REDUCE_SCATTER, op_name,
+      [&](bpl_request** req) { return bpl_reduce_scatter(comm_, flat.data_ptr(), result.data_ptr(), result.numel(), dtype, op, req); },
+      [result, output] { copy_back(output, result); }, outputs, {flat, result});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                                           const c10d::ReduceScatterOptions& opts) {
+  const char* op_name = "_reduce_scatter_base";
+  const bpl_dtype dtype = dtype_of(output, op_name);
+  dtype_of(input, op_name);
+  if (output.scalar_type() != input.scalar_type() || input.numel() != getSize() * output.numel()) {
+    fail(std::string(op_name) + ": the input has " + std::to_string(input.numel()) + " elements; expected " +
+         std::to_string(getSize() * output.numel()) + " (world size x output) of the output's dtype");
+  }
+  std::optional<double> factor;
+  const bpl_reduce_op op = reduce_op_of(opts.reduceOp, op_name, &factor);
+  at::Tensor source = factor ? input.mul(*factor) : contiguous(input);
+  at::Tensor result = contiguous(output);
+  return post(
+      c10d::OpType::_REDUCE_SCATTER_BASE, op_name,
+      [&](bpl_request** req) { return bpl_reduce_scatter(comm_, source.data_ptr(), result.data_ptr(), result.numel(), dtype, op, req); },
+      [result, output] { copy_back(output, result); }, {output}, {source, result});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::alltoall_base(at::Tensor& output, at::Tensor& input,
+                                                                    std::vector<int64_t>& output_splits,
+                                                                    std::vector<int64_t>& input_splits,
+                                                                    const c10d::AllToAllOptions&) {
+  const char* op_name = "alltoall_base";
+  const bpl_dtype dtype = dtype_of(input, op_name);
+  require_same(input, output, op_name, "the output");
+  const int size = getSize();
+  auto even = [&](const std::vector<int64_t>& splits, const at::Tensor& t) {
+    if (splits.empty()) return true;
+    return std::all_of(splits.begin(), splits.end(), [&](int64_t s) { return s == splits[0]; }) &&
+           static_cast<int>(splits.size()) == size && splits[0] * size == t.size(0);
+  };
+  if (!even(output_splits, output) || !even(input_splits, input)) {
+    fail(std::string(op_name) + ": uneven split sizes are not supported yet (backplane's ABI has no alltoallv; "
+         "all_to_all_single works with equal splits)");
+  }
+  if (input.numel() % size != 0) {
+    fail(std::string(op_name) + ": " + std::to_string(input.numel()) + " elements do not split evenly over " +
+         std::to_string(size) + " ranks");
+  }
+  at::Tensor source = contiguous(input);
+  at::Tensor result = contiguous(output);
+  return post(
+      c10d::OpType::ALLTOALL_BASE, op_name,
+      [&](bpl_request** req) { return bpl_alltoall(comm_, source.data_ptr(), result.data_ptr(), source.numel() / size, dtype, req); },
+      [result, output] { copy_back(output, result); }, {output}, {source, result});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                                               const c10d::AllToAllOptions&) {
+  const char* op_name = "alltoall";
+  const int size = getSize();
+  if (static_cast<int>(inputs.size()) != size || static_cast<int>(outputs.size()) != size) {
+    fail(std::string(op_name) + ": expected " + std::to_string(size) + " input and output tensors (one per rank), got " +
+         std::to_string(inputs.size()) + " and " + std::to_string(outputs.size()));
+  }
+  const bpl_dtype dtype = dtype_of(inputs[0], op_name);
+  for (int r = 0; r < size; ++r) {
+    require_same(inputs[0], inputs[r], op_name, "input tensor " + std::to_string(r) + " (uneven sizes are not supported yet)");
+    require_same(inputs[0], outputs[r], op_name, "output tensor " + std::to_string(r));
+  }
+  at::Tensor source = flat_of(inputs);
+  at::Tensor result = at::empty_like(source);
+  std::vector<at::Tensor> targets = outputs;
+  return post(
+      c10d::OpType::ALLTOALL, op_name,
+      [&](bpl_request** req) { return bpl_alltoall(comm_, source.data_ptr(), result.data_ptr(), inputs[0].numel(), dtype, req); },
+      [result, targets] { copy_slices(result, targets); }, outputs, {source, result});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::barrier(const c10d::BarrierOptions&) {
+  return post(
+      c10d::OpType::BARRIER, "barrier", [&](bpl_request** req) { return bpl_barrier(comm_, req); }, nullptr, {}, {});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
+  const char* op_name = "send";
+  const at::Tensor& tensor = single(tensors, op_name);
+  const bpl_dtype dtype = dtype_of(tensor, op_name);
+  checked_root(dst_rank, getSize(), op_name);
+  at::Tensor buffer = contiguous(tensor);
+  return post(
+      c10d::OpType::SEND, op_name,
+      [&](bpl_request** req) { return bpl_send(comm_, buffer.data_ptr(), buffer.numel(), dtype, dst_rank, tag, req); }, nullptr,
+      tensors, {buffer});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
+  const char* op_name = "recv";
+  const at::Tensor& tensor = single(tensors, op_name);
+  const bpl_dtype dtype = dtype_of(tensor, op_name);
+  checked_root(src_rank, getSize(), op_name);
+  at::Tensor buffer = contiguous(tensor);
+  return post(
+      c10d::OpType::RECV, op_name,
+      [&](bpl_request** req) { return bpl_recv(comm_, buffer.data_ptr(), buffer.numel(), dtype, src_rank, tag, req); },
+      [buffer, tensor] { copy_back(tensor, buffer); }, tensors, {buffer});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::recvAnysource(std::vector<at::Tensor>&, int) {
+  fail("recv from any source is not supported: backplane's receives name their peer (pass src)");
+}
+
+}  // namespace backplane::torch_backend

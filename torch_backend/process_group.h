@@ -1,0 +1,95 @@
+// ProcessGroupBackplane: torch.distributed's backend "backplane", a c10d::ProcessGroup (torch 1.13) on
+// backplane's C ABI. Every operation is posted as a backplane request and returns at once; its Work
+// completes when the caller waits, or, once its future is asked for (DDP's communication hooks), on the
+// group's progress thread. Errors are backplane's messages, raised as RuntimeError in Python.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backplane/backplane.h"
+#include "store_callbacks.h"
+
+namespace backplane::torch_backend {
+
+class Runtime;
+class BackplaneWork;
+
+class ProcessGroupBackplane : public c10d::ProcessGroup {
+ public:
+  // torch's creator (Backend.register_backend): the first group of the process (the default group)
+  // starts backplane's runtime with `store` as its meeting place (bpl_init_options.store); every later
+  // group is made by its members alone through its own store (bpl_comm_create_from_store).
+  static c10::intrusive_ptr<c10d::ProcessGroup> create(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                                       std::chrono::milliseconds timeout);
+
+  ProcessGroupBackplane(std::shared_ptr<Runtime> runtime, bpl_comm* comm, bool owns_comm,
+                        std::unique_ptr<StoreCallbacks> store, std::chrono::milliseconds timeout);
+  ~ProcessGroupBackplane() override;
+
+  const std::string getBackendName() const override { return "backplane"; }
+  // What backplane chose for this process: backend, why, and its details (bpl_runtime_describe).
+  std::string describe() const;
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                     const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                      const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input, std::vector<int64_t>& output_splits,
+                                               std::vector<int64_t>& input_splits,
+                                               const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
+
+  // Hands a Work whose future was asked for to the progress thread, which completes it in order.
+  void complete_in_background(c10::intrusive_ptr<BackplaneWork> work);
+
+ private:
+  // Starts an operation: `start(req)` posts it; `finish` runs once it succeeded (copies results into
+  // the caller's tensors); `outputs` are the Work's result; `keep` stays alive until it ends.
+  c10::intrusive_ptr<c10d::Work> post(c10d::OpType type, const char* name, const std::function<bpl_status(bpl_request**)>& start,
+                                      std::function<void()> finish, std::vector<at::Tensor> outputs,
+                                      std::vector<at::Tensor> keep);
+  void progress_loop();
+
+  std::shared_ptr<Runtime> runtime_;
+  bpl_comm* comm_;
+  bool owns_comm_;
+  std::unique_ptr<StoreCallbacks> store_;  // the store this group met through, while it lives
+  std::chrono::milliseconds timeout_;
+
+  std::mutex progress_mutex_;
+  std::condition_variable progress_ready_;
+  std::deque<c10::intrusive_ptr<BackplaneWork>> progress_queue_;
+  bool stopping_ = false;
+  std::thread progress_thread_;  // started on the first future asked for
+};
+
+}  // namespace backplane::torch_backend
