@@ -6,6 +6,10 @@
 #include <pybind11/pybind11.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <chrono>
+#include <stdexcept>
+#include <vector>
+
 #include "process_group.h"
 
 namespace py = pybind11;
@@ -18,6 +22,31 @@ PYBIND11_MODULE(backplane_torch, m) {
   py::class_<ProcessGroupBackplane, c10d::ProcessGroup, c10::intrusive_ptr<ProcessGroupBackplane>>(m, "ProcessGroupBackplane")
       .def("describe", &ProcessGroupBackplane::describe,
            "What backplane chose for this process: the backend, why, and its details.");
+  // For bpl-bench-torch: `iterations` blocking allreduces (sum) of `tensor` in place, timed in C++ so
+  // that Python's own cost is not measured; seconds per allreduce. Through the process group (post a
+  // Work and wait), and through the C ABI on the same communicator.
+  m.def(
+      "_time_process_group_allreduce",
+      [](const c10::intrusive_ptr<ProcessGroupBackplane>& group, at::Tensor tensor, int iterations) {
+        std::vector<at::Tensor> tensors{tensor};
+        const auto start = std::chrono::steady_clock::now();
+        for (int i = 0; i < iterations; ++i) group->allreduce(tensors, c10d::AllreduceOptions())->wait();
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / iterations;
+      },
+      py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "_time_c_abi_allreduce",
+      [](const c10::intrusive_ptr<ProcessGroupBackplane>& group, at::Tensor tensor, int iterations) {
+        if (tensor.scalar_type() != at::kFloat || !tensor.is_contiguous()) throw std::invalid_argument("a contiguous float32 tensor");
+        const auto start = std::chrono::steady_clock::now();
+        for (int i = 0; i < iterations; ++i) {
+          const bpl_status status = bpl_allreduce(group->comm(), tensor.data_ptr(), tensor.data_ptr(), tensor.numel(),
+                                                  BPL_DTYPE_F32, BPL_OP_SUM, nullptr);
+          if (status != BPL_OK) throw std::runtime_error(bpl_last_error());
+        }
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / iterations;
+      },
+      py::call_guard<py::gil_scoped_release>());
   m.def(
       "create_process_group",
       [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::chrono::milliseconds timeout) {

@@ -39,6 +39,8 @@ class ProcessGroupBackplane : public c10d::ProcessGroup {
   const std::string getBackendName() const override { return "backplane"; }
   // What backplane chose for this process: backend, why, and its details (bpl_runtime_describe).
   std::string describe() const;
+  // The group's communicator (for benchmarks that call the C ABI beside the group).
+  bpl_comm* comm() const { return comm_; }
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) override;

@@ -42,14 +42,17 @@ bpl_status bpl_request_wait(bpl_request* req, int64_t timeout_ms) {
     const int64_t report_grace_ms = overran_if_timed_out ? 2 * std::min<int64_t>(comm_timeout_ms / 4, 1000) : 0;
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms + report_grace_ms);
     // The plugin is waited for in short slices so that bpl_comm_abort, from another thread, releases
-    // this wait within one slice whatever the backend.
-    constexpr int64_t kAbortCheckMs = 100;
+    // this wait within one slice whatever the backend. A plugin whose comm_abort ends its own waits is
+    // waited for at once to the end instead, when the wait is as long as the communicator's bound:
+    // told so, it may run the operation on this thread rather than hand it to another.
+    const bool abort_ends_plugin_waits = comm->runtime->plugin->optional(&bpl_plugin_api::comm_abort) != nullptr;
+    const int64_t slice_ms = overran_if_timed_out && abort_ends_plugin_waits ? kLongestTimeoutMs : 100;
     for (;;) {
       const int64_t left_ms = std::max<int64_t>(
           0, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count());
       clear_last_error();
       bpl_status status = BPL_ERR_TIMEOUT;
-      if (left_ms > 0) status = api.request_wait(r->impl, std::min(left_ms, kAbortCheckMs));
+      if (left_ms > 0) status = api.request_wait(r->impl, std::min(left_ms, slice_ms));
       if (status != BPL_ERR_TIMEOUT) return finish_request("bpl_request_wait", r, status);
       int32_t done = 0;
       clear_last_error();

@@ -164,6 +164,29 @@ class OpQueue {
     body();
   }
 
+  // Runs `op` on the caller's thread if it is the next to run and nothing runs now (its waiter got
+  // there before the worker): a request waited for to its end costs no thread hand-off. False if the
+  // worker has it, or others are ahead. The operation stays bounded by its own timeout.
+  bool run_if_next(const std::shared_ptr<Operation>& op) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (busy_ || pending_.empty() || pending_.front() != op) return false;
+      pending_.pop_front();
+      queued_.fetch_sub(1, std::memory_order_release);
+      busy_ = true;
+    }
+    op->run(classify_);
+    std::lock_guard<std::mutex> lock(mutex_);
+    busy_ = false;
+    if (!pending_.empty()) changed_.notify_all();
+    return true;
+  }
+
+  std::chrono::milliseconds op_timeout() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return op_timeout_;
+  }
+
   // Thrown by run() when the body ran on the worker and failed there.
   struct QueuedFailure {
     bpl_status status;

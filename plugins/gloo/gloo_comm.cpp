@@ -57,15 +57,20 @@ std::pair<bpl_status, std::string> classify(std::exception_ptr error) {
   }
 }
 
-// A collective posted to the communicator's queue.
+// A collective posted to the communicator's queue (`queue`, which outlives its requests). A wait for
+// its end (as long as the operation's own bound, or longer) that finds it next in line, not yet taken
+// by the worker, runs it on the waiting thread; a shorter wait only waits, so that it returns at its
+// timeout with the operation in flight.
 class QueuedRequest : public Request {
  public:
-  explicit QueuedRequest(std::shared_ptr<plugin::Operation> op) : op_(std::move(op)) {}
+  explicit QueuedRequest(std::shared_ptr<plugin::Operation> op, plugin::OpQueue* queue = nullptr)
+      : op_(std::move(op)), queue_(queue) {}
   bpl_status test(int32_t* done) override {
     *done = op_->ended() ? 1 : 0;
     return *done ? result() : BPL_OK;
   }
   bpl_status wait(std::chrono::milliseconds timeout) override {
+    if (queue_ != nullptr && !op_->ended() && timeout >= queue_->op_timeout()) queue_->run_if_next(op_);
     if (!op_->wait_for(timeout)) {
       plugin::host()->set_error(("gloo: the operation has not ended after " + std::to_string(timeout.count()) +
                                  " ms; it is still in flight")
@@ -86,6 +91,7 @@ class QueuedRequest : public Request {
     return op_->status();
   }
   std::shared_ptr<plugin::Operation> op_;
+  plugin::OpQueue* queue_;
 };
 
 // An asynchronous send or recv: posted to Gloo at once; a thread waits for its completion with the
@@ -581,7 +587,7 @@ Error GlooComm::recorded_failure(bpl_status status, const std::string& message, 
 }
 
 void GlooComm::post(std::function<void()> body, bpl_plugin_request** req) {
-  *req = reinterpret_cast<bpl_plugin_request*>(static_cast<Request*>(new QueuedRequest(queue_.post(std::move(body)))));
+  *req = reinterpret_cast<bpl_plugin_request*>(static_cast<Request*>(new QueuedRequest(queue_.post(std::move(body)), &queue_)));
 }
 
 void GlooComm::rethrow_classified(const std::exception_ptr& thrown) {

@@ -1,0 +1,61 @@
+#!/usr/bin/python3
+"""bpl-bench-torch on a tiny sweep: torch's Gloo and backplane's gloo (and mpi where built) each measure
+every operation and size through torch.distributed, the DDP step, and the ProcessGroup layer against
+the C ABI; the JSON, the table and the plot hold them.
+
+    bench_torch_test.py BIN_DIR
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+failures = []
+
+
+def expect(condition, message):
+    if not condition:
+        failures.append(message)
+
+
+def main():
+    bin_dir = sys.argv[1]
+    configs = ["torch-gloo", "gloo"]
+    if os.path.exists(os.path.join(bin_dir, "..", "lib", "backplane", "plugins", "libbackplane-mpi.so")):
+        configs.append("mpi")
+    with tempfile.TemporaryDirectory() as out:
+        command = [os.path.join(bin_dir, "bpl-bench-torch"), "--out", out, "--configs", ",".join(configs),
+                   "--max-bytes", "1K", "--step", "16", "--repetitions", "2", "--min-seconds", "0.001",
+                   "--max-iterations", "5", "--ddp-width", "64"]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        if result.returncode != 0:
+            sys.exit(f"bpl-bench-torch failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
+        for config in configs:
+            with open(os.path.join(out, f"torch-{config}.json")) as f:
+                results = json.load(f)
+            expect(results["world"] == 2, f"{config}: 2 ranks")
+            ops = {(r["op"], r["bytes"]) for r in results["ops"] if r["us"] > 0}
+            for op in ("allreduce", "allgather", "broadcast") + (("reduce_scatter",) if config != "torch-gloo" else ()):
+                expect(any(k[0] == op for k in ops), f"{config}: {op} measured")
+            expect(results["ddp"]["step_ms"] > 0 and results["ddp"]["no_sync_ms"] > 0, f"{config}: DDP step measured")
+            if config != "torch-gloo":
+                expect(results["backend"].startswith(config + " "), f"{config}: the backend is named: {results['backend']}")
+                expect(len(results["layer"]) >= 2 and all(r["group_us"] > 0 and r["abi_us"] > 0 for r in results["layer"]),
+                       f"{config}: the ProcessGroup layer measured against the C ABI")
+        with open(os.path.join(out, "torch.md")) as f:
+            table = f.read()
+        row = re.search(r"^\| allreduce \| 4 B \|(.*)$", table, re.M)
+        expect(row is not None and len(re.findall(r"[0-9]+\.[0-9]+x", row.group(1))) == len(configs) - 1,
+               "the table has the allreduce 4 B row with a ratio per backplane config")
+        expect("DDP communication, torch-gloo / gloo" in table, "the table compares DDP's communication")
+        with open(os.path.join(out, "torch.png"), "rb") as f:
+            expect(f.read(8) == b"\x89PNG\r\n\x1a\n", "torch.png is a PNG")
+    if failures:
+        sys.exit("FAILED:\n  " + "\n  ".join(failures))
+    print(f"bench_torch_test: {', '.join(configs)}: every operation measured; table and plot written")
+
+
+if __name__ == "__main__":
+    main()
