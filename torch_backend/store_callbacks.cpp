@@ -55,7 +55,7 @@ bpl_status get(void* context, const char* key, int64_t timeout_ms, void* value, 
     }
     const std::vector<uint8_t> found = store.get(key);
     *size = found.size();
-    std::memcpy(value, found.data(), std::min(capacity, found.size()));
+    if (!found.empty()) std::memcpy(value, found.data(), std::min(capacity, found.size()));
   });
 }
 

@@ -133,7 +133,7 @@ typedef struct bpl_request bpl_request; /* an operation in flight */
 typedef struct bpl_store {
   size_t struct_size; /* sizeof(bpl_store) */
   void* context;      /* handed to every callback */
-  /* Sets `key` to the `size` bytes at `value`. */
+  /* Sets `key` to the `size` bytes at `value` (NULL when size is 0: an empty value). */
   bpl_status (*set)(void* context, const char* key, const void* value, size_t size);
   /* Waits up to timeout_ms (> 0) for `key` to be set, copies up to `capacity` bytes of its value to
    * `value` (NULL when capacity is 0: backplane only waits) and sets *size to the value's full size

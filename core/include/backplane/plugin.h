@@ -1,6 +1,7 @@
 /*
- * plugin.h — the plugin ABI of backplane (ABI 1.2; core/ABI_CHANGELOG.md): what a backend plugin exports and what the core
- * passes in. A plugin includes only this header (and backplane.h, which it includes).
+ * plugin.h — the plugin ABI of backplane (ABI 1.2; what each minor added: core/ABI_CHANGELOG.md):
+ * what a backend plugin exports and what the core passes in. A plugin includes only this header (and
+ * backplane.h, which it includes).
  *
  * A plugin is a shared object that exports exactly one symbol, bpl_plugin_open_v1. The core calls it
  * once per load with the host API and receives a static function table. The table starts with
@@ -166,7 +167,9 @@ typedef struct bpl_plugin_api {
   bpl_status (*comm_set_timeout)(bpl_plugin_comm* comm, int64_t timeout_ms);
   /* The core has marked `comm` aborted (no new operation reaches the plugin). Make the operations in
    * flight end soon, as errors, and let the peers know where the backend can. Must not block; may run
-   * on another thread than one blocked in an operation of `comm`. */
+   * on another thread than one blocked in an operation of `comm`. A plugin that provides it must also
+   * end a request_wait on `comm` when it runs: the core then hands a wait as long as the communicator's
+   * timeout to request_wait whole (it slices the waits of other plugins to check for an abort). */
   bpl_status (*comm_abort)(bpl_plugin_comm* comm);
 
   /* --- ABI 1.2 (optional, as above) --- */
