@@ -168,7 +168,15 @@ class BackplaneWork : public c10d::Work {
     {
       std::lock_guard<std::mutex> lock(drive_mutex_);
       if (request_ != nullptr && !handed_off_) {
-        complete(bpl_request_wait(request_, timeout == kNoTimeout ? BPL_TIMEOUT_DEFAULT : std::max<int64_t>(1, timeout.count())));
+        const bool bounded = timeout != kNoTimeout;
+        const bpl_status status = bpl_request_wait(request_, bounded ? std::max<int64_t>(1, timeout.count()) : BPL_TIMEOUT_DEFAULT);
+        int32_t done = 0;
+        if (status == BPL_ERR_TIMEOUT && bounded && bpl_request_test(request_, &done) == BPL_OK && done == 0) {
+          // A wait shorter than the group's timeout: the operation goes on and may be waited for again.
+          throw std::runtime_error("backplane: " + name_ + " has not completed within " + std::to_string(timeout.count()) +
+                                   " ms; it is still in flight and may be waited for again");
+        }
+        complete(status);
       }
     }
     return c10d::Work::wait(timeout);

@@ -8,6 +8,7 @@ Exits non-zero on the first failure, naming it.
 import datetime
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -159,6 +160,21 @@ def test_asynchronous_work_and_futures():
     check(all(w.is_completed() for w in works), "every work completed")
     chained = dist.all_reduce(torch.ones(2), async_op=True).get_future().then(lambda f: f.value()[0] * 2)
     same(chained.wait(), torch.full((2,), 2.0 * world), "a future's then()")
+
+    # A wait shorter than the group's timeout raises and leaves the operation in flight; a later wait
+    # completes it. The last rank joins late.
+    late = torch.ones(3)
+    if rank == world - 1:
+        time.sleep(0.5)
+    work = dist.all_reduce(late, async_op=True)
+    if rank == 0 and world > 1:
+        try:
+            work.wait(datetime.timedelta(milliseconds=50))
+            raise AssertionError("a 50 ms wait returned before the late rank joined")
+        except RuntimeError as e:
+            check("still in flight" in str(e), f"the short wait's message: {e}")
+    work.wait()
+    same(late, torch.full((3,), float(world)), "all_reduce completed after a short wait")
 
 
 def test_subgroups():
