@@ -698,7 +698,10 @@ std::unique_ptr<MpiComm> MpiComm::create_from_store(const MpiProcess& process, c
     MPI_Group world_group = MPI_GROUP_NULL, group = MPI_GROUP_NULL;
     MPI_Comm_group(MPI_COMM_WORLD, &world_group);
     MPI_Group_incl(world_group, size, world_ranks.data(), &group);
-    const int code = MPI_Comm_create_group(MPI_COMM_WORLD, group, /*tag=*/0x6270, &created);
+    // The tag only tells apart creations that overlapping groups run at once; a process makes one at
+    // a time (the lock) and its groups' members make them in the same order, so one tag serves all.
+    constexpr int kCreateGroupTag = 0x6270;  // "bp"
+    const int code = MPI_Comm_create_group(MPI_COMM_WORLD, group, kCreateGroupTag, &created);
     MPI_Group_free(&group);
     MPI_Group_free(&world_group);
     if (code != MPI_SUCCESS) throw Error(BPL_ERR_INTERNAL, "MPI_Comm_create_group failed");
