@@ -89,9 +89,9 @@ def main():
     if args.hidden % world != 0:
         sys.exit(f"cpu_mode_mlp: --hidden {args.hidden} does not split over {world} ranks")
 
-    # Every rank draws the same master weights and input.
+    # Every rank draws the same master weights (initialised as torch.nn.Linear's) and input.
     torch.manual_seed(args.seed)
-    w1, w2 = torch.rand(args.hidden, args.hidden), torch.rand(args.hidden, args.hidden)
+    w1, w2 = (torch.nn.Linear(args.hidden, args.hidden, bias=False).weight.detach() for _ in range(2))
     inputs = torch.rand(4, args.hidden)
     column, row = ColumnParallelLinear(w1), RowParallelLinear(w2)
     outputs = row(column(inputs))
@@ -108,9 +108,9 @@ def main():
         rows = args.hidden // world
         span = slice(rank * rows, (rank + 1) * rows)
         checks = {
-            "output": torch.allclose(outputs, expected, rtol=1e-4, atol=1e-3),
-            "column weight gradient": torch.allclose(column.weight.grad, full1.grad[span], rtol=1e-4, atol=1e-3),
-            "row weight gradient": torch.allclose(row.weight.grad, full2.grad[:, span], rtol=1e-4, atol=1e-3),
+            "output": torch.allclose(outputs, expected, rtol=1e-4, atol=1e-5),
+            "column weight gradient": torch.allclose(column.weight.grad, full1.grad[span], rtol=1e-4, atol=1e-5),
+            "row weight gradient": torch.allclose(row.weight.grad, full2.grad[:, span], rtol=1e-4, atol=1e-5),
         }
         difference = (outputs - expected).abs().max().item()
         verdict = "match" if all(checks.values()) else "MISMATCH in " + ", ".join(k for k, ok in checks.items() if not ok)
