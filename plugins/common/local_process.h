@@ -2,11 +2,11 @@
 // and whether a peer's process still runs. A plugin uses them to name the peer behind a failure.
 #pragma once
 
+#include <fcntl.h>
 #include <sys/types.h>
 #include <unistd.h>
 
 #include <fstream>
-#include <iterator>
 #include <string>
 
 namespace backplane::plugin {
@@ -32,8 +32,16 @@ enum class ProcessState { kRunning, kStopped, kEnded };
 
 // The state of process `pid` of this process space. A zombie (ended, not yet reaped) counts as ended.
 inline ProcessState process_state(pid_t pid) {
-  std::ifstream file("/proc/" + std::to_string(pid) + "/stat");
-  const std::string stat((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  // read(2), not an ifstream: a process reaped between the open and the read fails the read (ESRCH),
+  // which libstdc++'s filebuf throws as an exception in place of the failure being explained.
+  const std::string path = "/proc/" + std::to_string(pid) + "/stat";
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ProcessState::kEnded;
+  char buffer[1024];  // "<pid> (<command of at most 16 bytes>) <state> ...": well under 1 KiB
+  const ssize_t got = ::read(fd, buffer, sizeof(buffer));
+  ::close(fd);
+  if (got <= 0) return ProcessState::kEnded;
+  const std::string stat(buffer, static_cast<size_t>(got));
   // "<pid> (<command>) <state> ...": the command may itself hold spaces and parentheses.
   const size_t close = stat.rfind(')');
   if (close == std::string::npos || close + 2 >= stat.size()) return ProcessState::kEnded;
