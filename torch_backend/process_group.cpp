@@ -95,11 +95,13 @@ const at::Tensor& single(const std::vector<at::Tensor>& tensors, const char* op)
   return tensors[0];
 }
 
-int64_t checked_root(int64_t root, int size, const char* op) {
-  if (root < 0 || root >= size) {
-    fail(std::string(op) + ": root rank " + std::to_string(root) + " is not a rank of this group (0.." + std::to_string(size - 1) + ")");
+// `role` is what the rank is to the operation: "root", "destination", "source".
+int64_t checked_rank(int64_t rank, int size, const char* op, const char* role = "root") {
+  if (rank < 0 || rank >= size) {
+    fail(std::string(op) + ": " + role + " rank " + std::to_string(rank) + " is not a rank of this group (0.." +
+         std::to_string(size - 1) + ")");
   }
-  return root;
+  return rank;
 }
 
 void require_same(const at::Tensor& a, const at::Tensor& b, const char* op, const std::string& what) {
@@ -408,7 +410,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::broadcast(std::vector<at::
   const char* op_name = "broadcast";
   const at::Tensor& tensor = single(tensors, op_name);
   const bpl_dtype dtype = dtype_of(tensor, op_name);
-  const int64_t root = checked_root(opts.rootRank, getSize(), op_name);
+  const int64_t root = checked_rank(opts.rootRank, getSize(), op_name);
   at::Tensor buffer = contiguous(tensor);
   return post(
       c10d::OpType::BROADCAST, op_name,
@@ -423,7 +425,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::reduce(std::vector<at::Ten
   const char* op_name = "reduce";
   const at::Tensor& tensor = single(tensors, op_name);
   const bpl_dtype dtype = dtype_of(tensor, op_name);
-  const int64_t root = checked_root(opts.rootRank, getSize(), op_name);
+  const int64_t root = checked_rank(opts.rootRank, getSize(), op_name);
   std::optional<double> factor;
   const bpl_reduce_op op = reduce_op_of(opts.reduceOp, op_name, &factor);
   at::Tensor buffer = factor ? tensor.mul(*factor) : contiguous(tensor);
@@ -484,7 +486,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::gather(std::vector<std::ve
   const char* op_name = "gather";
   const at::Tensor& input = single(inputs, op_name);
   const bpl_dtype dtype = dtype_of(input, op_name);
-  const int64_t root = checked_root(opts.rootRank, getSize(), op_name);
+  const int64_t root = checked_rank(opts.rootRank, getSize(), op_name);
   const bool at_root = root == getRank();
   if (at_root) {
     if (outputs.size() != 1 || static_cast<int>(outputs[0].size()) != getSize()) {
@@ -510,7 +512,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::scatter(std::vector<at::Te
   const char* op_name = "scatter";
   const at::Tensor& output = single(outputs, op_name);
   const bpl_dtype dtype = dtype_of(output, op_name);
-  const int64_t root = checked_root(opts.rootRank, getSize(), op_name);
+  const int64_t root = checked_rank(opts.rootRank, getSize(), op_name);
   at::Tensor parts;
   if (root == getRank()) {
     if (inputs.size() != 1 || static_cast<int>(inputs[0].size()) != getSize()) {
@@ -633,7 +635,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::send(std::vector<at::Tenso
   const char* op_name = "send";
   const at::Tensor& tensor = single(tensors, op_name);
   const bpl_dtype dtype = dtype_of(tensor, op_name);
-  checked_root(dst_rank, getSize(), op_name);
+  checked_rank(dst_rank, getSize(), op_name, "destination");
   at::Tensor buffer = contiguous(tensor);
   return post(
       c10d::OpType::SEND, op_name,
@@ -645,7 +647,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::recv(std::vector<at::Tenso
   const char* op_name = "recv";
   const at::Tensor& tensor = single(tensors, op_name);
   const bpl_dtype dtype = dtype_of(tensor, op_name);
-  checked_root(src_rank, getSize(), op_name);
+  checked_rank(src_rank, getSize(), op_name, "source");
   at::Tensor buffer = contiguous(tensor);
   return post(
       c10d::OpType::RECV, op_name,

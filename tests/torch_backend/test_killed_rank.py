@@ -6,7 +6,7 @@ within the timeout given to init_process_group, and never hangs.
 import datetime
 import os
 import signal
-import socket
+import tempfile
 import subprocess
 import sys
 import time
@@ -20,7 +20,10 @@ def rank_main(fault):
     import torch.distributed as dist
     import backplane_torch  # noqa: F401
 
-    dist.init_process_group("backplane", timeout=datetime.timedelta(seconds=TIMEOUT_S))
+    # torch's FileStore as the meeting place: no port to choose, none another job can take.
+    dist.init_process_group("backplane", timeout=datetime.timedelta(seconds=TIMEOUT_S),
+                            init_method=f"file://{os.environ['TEST_INIT_FILE']}",
+                            rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
     rank = dist.get_rank()
     t = torch.ones(1024)
     for _ in range(3):
@@ -43,18 +46,15 @@ def rank_main(fault):
     os._exit(1)
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def driver(world, fault):
-    port = str(free_port())
+    folder = tempfile.TemporaryDirectory()
+    init_file = os.path.join(folder.name, "init")
     ranks = []
     for r in range(world):
+        # MASTER_ADDR without a port only tells backplane's gloo that the ranks share this host.
         env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(world),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+                   MASTER_ADDR="127.0.0.1", TEST_INIT_FILE=init_file)
+        env.pop("MASTER_PORT", None)
         ranks.append(subprocess.Popen([sys.executable, "-W", "ignore", __file__, "--rank", fault], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     failed = False
