@@ -54,6 +54,10 @@ PYBIND11_MODULE(backplane_torch, m) {
       },
       py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::call_guard<py::gil_scoped_release>(),
       "torch's creator of the backend: the first group starts backplane through `store`, later ones join theirs.");
+  // Before the interpreter finalizes: the works whose futures were asked for end, and their callbacks
+  // (Python objects) are released while Python can still take them.
+  m.def("_wait_for_completions", &ProcessGroupBackplane::wait_for_completions, py::call_guard<py::gil_scoped_release>());
+  py::module_::import("atexit").attr("register")(m.attr("_wait_for_completions"));
   py::object backend = distributed.attr("Backend");
   if (!py::hasattr(backend, "BACKPLANE")) backend.attr("register_backend")("backplane", m.attr("create_process_group"));
 }

@@ -4,8 +4,12 @@
 #include <ATen/core/ivalue.h>
 
 #include <algorithm>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
 #include <optional>
 #include <stdexcept>
+#include <thread>
 #include <utility>
 
 namespace backplane::torch_backend {
@@ -38,6 +42,86 @@ class Runtime {
   }
   bpl_runtime* handle_;
   std::unique_ptr<StoreCallbacks> store_;  // the world's meeting place, used until bpl_finalize
+};
+
+// A group's communicator with what it lives on (the runtime, the store its members met through);
+// destroyed with the last of the group and its works, so that no request outlives its communicator.
+class Communicator {
+ public:
+  Communicator(std::shared_ptr<Runtime> runtime, bpl_comm* comm, bool owns_comm, std::unique_ptr<StoreCallbacks> store)
+      : runtime_(std::move(runtime)), comm_(comm), owns_comm_(owns_comm), store_(std::move(store)) {}
+  ~Communicator() {
+    if (owns_comm_) bpl_comm_destroy(comm_);
+  }
+  bpl_comm* get() const { return comm_; }
+  bpl_runtime* runtime() const { return runtime_->handle(); }
+
+ private:
+  std::shared_ptr<Runtime> runtime_;  // first in, last out: the communicator goes before the runtime
+  bpl_comm* comm_;
+  bool owns_comm_;
+  std::unique_ptr<StoreCallbacks> store_;  // the store this group met through, while it lives
+};
+
+class BackplaneWork;
+
+// Completes, in order and on a thread of its own, the works whose futures were asked for; their
+// futures' callbacks (Python's included) run there. Nobody waits for the thread: it holds the queue,
+// and ends once the queue is stopped and empty.
+class CompletionQueue : public std::enable_shared_from_this<CompletionQueue> {
+ public:
+  void add(c10::intrusive_ptr<BackplaneWork> work) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!started_) {
+      started_ = true;
+      std::thread([self = shared_from_this()] { self->run(); }).detach();
+    }
+    queue_.push_back(std::move(work));
+    Pending::get().add();
+    ready_.notify_one();
+  }
+  void stop() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+    ready_.notify_one();
+  }
+  // Until no queue of the process holds a work.
+  static void wait_until_idle() { Pending::get().wait_for_none(); }
+
+ private:
+  // Works queued or being completed in the whole process.
+  class Pending {
+   public:
+    static Pending& get() {
+      static Pending* pending = new Pending;  // never destroyed: a detached thread may use it at exit
+      return *pending;
+    }
+    void add() {
+      std::lock_guard<std::mutex> lock(mutex_);
+      ++count_;
+    }
+    void done() {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (--count_ == 0) none_.notify_all();
+    }
+    void wait_for_none() {
+      std::unique_lock<std::mutex> lock(mutex_);
+      none_.wait(lock, [&] { return count_ == 0; });  // each work's wait is bounded by its timeout
+    }
+
+   private:
+    std::mutex mutex_;
+    std::condition_variable none_;
+    int64_t count_ = 0;
+  };
+
+  void run();
+
+  std::mutex mutex_;
+  std::condition_variable ready_;
+  std::deque<c10::intrusive_ptr<BackplaneWork>> queue_;
+  bool started_ = false;
+  bool stopping_ = false;
 };
 
 namespace {
@@ -138,13 +222,15 @@ void copy_slices(const at::Tensor& flat, const std::vector<at::Tensor>& targets)
 }  // namespace
 
 // One posted operation. Whoever owns its request waits for it: the caller (wait, isCompleted), or the
-// progress thread once the future was asked for; never both.
+// completion thread once the future was asked for; never both.
 class BackplaneWork : public c10d::Work {
  public:
-  BackplaneWork(ProcessGroupBackplane* group, int rank, c10d::OpType type, const char* name, bpl_request* request,
-                std::function<void()> finish, std::vector<at::Tensor> outputs, std::vector<at::Tensor> keep)
+  BackplaneWork(std::shared_ptr<Communicator> communicator, std::shared_ptr<CompletionQueue> completions, int rank,
+                c10d::OpType type, const char* name, bpl_request* request, std::function<void()> finish,
+                std::vector<at::Tensor> outputs, std::vector<at::Tensor> keep)
       : c10d::Work(rank, type),
-        group_(group),
+        communicator_(std::move(communicator)),
+        completions_(std::move(completions)),
         name_(name),
         request_(request),
         finish_(std::move(finish)),
@@ -194,13 +280,13 @@ class BackplaneWork : public c10d::Work {
         settle_future();
       } else if (!handed_off_) {
         handed_off_ = true;
-        group_->complete_in_background(c10::intrusive_ptr<BackplaneWork>::reclaim_copy(this));
+        completions_->add(c10::intrusive_ptr<BackplaneWork>::reclaim_copy(this));
       }
     }
     return future_;
   }
 
-  // The progress thread's part: waits for the request (bounded by the communicator's timeout).
+  // The completion thread's part: waits for the request (bounded by the communicator's timeout).
   void drive() {
     std::lock_guard<std::mutex> lock(drive_mutex_);
     if (request_ != nullptr) complete(bpl_request_wait(request_, BPL_TIMEOUT_DEFAULT));
@@ -236,7 +322,8 @@ class BackplaneWork : public c10d::Work {
     }
   }
 
-  ProcessGroupBackplane* group_;  // outlives its works: its destructor drains the progress queue
+  std::shared_ptr<Communicator> communicator_;  // its request's: released after the request
+  std::shared_ptr<CompletionQueue> completions_;
   std::string name_;
   std::mutex drive_mutex_;
   bpl_request* request_;
@@ -291,49 +378,36 @@ int size_of(bpl_comm* comm) {
 ProcessGroupBackplane::ProcessGroupBackplane(std::shared_ptr<Runtime> runtime, bpl_comm* comm, bool owns_comm,
                                              std::unique_ptr<StoreCallbacks> store, std::chrono::milliseconds timeout)
     : c10d::ProcessGroup(rank_of(comm), size_of(comm)),
-      runtime_(std::move(runtime)),
+      communicator_(std::make_shared<Communicator>(std::move(runtime), comm, owns_comm, std::move(store))),
+      completions_(std::make_shared<CompletionQueue>()),
       comm_(comm),
-      owns_comm_(owns_comm),
-      store_(std::move(store)),
       timeout_(timeout) {
-  if (!owns_comm_) bpl_comm_set_timeout(comm_, timeout.count());
+  if (!owns_comm) bpl_comm_set_timeout(comm_, timeout.count());
 }
 
-ProcessGroupBackplane::~ProcessGroupBackplane() {
-  {
-    std::lock_guard<std::mutex> lock(progress_mutex_);
-    stopping_ = true;
-  }
-  progress_ready_.notify_all();
-  if (progress_thread_.joinable()) progress_thread_.join();
-  if (owns_comm_) bpl_comm_destroy(comm_);
-}
+ProcessGroupBackplane::~ProcessGroupBackplane() { completions_->stop(); }
 
 std::string ProcessGroupBackplane::describe() const {
   bpl_runtime_info info = BPL_RUNTIME_INFO_INIT;
-  check(bpl_runtime_describe(runtime_->handle(), &info), "bpl_runtime_describe");
+  check(bpl_runtime_describe(communicator_->runtime(), &info), "bpl_runtime_describe");
   return std::string(info.backend) + " (" + info.selection_reason + "): " + info.details;
 }
 
-void ProcessGroupBackplane::complete_in_background(c10::intrusive_ptr<BackplaneWork> work) {
-  std::lock_guard<std::mutex> lock(progress_mutex_);
-  if (!progress_thread_.joinable()) progress_thread_ = std::thread([this] { progress_loop(); });
-  progress_queue_.push_back(std::move(work));
-  progress_ready_.notify_one();
-}
+void ProcessGroupBackplane::wait_for_completions() { CompletionQueue::wait_until_idle(); }
 
-// Completes the works handed to it in order; at the group's end, what is queued first.
-void ProcessGroupBackplane::progress_loop() {
+void CompletionQueue::run() {
   for (;;) {
     c10::intrusive_ptr<BackplaneWork> work;
     {
-      std::unique_lock<std::mutex> lock(progress_mutex_);
-      progress_ready_.wait(lock, [&] { return stopping_ || !progress_queue_.empty(); });
-      if (progress_queue_.empty()) return;
-      work = std::move(progress_queue_.front());
-      progress_queue_.pop_front();
+      std::unique_lock<std::mutex> lock(mutex_);
+      ready_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      work = std::move(queue_.front());
+      queue_.pop_front();
     }
     work->drive();
+    work.reset();  // its future's callbacks, and maybe the last of its communicator, go here
+    Pending::get().done();
   }
 }
 
@@ -343,8 +417,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::post(c10d::OpType type, co
                                                            std::vector<at::Tensor> keep) {
   bpl_request* request = nullptr;
   check(start(&request), name);
-  return c10::make_intrusive<BackplaneWork>(this, getRank(), type, name, request, std::move(finish), std::move(outputs),
-                                            std::move(keep));
+  return c10::make_intrusive<BackplaneWork>(communicator_, completions_, getRank(), type, name, request, std::move(finish),
+                                            std::move(outputs), std::move(keep));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::allreduce(std::vector<at::Tensor>& tensors,

@@ -1,19 +1,15 @@
 // ProcessGroupBackplane: torch.distributed's backend "backplane", a c10d::ProcessGroup (torch 1.13) on
 // backplane's C ABI. Every operation is posted as a backplane request and returns at once; its Work
 // completes when the caller waits, or, once its future is asked for (DDP's communication hooks), on the
-// group's progress thread. Errors are backplane's messages, raised as RuntimeError in Python.
+// group's completion thread. Errors are backplane's messages, raised as RuntimeError in Python.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <chrono>
-#include <condition_variable>
-#include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "backplane/backplane.h"
@@ -22,7 +18,8 @@
 namespace backplane::torch_backend {
 
 class Runtime;
-class BackplaneWork;
+class Communicator;
+class CompletionQueue;
 
 class ProcessGroupBackplane : public c10d::ProcessGroup {
  public:
@@ -70,8 +67,11 @@ class ProcessGroupBackplane : public c10d::ProcessGroup {
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) override;
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
 
-  // Hands a Work whose future was asked for to the progress thread, which completes it in order.
-  void complete_in_background(c10::intrusive_ptr<BackplaneWork> work);
+  // Waits until every Work of the process whose future was asked for has completed and let go of its
+  // future's callbacks. Python's atexit calls it (without the GIL): a callback released on the
+  // completion thread once the interpreter has begun finalizing would end that thread in the middle of
+  // a destructor, and the process with it.
+  static void wait_for_completions();
 
  private:
   // Starts an operation: `start(req)` posts it; `finish` runs once it succeeded (copies results into
@@ -79,19 +79,13 @@ class ProcessGroupBackplane : public c10d::ProcessGroup {
   c10::intrusive_ptr<c10d::Work> post(c10d::OpType type, const char* name, const std::function<bpl_status(bpl_request**)>& start,
                                       std::function<void()> finish, std::vector<at::Tensor> outputs,
                                       std::vector<at::Tensor> keep);
-  void progress_loop();
 
-  std::shared_ptr<Runtime> runtime_;
-  bpl_comm* comm_;
-  bool owns_comm_;
-  std::unique_ptr<StoreCallbacks> store_;  // the store this group met through, while it lives
+  // Shared with the group's works, which may outlive it: the destructor waits for neither (torch may
+  // drop a group while holding Python's GIL, which its futures' callbacks need).
+  std::shared_ptr<Communicator> communicator_;
+  std::shared_ptr<CompletionQueue> completions_;
+  bpl_comm* comm_;  // communicator_'s
   std::chrono::milliseconds timeout_;
-
-  std::mutex progress_mutex_;
-  std::condition_variable progress_ready_;
-  std::deque<c10::intrusive_ptr<BackplaneWork>> progress_queue_;
-  bool stopping_ = false;
-  std::thread progress_thread_;  // started on the first future asked for
 };
 
 }  // namespace backplane::torch_backend

@@ -5,6 +5,7 @@ is backplane's; a second group over every rank is torch's Gloo, which gathers ea
 every expected result is computed here from them (exact for integers, within rounding for floats).
 Exits non-zero on the first failure, naming it.
 """
+import atexit
 import datetime
 import os
 import sys
@@ -13,7 +14,21 @@ import time
 import torch
 import torch.distributed as dist
 
-import backplane_torch  # noqa: F401  (registers the backend)
+# A future's callback left to the completion thread at exit (leave_a_callback_releasing_at_exit) must be
+# released before the process ends. atexit runs the last registered first: this check, registered
+# before backplane_torch's own hook (at its import), runs after it.
+callback_left_at_exit = {"left": False, "released": False}
+
+
+def check_callback_released_at_exit():
+    if callback_left_at_exit["left"] and not callback_left_at_exit["released"]:
+        print("FAILED: the process ended before a future's callback was released", file=sys.stderr, flush=True)
+        os._exit(1)
+
+
+atexit.register(check_callback_released_at_exit)
+
+import backplane_torch  # noqa: E402,F401  (registers the backend)
 
 FLOATS = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
 INTS = [torch.int8, torch.uint8, torch.int32, torch.int64]
@@ -177,6 +192,26 @@ def test_asynchronous_work_and_futures():
     same(late, torch.full((3,), float(world)), "all_reduce completed after a short wait")
 
 
+def leave_a_callback_releasing_at_exit():
+    """The process ends while the completion thread still releases a future's Python callback (its
+    closure holds an object whose release takes 0.5 s): backplane_torch's atexit hook waits for it, so
+    that the thread never takes the GIL of a finalizing interpreter (which ends the thread in the middle
+    of a destructor, and aborts the process)."""
+    class SlowToRelease:
+        def __del__(self):
+            time.sleep(0.5)
+            callback_left_at_exit["released"] = True
+
+    def attach(future):
+        guard = SlowToRelease()
+        return future.then(lambda f, guard=guard: f.value()[0] + 1)
+
+    t = torch.ones(4)
+    callback_left_at_exit["left"] = True
+    same(attach(dist.all_reduce(t, async_op=True).get_future()).wait(), torch.full((4,), dist.get_world_size() + 1.0),
+         "then() of a callback released at exit")
+
+
 def test_subgroups():
     rank, world = dist.get_rank(), dist.get_world_size()
     if world < 2:
@@ -265,6 +300,7 @@ def main():
     for test in (lambda: test_collectives(gloo), test_asynchronous_work_and_futures, test_subgroups,
                  lambda: test_ddp_matches_gloo(gloo), test_bad_input_is_an_exception):
         test()
+    leave_a_callback_releasing_at_exit()
     dist.barrier()
     dist.destroy_process_group()
     print(f"rank {os.environ.get('RANK', os.environ.get('OMPI_COMM_WORLD_RANK'))}: OK", flush=True)
