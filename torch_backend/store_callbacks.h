@@ -1,16 +1,37 @@
 // A c10d::Store (torch.distributed's: a TCPStore, or the PrefixStore torch gives each group) as the C
 // ABI's bpl_store, so that backplane's plugins meet through the store torch already has.
+//
+// Every call is bounded. LibTorch 1.13's TCPStore bounds only its waits: any other call to a store
+// whose host stopped answering (a stopped rank 0 hosts the store of torch's env:// rendezvous) blocks
+// until the receive timeout an earlier wait left on the socket, or for ever, and with it the plugin's
+// failure path, which reads and writes the store to name the rank that failed. So the calls run on a
+// thread of this object's and the caller stops waiting at the bound; a call past its bound ends the
+// store for backplane (a late reply would be read as the answer to the next request), and every later
+// call fails at once with that first failure.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <chrono>
+#include <memory>
 
 #include "backplane/backplane.h"
 
 namespace backplane::torch_backend {
 
+class StoreCalls;
+
 class StoreCallbacks {
  public:
-  explicit StoreCallbacks(c10::intrusive_ptr<c10d::Store> store);
+  // A healthy store answers in well under a millisecond; one that has not answered a set, add or check
+  // in this long, or in a quarter of its own timeout (torch's: the group's) if that is shorter, or a get
+  // this long after the wait's own timeout, is taken for gone. Half the grace at most that the core
+  // gives a plugin past a timeout (bpl_request_wait): a failure path that meets a dead store still ends
+  // with its own message, naming the rank.
+  static constexpr std::chrono::milliseconds kCallBound{1000};
+
+  explicit StoreCallbacks(c10::intrusive_ptr<c10d::Store> store, std::chrono::milliseconds call_bound = kCallBound);
+  ~StoreCallbacks();
   StoreCallbacks(const StoreCallbacks&) = delete;
   StoreCallbacks& operator=(const StoreCallbacks&) = delete;
 
@@ -18,7 +39,7 @@ class StoreCallbacks {
   const bpl_store* table() const { return &table_; }
 
  private:
-  c10::intrusive_ptr<c10d::Store> store_;
+  std::shared_ptr<StoreCalls> calls_;  // shared with its thread, which a call past its bound may still hold
   bpl_store table_;
 };
 

@@ -6,6 +6,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <limits.h>
+#include <signal.h>
 #include <stdlib.h>
 
 #include <algorithm>
@@ -228,6 +229,63 @@ int run_duplicate(int process, int port) {
   return status == BPL_ERR_MISMATCH ? 0 : 1;
 }
 
+// A TCPStore host on a port its own bind chose (printed), until it is killed.
+int run_store_host() {
+  c10d::TCPStoreOptions options;
+  options.port = 0;
+  options.isServer = true;
+  options.waitWorkers = false;
+  c10d::TCPStore host("127.0.0.1", options);
+  std::printf("port %d\n", host.getPort());
+  std::fflush(stdout);
+  for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+}
+
+// A store whose host stops answering (as a stopped rank 0 does under torch's env:// rendezvous): the
+// call it does not answer fails within the bound, naming the call, and every later call fails at once
+// with that failure, never blocking the failure path of a plugin that reads it.
+TEST(CallerStore, AStoreThatStopsAnsweringFailsEveryCallInTime) {
+  test::Process host = test::start_process({self_path, "--store-host"}, {});
+  std::string output;
+  ASSERT_TRUE(test::wait_for_output(host, output, "\n", std::chrono::seconds(30))) << output;
+  c10d::TCPStoreOptions options;
+  options.port = static_cast<uint16_t>(std::atoi(output.c_str() + std::strlen("port ")));
+  options.isServer = false;
+  options.timeout = std::chrono::seconds(30);
+  auto client = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", options);
+  const auto bound = std::chrono::milliseconds(500);
+  StoreCallbacks callbacks(c10::make_intrusive<c10d::PrefixStore>("group", client), bound);
+  const bpl_store* store = callbacks.table();
+  int64_t sum = 0;
+  ASSERT_EQ(store->add(store->context, "counter", 2, &sum), BPL_OK) << store->last_error(store->context);
+  EXPECT_EQ(sum, 2);
+
+  ASSERT_EQ(kill(host.pid, SIGSTOP), 0);
+  auto start = std::chrono::steady_clock::now();
+  int32_t found = -1;
+  const bpl_status stalled = store->check(store->context, "key", &found);  // (a set is sent, never answered)
+  const double stalled_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const std::string message = store->last_error(store->context);
+  EXPECT_EQ(stalled, BPL_ERR_TIMEOUT) << message;
+  EXPECT_EQ(found, -1);
+  EXPECT_GE(stalled_s, 0.45);
+  EXPECT_LT(stalled_s, 2.0) << "a check of a stopped store ended after " << stalled_s << " s, its bound being 0.5 s";
+  EXPECT_NE(message.find("check 'key' had no reply within 500 ms"), std::string::npos) << message;
+
+  start = std::chrono::steady_clock::now();
+  EXPECT_NE(store->add(store->context, "counter", 1, &sum), BPL_OK);
+  EXPECT_EQ(std::string(store->last_error(store->context)), message);
+  size_t size = 0;
+  EXPECT_NE(store->get(store->context, "key", 10000, nullptr, 0, &size), BPL_OK);
+  EXPECT_NE(store->set(store->context, "key", "v", 1), BPL_OK);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 0.2)
+      << "the calls after a stalled one did not fail at once";
+  EXPECT_EQ(sum, 2);
+
+  kill(host.pid, SIGKILL);
+  test::finish_process(host, std::chrono::seconds(10));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -238,6 +296,7 @@ int main(int argc, char** argv) {
     const int rank = std::atoi(argv[3]) >= 0 ? std::atoi(argv[3]) : (mpi_rank != nullptr ? std::atoi(mpi_rank) : 0);
     return run_rank(argv[2], rank, std::atoi(argv[4]), std::atoi(argv[5]));
   }
+  if (argc == 2 && std::strcmp(argv[1], "--store-host") == 0) return run_store_host();
   if (argc == 4 && std::strcmp(argv[1], "--duplicate") == 0) return run_duplicate(std::atoi(argv[2]), std::atoi(argv[3]));
   ::testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();

@@ -1,7 +1,11 @@
 """A rank killed (or stopped) in the middle of training: every survivor gets a RuntimeError naming it,
 within the timeout given to init_process_group, and never hangs.
 
-    python3 test_killed_rank.py WORLD kill|stop    # the driver: starts WORLD ranks of itself, checks them
+    python3 test_killed_rank.py WORLD kill|stop [store-host]   # the driver: starts WORLD ranks of itself
+
+By default rank 1 is the victim and the ranks meet through torch's FileStore. With `store-host`, the
+victim is rank 0 and it hosts the ranks' store, a TCPStore (as under env:// rendezvous): a stopped store
+host answers no store call, and the survivors must still fail in time, naming it.
 """
 import datetime
 import os
@@ -12,24 +16,51 @@ import sys
 import time
 
 TIMEOUT_S = 5.0
-VICTIM = 1
 
 
-def rank_main(fault):
+def victim_of(store_host):
+    return 0 if store_host else 1
+
+
+def tcp_store_hosted_by_rank_0(rank, world, meeting_file):
+    """A TCPStore in rank 0 on a port its own bind chose, made known to the others through a file."""
+    import torch.distributed as dist
+    timeout = datetime.timedelta(seconds=TIMEOUT_S)
+    if rank == 0:
+        store = dist.TCPStore("127.0.0.1", 0, world, True, timeout, wait_for_workers=False)
+        with open(meeting_file + ".tmp", "w") as f:
+            f.write(str(store.port))
+        os.rename(meeting_file + ".tmp", meeting_file)
+        return store
+    deadline = time.monotonic() + 30
+    while not os.path.exists(meeting_file):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"rank 0 did not publish its store's port in {meeting_file} within 30 s")
+        time.sleep(0.01)
+    with open(meeting_file) as f:
+        return dist.TCPStore("127.0.0.1", int(f.read()), world, False, timeout)
+
+
+def rank_main(fault, store_host):
     import torch
     import torch.distributed as dist
     import backplane_torch  # noqa: F401
 
-    # torch's FileStore as the meeting place: no port to choose, none another job can take.
-    dist.init_process_group("backplane", timeout=datetime.timedelta(seconds=TIMEOUT_S),
-                            init_method=f"file://{os.environ['TEST_INIT_FILE']}",
-                            rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
-    rank = dist.get_rank()
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    timeout = datetime.timedelta(seconds=TIMEOUT_S)
+    if store_host:
+        store = tcp_store_hosted_by_rank_0(rank, world, os.environ["TEST_INIT_FILE"])
+        dist.init_process_group("backplane", timeout=timeout, store=store, rank=rank, world_size=world)
+    else:
+        # torch's FileStore as the meeting place: no port to choose, none another job can take.
+        dist.init_process_group("backplane", timeout=timeout, init_method=f"file://{os.environ['TEST_INIT_FILE']}",
+                                rank=rank, world_size=world)
+    victim = victim_of(store_host)
     t = torch.ones(1024)
     for _ in range(3):
         dist.all_reduce(t)
     dist.barrier()
-    if rank == VICTIM:
+    if rank == victim:
         os.kill(os.getpid(), signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
     start = time.monotonic()
     try:
@@ -38,15 +69,16 @@ def rank_main(fault):
     except RuntimeError as e:
         waited = time.monotonic() - start
         print(f"rank {rank}: RuntimeError after {waited:.2f} s: {e}", flush=True)
-        named = f"rank {VICTIM}" in str(e)
+        named = f"rank {victim}" in str(e)
         in_time = waited < TIMEOUT_S + 3.0
         print(f"rank {rank}: survivor {'OK' if named and in_time else 'FAILED'}", flush=True)
         os._exit(0 if named and in_time else 1)
-    print(f"rank {rank}: no error although rank {VICTIM} was killed", flush=True)
+    print(f"rank {rank}: no error although rank {victim} was killed", flush=True)
     os._exit(1)
 
 
-def driver(world, fault):
+def driver(world, fault, store_host):
+    victim = victim_of(store_host)
     folder = tempfile.TemporaryDirectory()
     init_file = os.path.join(folder.name, "init")
     ranks = []
@@ -55,11 +87,11 @@ def driver(world, fault):
         env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(world),
                    MASTER_ADDR="127.0.0.1", TEST_INIT_FILE=init_file)
         env.pop("MASTER_PORT", None)
-        ranks.append(subprocess.Popen([sys.executable, "-W", "ignore", __file__, "--rank", fault], env=env,
+        ranks.append(subprocess.Popen([sys.executable, "-W", "ignore", __file__, "--rank", fault] + (["store-host"] if store_host else []), env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     failed = False
-    for r, process in sorted(enumerate(ranks), key=lambda rp: rp[0] == VICTIM):  # the victim last
-        if r == VICTIM and fault == "stop":
+    for r, process in sorted(enumerate(ranks), key=lambda rp: rp[0] == victim):  # the victim last
+        if r == victim and fault == "stop":
             process.kill()  # the survivors have ended: nothing waits for it any more
         try:
             output, _ = process.communicate(timeout=60)
@@ -70,7 +102,7 @@ def driver(world, fault):
             failed = True
             continue
         print(output, end="")
-        if r == VICTIM:
+        if r == victim:
             failed |= process.returncode != -signal.SIGKILL
         else:
             failed |= process.returncode != 0 or "survivor OK" not in output
@@ -79,7 +111,8 @@ def driver(world, fault):
 
 
 if __name__ == "__main__":
+    store_host = sys.argv[-1] == "store-host"
     if sys.argv[1] == "--rank":
-        rank_main(sys.argv[2])
+        rank_main(sys.argv[2], store_host)
     else:
-        sys.exit(driver(int(sys.argv[1]), sys.argv[2]))
+        sys.exit(driver(int(sys.argv[1]), sys.argv[2], store_host))
