@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <mutex>
 #include <optional>
@@ -124,6 +125,49 @@ class CompletionQueue : public std::enable_shared_from_this<CompletionQueue> {
   bool stopping_ = false;
 };
 
+// Flat buffers for the list forms of the collectives (a list gathered into, a list reduce-scattered,
+// ...), reused. A fresh buffer of 32 MiB or more is a fresh mapping (glibc's malloc maps those) whose
+// every page faults on first touch: allocated per call, it cost several times the collective itself
+// (bench/results/2026-11-24-torch-backend/README.md). A buffer is free again once no tensor uses its
+// storage: the works drop theirs when they end.
+class ScratchBuffers {
+ public:
+  // A contiguous tensor of `numel` elements of `dtype`, its values undefined.
+  at::Tensor take(int64_t numel, at::ScalarType dtype) {
+    const size_t bytes = static_cast<size_t>(numel) * c10::elementSize(dtype);
+    std::lock_guard<std::mutex> lock(mutex_);
+    at::Tensor* chosen = nullptr;       // the smallest free buffer that is large enough
+    at::Tensor* smaller_free = nullptr;  // else a free one to replace with a larger one
+    for (at::Tensor& buffer : buffers_) {
+      if (buffer.storage().use_count() != 1) continue;  // a work still holds it
+      if (buffer.nbytes() >= bytes) {
+        if (chosen == nullptr || buffer.nbytes() < chosen->nbytes()) chosen = &buffer;
+      } else {
+        smaller_free = &buffer;
+      }
+    }
+    if (chosen == nullptr) {
+      if (smaller_free == nullptr && buffers_.size() >= kKept) {
+        return at::empty({numel}, at::TensorOptions().dtype(dtype));  // every kept one in use: not kept
+      }
+      at::Tensor fresh = at::empty({static_cast<int64_t>(bytes)}, at::kByte);
+      if (smaller_free != nullptr) {
+        *smaller_free = fresh;
+        chosen = smaller_free;
+      } else {
+        buffers_.push_back(fresh);
+        chosen = &buffers_.back();
+      }
+    }
+    return at::empty({0}, at::TensorOptions().dtype(dtype)).set_(chosen->storage(), 0, {numel}, {1});
+  }
+
+ private:
+  static constexpr size_t kKept = 4;  // operations of list form in flight at once, each with its buffer
+  std::mutex mutex_;
+  std::vector<at::Tensor> buffers_;
+};
+
 namespace {
 
 [[noreturn]] void fail(const std::string& message) { throw std::runtime_error("backplane: " + message); }
@@ -203,20 +247,39 @@ void copy_back(const at::Tensor& target, const at::Tensor& result) {
   if (!target.is_same(result)) const_cast<at::Tensor&>(target).copy_(result.view_as(target));
 }
 
-// Elements of a flat buffer for the tensors in order.
-at::Tensor flat_of(const std::vector<at::Tensor>& tensors) {
-  std::vector<at::Tensor> flats;
-  flats.reserve(tensors.size());
-  for (const at::Tensor& t : tensors) flats.push_back(t.reshape({-1}));
-  return at::cat(flats);
+// The tensors' elements in order in `flat` (as many elements as they have together).
+at::Tensor flat_of(const std::vector<at::Tensor>& tensors, at::Tensor flat) {
+  int64_t offset = 0;
+  for (const at::Tensor& t : tensors) {
+    at::Tensor part = flat.slice(0, offset, offset + t.numel());
+    if (t.is_contiguous() && t.scalar_type() == flat.scalar_type()) {  // as copy_ does, without its dispatch
+      if (t.numel() > 0) std::memcpy(part.data_ptr(), t.data_ptr(), t.nbytes());
+    } else {
+      part.view_as(t).copy_(t);
+    }
+    offset += t.numel();
+  }
+  return flat;
 }
 
+// `flat`'s elements into the tensors in order.
 void copy_slices(const at::Tensor& flat, const std::vector<at::Tensor>& targets) {
   int64_t offset = 0;
   for (const at::Tensor& t : targets) {
-    const_cast<at::Tensor&>(t).copy_(flat.slice(0, offset, offset + t.numel()).view_as(t));
+    at::Tensor part = flat.slice(0, offset, offset + t.numel());
+    if (t.is_contiguous() && t.scalar_type() == flat.scalar_type()) {
+      if (t.numel() > 0) std::memcpy(t.data_ptr(), part.data_ptr(), t.nbytes());
+    } else {
+      const_cast<at::Tensor&>(t).copy_(part.view_as(t));
+    }
     offset += t.numel();
   }
+}
+
+int64_t total_numel(const std::vector<at::Tensor>& tensors) {
+  int64_t total = 0;
+  for (const at::Tensor& t : tensors) total += t.numel();
+  return total;
 }
 
 }  // namespace
@@ -380,6 +443,7 @@ ProcessGroupBackplane::ProcessGroupBackplane(std::shared_ptr<Runtime> runtime, b
     : c10d::ProcessGroup(rank_of(comm), size_of(comm)),
       communicator_(std::make_shared<Communicator>(std::move(runtime), comm, owns_comm, std::move(store))),
       completions_(std::make_shared<CompletionQueue>()),
+      scratch_(std::make_unique<ScratchBuffers>()),
       comm_(comm),
       timeout_(timeout) {
   if (!owns_comm) bpl_comm_set_timeout(comm_, timeout.count());
@@ -469,7 +533,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::allreduce_coalesced(std::v
   }
   std::optional<double> factor;
   const bpl_reduce_op op = reduce_op_of(opts.reduceOp, op_name, &factor);
-  at::Tensor flat = flat_of(tensors);
+  at::Tensor flat = flat_of(tensors, scratch_->take(total_numel(tensors), tensors[0].scalar_type()));
   if (factor) flat.mul_(*factor);
   const int64_t count = flat.numel();
   std::vector<at::Tensor> targets = tensors;
@@ -504,7 +568,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::reduce(std::vector<at::Ten
   const bpl_reduce_op op = reduce_op_of(opts.reduceOp, op_name, &factor);
   at::Tensor buffer = factor ? tensor.mul(*factor) : contiguous(tensor);
   // Only the root's tensor receives the result (as torch's backends); the others keep their input.
-  at::Tensor result = at::empty_like(buffer);
+  at::Tensor result = scratch_->take(buffer.numel(), buffer.scalar_type());
   const bool at_root = root == getRank();
   return post(
       c10d::OpType::REDUCE, op_name,
@@ -528,7 +592,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::allgather(std::vector<std:
   }
   for (size_t r = 0; r < outputs[0].size(); ++r) require_same(input, outputs[0][r], op_name, "output tensor " + std::to_string(r));
   at::Tensor source = contiguous(input);
-  at::Tensor gathered = at::empty({getSize() * input.numel()}, input.options());
+  at::Tensor gathered = scratch_->take(getSize() * input.numel(), input.scalar_type());
   std::vector<at::Tensor> targets = outputs[0];
   return post(
       c10d::OpType::ALLGATHER, op_name,
@@ -571,7 +635,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::gather(std::vector<std::ve
     fail(std::string(op_name) + ": only the root (rank " + std::to_string(root) + ") gives output tensors");
   }
   at::Tensor source = contiguous(input);
-  at::Tensor gathered = at::empty({getSize() * input.numel()}, input.options());
+  at::Tensor gathered = scratch_->take(getSize() * input.numel(), input.scalar_type());
   std::vector<at::Tensor> targets = at_root ? outputs[0] : std::vector<at::Tensor>{};
   return post(
       c10d::OpType::GATHER, op_name,
@@ -593,12 +657,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::scatter(std::vector<at::Te
       fail(std::string(op_name) + ": the root expects one list of " + std::to_string(getSize()) + " input tensors");
     }
     for (size_t r = 0; r < inputs[0].size(); ++r) require_same(output, inputs[0][r], op_name, "input tensor " + std::to_string(r));
-    parts = flat_of(inputs[0]);
+    parts = flat_of(inputs[0], scratch_->take(getSize() * output.numel(), output.scalar_type()));
   } else {
     if (!inputs.empty() && !inputs[0].empty()) {
       fail(std::string(op_name) + ": only the root (rank " + std::to_string(root) + ") gives input tensors");
     }
-    parts = at::empty({getSize() * output.numel()}, output.options());
+    parts = scratch_->take(getSize() * output.numel(), output.scalar_type());
   }
   const int64_t begin = getRank() * output.numel();
   return post(
@@ -621,7 +685,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::reduce_scatter(std::vector
   for (size_t r = 0; r < inputs[0].size(); ++r) require_same(output, inputs[0][r], op_name, "input tensor " + std::to_string(r));
   std::optional<double> factor;
   const bpl_reduce_op op = reduce_op_of(opts.reduceOp, op_name, &factor);
-  at::Tensor flat = flat_of(inputs[0]);
+  at::Tensor flat = flat_of(inputs[0], scratch_->take(getSize() * output.numel(), output.scalar_type()));
   if (factor) flat.mul_(*factor);
   at::Tensor result = contiguous(output);
   return post(
@@ -691,8 +755,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::alltoall(std::vector<at::T
     require_same(inputs[0], inputs[r], op_name, "input tensor " + std::to_string(r) + " (uneven sizes are not supported yet)");
     require_same(inputs[0], outputs[r], op_name, "output tensor " + std::to_string(r));
   }
-  at::Tensor source = flat_of(inputs);
-  at::Tensor result = at::empty_like(source);
+  at::Tensor source = flat_of(inputs, scratch_->take(total_numel(inputs), inputs[0].scalar_type()));
+  at::Tensor result = scratch_->take(source.numel(), source.scalar_type());
   std::vector<at::Tensor> targets = outputs;
   return post(
       c10d::OpType::ALLTOALL, op_name,

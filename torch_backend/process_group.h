@@ -20,6 +20,7 @@ namespace backplane::torch_backend {
 class Runtime;
 class Communicator;
 class CompletionQueue;
+class ScratchBuffers;
 
 class ProcessGroupBackplane : public c10d::ProcessGroup {
  public:
@@ -84,6 +85,7 @@ class ProcessGroupBackplane : public c10d::ProcessGroup {
   // drop a group while holding Python's GIL, which its futures' callbacks need).
   std::shared_ptr<Communicator> communicator_;
   std::shared_ptr<CompletionQueue> completions_;
+  std::unique_ptr<ScratchBuffers> scratch_;  // its buffers' storages live on in the works that use them
   bpl_comm* comm_;  // communicator_'s
   std::chrono::milliseconds timeout_;
 };

@@ -28,7 +28,7 @@ def main():
     with tempfile.TemporaryDirectory() as out:
         command = [os.path.join(bin_dir, "bpl-bench-torch"), "--out", out, "--configs", ",".join(configs),
                    "--max-bytes", "1K", "--step", "16", "--repetitions", "2", "--min-seconds", "0.001",
-                   "--max-iterations", "5", "--ddp-width", "64"]
+                   "--max-iterations", "5", "--ddp-widths", "32,64"]
         result = subprocess.run(command, capture_output=True, text=True, timeout=300)
         if result.returncode != 0:
             sys.exit(f"bpl-bench-torch failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
@@ -39,7 +39,9 @@ def main():
             ops = {(r["op"], r["bytes"]) for r in results["ops"] if r["us"] > 0}
             for op in ("allreduce", "allgather", "broadcast") + (("reduce_scatter",) if config != "torch-gloo" else ()):
                 expect(any(k[0] == op for k in ops), f"{config}: {op} measured")
-            expect(results["ddp"]["step_ms"] > 0 and results["ddp"]["no_sync_ms"] > 0, f"{config}: DDP step measured")
+            expect([d["width"] for d in results["ddp"]] == [32, 64], f"{config}: a DDP step per width")
+            expect(all(d["step_ms"] > 0 and d["no_sync_ms"] > 0 and d["bucket_work_ms"] > 0 for d in results["ddp"]),
+                   f"{config}: DDP steps measured with, without communication, and with DDP's bucket work alone")
             if config != "torch-gloo":
                 expect(results["backend"].startswith(config + " "), f"{config}: the backend is named: {results['backend']}")
                 expect(len(results["layer"]) >= 2 and all(r["group_us"] > 0 and r["abi_us"] > 0 for r in results["layer"]),
@@ -49,7 +51,8 @@ def main():
         row = re.search(r"^\| allreduce \| 4 B \|(.*)$", table, re.M)
         expect(row is not None and len(re.findall(r"[0-9]+\.[0-9]+x", row.group(1))) == len(configs) - 1,
                "the table has the allreduce 4 B row with a ratio per backplane config")
-        expect("DDP communication, torch-gloo / gloo" in table, "the table compares DDP's communication")
+        expect(re.search(r"DDP at .*, torch-gloo / gloo: communication [0-9.]+x, allreduce share [0-9.]+x", table) is not None,
+               "the table compares DDP's communication")
         with open(os.path.join(out, "torch.png"), "rb") as f:
             expect(f.read(8) == b"\x89PNG\r\n\x1a\n", "torch.png is a PNG")
     if failures:

@@ -173,6 +173,18 @@ def test_asynchronous_work_and_futures():
     for i, t in enumerate(tensors):
         same(t, torch.full((1000,), float(sum(r + i for r in range(world)))), f"async all_reduce {i}")
     check(all(w.is_completed() for w in works), "every work completed")
+    # List forms in flight together (each gathers through a flat buffer of its own, reused between calls):
+    # six at once, more than the buffers kept, of sizes that grow and shrink.
+    lists, works = [], []
+    for i, n in enumerate([5, 3000, 7, 3000, 40000, 2]):
+        outs = [torch.empty(n) for _ in range(world)]
+        works.append(dist.all_gather(outs, torch.full((n,), float(10 * rank + i)), async_op=True))
+        lists.append((i, n, outs))
+    for w in works:
+        w.wait()
+    for i, n, outs in lists:
+        for r in range(world):
+            same(outs[r], torch.full((n,), float(10 * r + i)), f"all_gather {i} in flight with others, from rank {r}")
     chained = dist.all_reduce(torch.ones(2), async_op=True).get_future().then(lambda f: f.value()[0] * 2)
     same(chained.wait(), torch.full((2,), 2.0 * world), "a future's then()")
 
