@@ -372,6 +372,7 @@ class BackplaneWork : public c10d::Work {
         error = std::current_exception();
       }
     }
+    finish_ = nullptr;  // with keep_, what holds its buffers (a scratch buffer is free again then)
     keep_.clear();
     finish(error);
     if (future_) settle_future();
