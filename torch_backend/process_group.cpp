@@ -128,7 +128,7 @@ class CompletionQueue : public std::enable_shared_from_this<CompletionQueue> {
 // Flat buffers for the list forms of the collectives (a list gathered into, a list reduce-scattered,
 // ...), reused. A fresh buffer of 32 MiB or more is a fresh mapping (glibc's malloc maps those) whose
 // every page faults on first touch: allocated per call, it cost several times the collective itself
-// (bench/results/2026-11-24-torch-backend/README.md). A buffer is free again once no tensor uses its
+// (bench/results/2026-11-25-torch-backend/README.md). A buffer is free again once no tensor uses its
 // storage: the works drop theirs when they end.
 class ScratchBuffers {
  public:
