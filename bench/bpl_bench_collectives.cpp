@@ -5,14 +5,17 @@
 //   NXD_CPU_MODE=1 bpl-run --nproc-per-node 2 bpl-bench-collectives
 //   mpirun -np 2 bpl-bench-collectives
 //
-// Sizes follow nccl-tests: the bytes of the whole buffer (allgather: the gathered output; reduce_scatter:
-// the input; alltoall: what each rank sends). Every (operation, dtype, size) runs a fixed number of
+// Sizes follow nccl-tests: the bytes of the whole buffer (allgather, allgatherv and gather: the gathered
+// output; reduce_scatter and scatter: the input; alltoall and alltoallv: what each rank sends). The
+// variable-size forms run with equal counts (each rank's block end to end), so that they compare with
+// the fixed forms and with the raw library's own v-forms. Every (operation, dtype, size) runs a fixed number of
 // iterations decided from the size alone, so all ranks run the same counts without talking; rank 0
 // reports. Counters: algbw = bytes / time, busbw = algbw × nccl-tests' bus factor (GB/s). The console
 // adds "backplane/raw" after each pair: the abstraction's cost, measured in one run.
 //
 // Flags (before Google Benchmark's): --min-bytes=N (4), --max-bytes=N (64M), --step-factor=N (4),
 // --dtypes=f32,bf16, --ops=allreduce,allgather,reduce_scatter,broadcast,alltoall,pingpong,barrier,
+// gather,scatter,allgatherv,alltoallv,
 // --repetitions=N (5), --max-iterations=N (1000), --buffer-offset=N (0: page-aligned buffers), --no-raw.
 // Sizes take K, M and G suffixes (powers of 1024).
 #include <benchmark/benchmark.h>
@@ -41,7 +44,7 @@ struct Settings {
   int64_t step_factor = 4;
   std::vector<std::string> dtypes = {"f32", "bf16"};
   std::vector<std::string> ops = {"allreduce", "allgather", "reduce_scatter", "broadcast", "alltoall", "pingpong",
-                                  "barrier"};
+                                  "barrier", "gather", "scatter", "allgatherv", "alltoallv"};
   int repetitions = 5;
   int64_t max_iterations = 1000;
   // Where every buffer starts, in bytes past a page boundary. Page-aligned by default (as OSU's
@@ -173,9 +176,11 @@ OpShape shape_of(const std::string& op, int64_t bytes, size_t element, int n) {
   const double ring = static_cast<double>(n - 1) / n;
   const size_t per_rank = elements / static_cast<size_t>(n);
   if (op == "allreduce") return {2 * ring, elements, elements * element, elements * element};
-  if (op == "allgather") return {ring, per_rank, per_rank * element, per_rank * element * n};
+  if (op == "allgather" || op == "allgatherv") return {ring, per_rank, per_rank * element, per_rank * element * n};
+  if (op == "gather") return {ring, per_rank, per_rank * element, per_rank * element * n};
+  if (op == "scatter") return {ring, per_rank, per_rank * element * n, per_rank * element};
   if (op == "reduce_scatter") return {ring, per_rank, per_rank * element * n, per_rank * element};
-  if (op == "alltoall") return {ring, per_rank, per_rank * element * n, per_rank * element * n};
+  if (op == "alltoall" || op == "alltoallv") return {ring, per_rank, per_rank * element * n, per_rank * element * n};
   if (op == "broadcast") return {1.0, elements, 0, elements * element};
   return {1.0, static_cast<size_t>(bytes), static_cast<size_t>(bytes), static_cast<size_t>(bytes)};  // pingpong
 }
@@ -190,6 +195,15 @@ bpl_status run_backplane(const std::string& op, Buffers& b, const OpShape& s, bp
   if (op == "broadcast") return bpl_broadcast(job.world, recv, count, dtype, 0, nullptr);
   if (op == "alltoall") return bpl_alltoall(job.world, send, recv, count, dtype, nullptr);
   if (op == "barrier") return bpl_barrier(job.world, nullptr);
+  if (op == "gather") return bpl_gather(job.world, send, recv, count, dtype, 0, nullptr);
+  if (op == "scatter") return bpl_scatter(job.world, send, recv, count, dtype, 0, nullptr);
+  if (op == "allgatherv" || op == "alltoallv") {
+    const std::vector<int64_t> counts(static_cast<size_t>(job.size), count);
+    std::vector<int64_t> displs(counts.size());
+    for (size_t r = 0; r < displs.size(); ++r) displs[r] = count * static_cast<int64_t>(r);
+    if (op == "allgatherv") return bpl_allgatherv(job.world, send, count, recv, counts.data(), displs.data(), dtype, nullptr);
+    return bpl_alltoallv(job.world, send, counts.data(), displs.data(), recv, counts.data(), displs.data(), dtype, nullptr);
+  }
   // pingpong between ranks 0 and 1; the others wait at the next collective
   const int64_t bytes = static_cast<int64_t>(s.send_bytes);
   if (job.rank == 0) {
@@ -211,6 +225,10 @@ void run_raw(const std::string& op, Buffers& b, const OpShape& s, bpl_dtype dtyp
   if (op == "broadcast") return raw.broadcast(b.recv.data(), s.count, dtype, 0);
   if (op == "alltoall") return raw.alltoall(b.send.data(), b.recv.data(), s.count, dtype);
   if (op == "barrier") return raw.barrier();
+  if (op == "gather") return raw.gather(b.send.data(), b.recv.data(), s.count, dtype, 0);
+  if (op == "scatter") return raw.scatter(b.send.data(), b.recv.data(), s.count, dtype, 0);
+  if (op == "allgatherv") return raw.allgatherv(b.send.data(), b.recv.data(), s.count, dtype);
+  if (op == "alltoallv") return raw.alltoallv(b.send.data(), b.recv.data(), s.count, dtype);
   if (job.rank == 0) {
     raw.send(b.send.data(), s.send_bytes, 1);
     raw.recv(b.recv.data(), s.send_bytes, 1);

@@ -5,11 +5,15 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <gloo/allgather.h>
+#include <gloo/allgatherv.h>
 #include <gloo/allreduce.h>
 #include <gloo/alltoall.h>
+#include <gloo/alltoallv.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
+#include <gloo/gather.h>
 #include <gloo/reduce_scatter.h>
+#include <gloo/scatter.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/transport/tcp/device.h>
@@ -135,6 +139,48 @@ class RawGloo : public RawLibrary {
     options.setOutput(static_cast<uint8_t*>(recv), total);
     options.setTag(tag_++);
     gloo::alltoall(options);
+  }
+
+  void gather(const void* send, void* recv, size_t count, bpl_dtype dtype, int root) override {
+    const size_t bytes = count * bpl_dtype_size(dtype);
+    gloo::GatherOptions options(context_);
+    options.setInput(static_cast<uint8_t*>(const_cast<void*>(send)), bytes);
+    if (rank_ == root) options.setOutput(static_cast<uint8_t*>(recv), bytes * static_cast<size_t>(world_));
+    options.setRoot(root);
+    options.setTag(tag_++);
+    gloo::gather(options);
+  }
+
+  void scatter(const void* send, void* recv, size_t count, bpl_dtype dtype, int root) override {
+    const size_t bytes = count * bpl_dtype_size(dtype);
+    gloo::ScatterOptions options(context_);
+    if (rank_ == root) {
+      std::vector<uint8_t*> parts;
+      for (int r = 0; r < world_; ++r) parts.push_back(static_cast<uint8_t*>(const_cast<void*>(send)) + bytes * static_cast<size_t>(r));
+      options.setInputs(parts, bytes);
+    }
+    options.setOutput(static_cast<uint8_t*>(recv), bytes);
+    options.setRoot(root);
+    options.setTag(tag_++);
+    gloo::scatter(options);
+  }
+
+  void allgatherv(const void* send, void* recv, size_t count, bpl_dtype dtype) override {
+    const size_t bytes = count * bpl_dtype_size(dtype);
+    gloo::AllgathervOptions options(context_);
+    options.setInput(static_cast<uint8_t*>(const_cast<void*>(send)), bytes);
+    options.setOutput(static_cast<uint8_t*>(recv), std::vector<size_t>(static_cast<size_t>(world_), bytes));
+    options.setTag(tag_++);
+    gloo::allgatherv(options);
+  }
+
+  void alltoallv(const void* send, void* recv, size_t count, bpl_dtype dtype) override {
+    const auto bytes = static_cast<int64_t>(count * bpl_dtype_size(dtype));
+    gloo::AlltoallvOptions options(context_);
+    options.setInput(static_cast<uint8_t*>(const_cast<void*>(send)), std::vector<int64_t>(static_cast<size_t>(world_), bytes));
+    options.setOutput(static_cast<uint8_t*>(recv), std::vector<int64_t>(static_cast<size_t>(world_), bytes));
+    options.setTag(tag_++);
+    gloo::alltoallv(options);
   }
 
   void send(const void* buf, size_t bytes, int peer) override {

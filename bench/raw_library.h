@@ -23,6 +23,13 @@ class RawLibrary {
   virtual void reduce_scatter(void* send, void* recv, size_t recvcount, bpl_dtype dtype) = 0;
   virtual void broadcast(void* buf, size_t count, bpl_dtype dtype, int root) = 0;
   virtual void alltoall(const void* send, void* recv, size_t count, bpl_dtype dtype) = 0;
+  // recv (size*count elements, at root only) = every rank's send; recv = block `rank` of send at root.
+  virtual void gather(const void* send, void* recv, size_t count, bpl_dtype dtype, int root) = 0;
+  virtual void scatter(const void* send, void* recv, size_t count, bpl_dtype dtype, int root) = 0;
+  // The variable-size forms, here with `count` elements per rank laid end to end (as allgather and
+  // alltoall): what the per-rank counts cost over the fixed forms.
+  virtual void allgatherv(const void* send, void* recv, size_t count, bpl_dtype dtype) = 0;
+  virtual void alltoallv(const void* send, void* recv, size_t count, bpl_dtype dtype) = 0;
   virtual void send(const void* buf, size_t bytes, int peer) = 0;
   virtual void recv(void* buf, size_t bytes, int peer) = 0;
   virtual void barrier() = 0;

@@ -7,6 +7,8 @@
 #include <mpi.h>
 
 #include <stdexcept>
+#include <string>
+#include <vector>
 
 namespace backplane::bench {
 namespace {
@@ -61,6 +63,24 @@ class RawMpi : public RawLibrary {
     check(MPI_Alltoall(send, static_cast<int>(count), type(dtype), recv, static_cast<int>(count), type(dtype), comm_),
           "MPI_Alltoall");
   }
+  void gather(const void* send, void* recv, size_t count, bpl_dtype dtype, int root) override {
+    check(MPI_Gather(send, static_cast<int>(count), type(dtype), recv, static_cast<int>(count), type(dtype), root, comm_),
+          "MPI_Gather");
+  }
+  void scatter(const void* send, void* recv, size_t count, bpl_dtype dtype, int root) override {
+    check(MPI_Scatter(send, static_cast<int>(count), type(dtype), recv, static_cast<int>(count), type(dtype), root, comm_),
+          "MPI_Scatter");
+  }
+  void allgatherv(const void* send, void* recv, size_t count, bpl_dtype dtype) override {
+    const std::vector<int> counts(static_cast<size_t>(size()), static_cast<int>(count)), displs = prefix_sums(counts);
+    check(MPI_Allgatherv(send, static_cast<int>(count), type(dtype), recv, counts.data(), displs.data(), type(dtype), comm_),
+          "MPI_Allgatherv");
+  }
+  void alltoallv(const void* send, void* recv, size_t count, bpl_dtype dtype) override {
+    const std::vector<int> counts(static_cast<size_t>(size()), static_cast<int>(count)), displs = prefix_sums(counts);
+    check(MPI_Alltoallv(send, counts.data(), displs.data(), type(dtype), recv, counts.data(), displs.data(), type(dtype), comm_),
+          "MPI_Alltoallv");
+  }
   void send(const void* buf, size_t bytes, int peer) override {
     check(MPI_Send(buf, static_cast<int>(bytes), MPI_BYTE, peer, 0, comm_), "MPI_Send");
   }
@@ -71,6 +91,16 @@ class RawMpi : public RawLibrary {
 
  private:
   MPI_Datatype type(bpl_dtype dtype) const { return dtype == BPL_DTYPE_BF16 ? MPI_UINT16_T : MPI_FLOAT; }
+  int size() const {
+    int n = 1;
+    MPI_Comm_size(comm_, &n);
+    return n;
+  }
+  static std::vector<int> prefix_sums(const std::vector<int>& counts) {
+    std::vector<int> displs(counts.size(), 0);
+    for (size_t i = 1; i < counts.size(); ++i) displs[i] = displs[i - 1] + counts[i - 1];
+    return displs;
+  }
   MPI_Op sum(bpl_dtype dtype) const { return dtype == BPL_DTYPE_BF16 ? bf16_sum_op_ : MPI_SUM; }
 
   MPI_Comm comm_ = MPI_COMM_NULL;

@@ -619,7 +619,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::_allgather_base(at::Tensor
       [gathered, output] { copy_back(output, gathered); }, {output}, {source, gathered});
 }
 
-// backplane's ABI has no gather yet (#24): an allgather whose result only the root keeps.
 c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                              std::vector<at::Tensor>& inputs, const c10d::GatherOptions& opts) {
   const char* op_name = "gather";
@@ -636,15 +635,20 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::gather(std::vector<std::ve
     fail(std::string(op_name) + ": only the root (rank " + std::to_string(root) + ") gives output tensors");
   }
   at::Tensor source = contiguous(input);
-  at::Tensor gathered = scratch_->take(getSize() * input.numel(), input.scalar_type());
+  at::Tensor gathered = at_root ? scratch_->take(getSize() * input.numel(), input.scalar_type()) : at::Tensor();
   std::vector<at::Tensor> targets = at_root ? outputs[0] : std::vector<at::Tensor>{};
   return post(
       c10d::OpType::GATHER, op_name,
-      [&](bpl_request** req) { return bpl_allgather(comm_, source.data_ptr(), gathered.data_ptr(), source.numel(), dtype, req); },
-      [gathered, targets] { copy_slices(gathered, targets); }, targets, {source, gathered});
+      [&](bpl_request** req) {
+        return bpl_gather(comm_, source.data_ptr(), at_root ? gathered.data_ptr() : nullptr, source.numel(), dtype,
+                          static_cast<int32_t>(root), req);
+      },
+      [gathered, targets] {
+        if (!targets.empty()) copy_slices(gathered, targets);
+      },
+      targets, {source, gathered});
 }
 
-// backplane's ABI has no scatter yet (#24): the root broadcasts every rank's part, each keeps its own.
 c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::scatter(std::vector<at::Tensor>& outputs,
                                                               std::vector<std::vector<at::Tensor>>& inputs,
                                                               const c10d::ScatterOptions& opts) {
@@ -652,26 +656,24 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::scatter(std::vector<at::Te
   const at::Tensor& output = single(outputs, op_name);
   const bpl_dtype dtype = dtype_of(output, op_name);
   const int64_t root = checked_rank(opts.rootRank, getSize(), op_name);
-  at::Tensor parts;
+  at::Tensor parts;  // the root's inputs, flat
   if (root == getRank()) {
     if (inputs.size() != 1 || static_cast<int>(inputs[0].size()) != getSize()) {
       fail(std::string(op_name) + ": the root expects one list of " + std::to_string(getSize()) + " input tensors");
     }
     for (size_t r = 0; r < inputs[0].size(); ++r) require_same(output, inputs[0][r], op_name, "input tensor " + std::to_string(r));
     parts = flat_of(inputs[0], scratch_->take(getSize() * output.numel(), output.scalar_type()));
-  } else {
-    if (!inputs.empty() && !inputs[0].empty()) {
-      fail(std::string(op_name) + ": only the root (rank " + std::to_string(root) + ") gives input tensors");
-    }
-    parts = scratch_->take(getSize() * output.numel(), output.scalar_type());
+  } else if (!inputs.empty() && !inputs[0].empty()) {
+    fail(std::string(op_name) + ": only the root (rank " + std::to_string(root) + ") gives input tensors");
   }
-  const int64_t begin = getRank() * output.numel();
+  at::Tensor result = contiguous(output);
   return post(
       c10d::OpType::SCATTER, op_name,
       [&](bpl_request** req) {
-        return bpl_broadcast(comm_, parts.data_ptr(), parts.numel(), dtype, static_cast<int32_t>(root), req);
+        return bpl_scatter(comm_, parts.defined() ? parts.data_ptr() : nullptr, result.data_ptr(), result.numel(), dtype,
+                           static_cast<int32_t>(root), req);
       },
-      [parts, output, begin] { copy_back(output, parts.slice(0, begin, begin + output.numel())); }, outputs, {parts});
+      [result, output] { copy_back(output, result); }, outputs, {parts, result});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::reduce_scatter(std::vector<at::Tensor>& outputs,
@@ -714,32 +716,76 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::_reduce_scatter_base(at::T
       [result, output] { copy_back(output, result); }, {output}, {source, result});
 }
 
+namespace {
+// Counts and displacements, in elements, of blocks of `sizes` elements laid end to end.
+struct Layout {
+  std::vector<int64_t> counts, displs;
+  explicit Layout(const std::vector<int64_t>& sizes) {
+    int64_t next = 0;
+    for (int64_t n : sizes) {
+      counts.push_back(n);
+      displs.push_back(next);
+      next += n;
+    }
+  }
+  bool even() const { return std::all_of(counts.begin(), counts.end(), [&](int64_t n) { return n == counts[0]; }); }
+};
+
+// all_to_all_single's splits (rows of dim 0 per rank; none: equal) as element counts per rank.
+std::vector<int64_t> split_elements(const std::vector<int64_t>& splits, const at::Tensor& t, int size, const char* op,
+                                    const char* which) {
+  const int64_t rows = t.dim() == 0 ? 1 : t.size(0);
+  const int64_t row = rows == 0 ? 0 : t.numel() / rows;
+  if (splits.empty()) {
+    if (rows % size != 0) {
+      fail(std::string(op) + ": the " + which + "'s " + std::to_string(rows) + " rows do not split evenly over " +
+           std::to_string(size) + " ranks (give split sizes)");
+    }
+    return std::vector<int64_t>(static_cast<size_t>(size), rows / size * row);
+  }
+  if (static_cast<int>(splits.size()) != size) {
+    fail(std::string(op) + ": " + std::to_string(splits.size()) + " " + which + " split sizes for " + std::to_string(size) +
+         " ranks");
+  }
+  int64_t total = 0;
+  std::vector<int64_t> elements;
+  for (int64_t n : splits) {
+    if (n < 0) fail(std::string(op) + ": " + which + " split size " + std::to_string(n) + " is negative");
+    total += n;
+    elements.push_back(n * row);
+  }
+  if (total != rows) {
+    fail(std::string(op) + ": the " + which + " split sizes add up to " + std::to_string(total) + " rows; the " + which +
+         " has " + std::to_string(rows));
+  }
+  return elements;
+}
+}  // namespace
+
 c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::alltoall_base(at::Tensor& output, at::Tensor& input,
                                                                     std::vector<int64_t>& output_splits,
                                                                     std::vector<int64_t>& input_splits,
                                                                     const c10d::AllToAllOptions&) {
   const char* op_name = "alltoall_base";
   const bpl_dtype dtype = dtype_of(input, op_name);
-  require_same(input, output, op_name, "the output");
+  dtype_of(output, op_name);
+  if (output.scalar_type() != input.scalar_type()) {
+    fail(std::string(op_name) + ": the output is " + std::string(c10::toString(output.scalar_type())) + ", the input " +
+         std::string(c10::toString(input.scalar_type())));
+  }
   const int size = getSize();
-  auto even = [&](const std::vector<int64_t>& splits, const at::Tensor& t) {
-    if (splits.empty()) return true;
-    return std::all_of(splits.begin(), splits.end(), [&](int64_t s) { return s == splits[0]; }) &&
-           static_cast<int>(splits.size()) == size && splits[0] * size == t.size(0);
-  };
-  if (!even(output_splits, output) || !even(input_splits, input)) {
-    fail(std::string(op_name) + ": uneven split sizes are not supported yet (backplane's ABI has no alltoallv; "
-         "all_to_all_single works with equal splits)");
-  }
-  if (input.numel() % size != 0) {
-    fail(std::string(op_name) + ": " + std::to_string(input.numel()) + " elements do not split evenly over " +
-         std::to_string(size) + " ranks");
-  }
+  const Layout sent(split_elements(input_splits, input, size, op_name, "input"));
+  const Layout received(split_elements(output_splits, output, size, op_name, "output"));
   at::Tensor source = contiguous(input);
   at::Tensor result = contiguous(output);
+  const bool even = sent.even() && received.even() && sent.counts[0] == received.counts[0];
   return post(
       c10d::OpType::ALLTOALL_BASE, op_name,
-      [&](bpl_request** req) { return bpl_alltoall(comm_, source.data_ptr(), result.data_ptr(), source.numel() / size, dtype, req); },
+      [&](bpl_request** req) {
+        if (even) return bpl_alltoall(comm_, source.data_ptr(), result.data_ptr(), sent.counts[0], dtype, req);
+        return bpl_alltoallv(comm_, source.data_ptr(), sent.counts.data(), sent.displs.data(), result.data_ptr(),
+                             received.counts.data(), received.displs.data(), dtype, req);
+      },
       [result, output] { copy_back(output, result); }, {output}, {source, result});
 }
 
@@ -752,16 +798,30 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::alltoall(std::vector<at::T
          std::to_string(inputs.size()) + " and " + std::to_string(outputs.size()));
   }
   const bpl_dtype dtype = dtype_of(inputs[0], op_name);
+  std::vector<int64_t> send_sizes, recv_sizes;
   for (int r = 0; r < size; ++r) {
-    require_same(inputs[0], inputs[r], op_name, "input tensor " + std::to_string(r) + " (uneven sizes are not supported yet)");
-    require_same(inputs[0], outputs[r], op_name, "output tensor " + std::to_string(r));
+    for (const at::Tensor* t : {&inputs[r], &outputs[r]}) {
+      dtype_of(*t, op_name);
+      if (t->scalar_type() != inputs[0].scalar_type()) {
+        fail(std::string(op_name) + ": tensor " + std::to_string(r) + " is " + std::string(c10::toString(t->scalar_type())) +
+             ", input 0 " + std::string(c10::toString(inputs[0].scalar_type())) + ": one dtype per call");
+      }
+    }
+    send_sizes.push_back(inputs[r].numel());
+    recv_sizes.push_back(outputs[r].numel());
   }
+  const Layout sent(send_sizes), received(recv_sizes);
   at::Tensor source = flat_of(inputs, scratch_->take(total_numel(inputs), inputs[0].scalar_type()));
-  at::Tensor result = scratch_->take(source.numel(), source.scalar_type());
+  at::Tensor result = scratch_->take(total_numel(outputs), inputs[0].scalar_type());
   std::vector<at::Tensor> targets = outputs;
+  const bool even = sent.even() && received.even() && sent.counts[0] == received.counts[0];
   return post(
       c10d::OpType::ALLTOALL, op_name,
-      [&](bpl_request** req) { return bpl_alltoall(comm_, source.data_ptr(), result.data_ptr(), inputs[0].numel(), dtype, req); },
+      [&](bpl_request** req) {
+        if (even) return bpl_alltoall(comm_, source.data_ptr(), result.data_ptr(), sent.counts[0], dtype, req);
+        return bpl_alltoallv(comm_, source.data_ptr(), sent.counts.data(), sent.displs.data(), result.data_ptr(),
+                             received.counts.data(), received.displs.data(), dtype, req);
+      },
       [result, targets] { copy_slices(result, targets); }, outputs, {source, result});
 }
 

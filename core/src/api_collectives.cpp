@@ -119,6 +119,90 @@ bpl_status bpl_barrier(bpl_comm* comm, bpl_request** req) {
   });
 }
 
+bpl_status bpl_gather(bpl_comm* comm, const void* send, void* recv, int64_t count, bpl_dtype dtype, int32_t root,
+                      bpl_request** req) {
+  return guarded("bpl_gather", [&] {
+    bpl_comm* c = check_comm(comm);
+    auto fn = require_collective(c, c->runtime->plugin->optional(&bpl_plugin_api::gather), BPL_COLL_GATHER);
+    const size_t total = check_count(count, check_dtype(c, dtype), c->size, "count");
+    const size_t block = total / static_cast<size_t>(c->size);
+    check_rank(c, root, "root");
+    check_buffer(send, block, "send");
+    if (c->rank == root) {
+      check_buffer(recv, total, "recv");
+      const void* own_block = static_cast<const char*>(recv) + block * static_cast<size_t>(root);
+      REQUIRE(send == own_block || !overlap(send, block, recv, total),
+              "send overlaps recv but is not recv + root*count elements (in place)");
+    }
+    return run_operation("bpl_gather", c, fingerprint_of(BPL_COLL_GATHER, dtype, count, root), req,
+                         [&](bpl_plugin_request** preq) { return fn(c->impl, send, recv, count, dtype, root, preq); });
+  });
+}
+
+bpl_status bpl_scatter(bpl_comm* comm, const void* send, void* recv, int64_t count, bpl_dtype dtype, int32_t root,
+                       bpl_request** req) {
+  return guarded("bpl_scatter", [&] {
+    bpl_comm* c = check_comm(comm);
+    auto fn = require_collective(c, c->runtime->plugin->optional(&bpl_plugin_api::scatter), BPL_COLL_SCATTER);
+    const size_t total = check_count(count, check_dtype(c, dtype), c->size, "count");
+    const size_t block = total / static_cast<size_t>(c->size);
+    check_rank(c, root, "root");
+    check_buffer(recv, block, "recv");
+    if (c->rank == root) {
+      check_buffer(send, total, "send");
+      const void* own_block = static_cast<const char*>(send) + block * static_cast<size_t>(root);
+      REQUIRE(recv == own_block || !overlap(send, total, recv, block),
+              "recv overlaps send but is not send + root*count elements (in place)");
+    }
+    return run_operation("bpl_scatter", c, fingerprint_of(BPL_COLL_SCATTER, dtype, count, root), req,
+                         [&](bpl_plugin_request** preq) { return fn(c->impl, send, recv, count, dtype, root, preq); });
+  });
+}
+
+bpl_status bpl_allgatherv(bpl_comm* comm, const void* send, int64_t sendcount, void* recv, const int64_t* recvcounts,
+                          const int64_t* displs, bpl_dtype dtype, bpl_request** req) {
+  return guarded("bpl_allgatherv", [&] {
+    bpl_comm* c = check_comm(comm);
+    auto fn = require_collective(c, c->runtime->plugin->optional(&bpl_plugin_api::allgatherv), BPL_COLL_ALLGATHERV);
+    const size_t element = check_dtype(c, dtype);
+    const size_t bytes = check_count(sendcount, element, 1, "sendcount");
+    check_buffer(send, bytes, "send");
+    const size_t extent = check_layout(recvcounts, displs, c->size, element, recv, "recvcounts", "displs", "recv");
+    REQUIRE(recvcounts[c->rank] == sendcount, "sendcount = " + std::to_string(sendcount) + " but recvcounts[" +
+                                                  std::to_string(c->rank) + "] = " + std::to_string(recvcounts[c->rank]) +
+                                                  ": a rank's entry is its sendcount");
+    const void* own_block = static_cast<const char*>(recv) + static_cast<size_t>(displs[c->rank]) * element;
+    REQUIRE(send == own_block || !overlap(send, bytes, recv, extent),
+            "send overlaps recv but is not recv + displs[rank] elements (in place)");
+    int64_t total = 0;
+    for (int32_t r = 0; r < c->size; ++r) total += recvcounts[r];
+    return run_operation("bpl_allgatherv", c, fingerprint_of(BPL_COLL_ALLGATHERV, dtype, total), req,
+                         [&](bpl_plugin_request** preq) {
+                           return fn(c->impl, send, sendcount, recv, recvcounts, displs, dtype, preq);
+                         });
+  });
+}
+
+bpl_status bpl_alltoallv(bpl_comm* comm, const void* send, const int64_t* sendcounts, const int64_t* sdispls, void* recv,
+                         const int64_t* recvcounts, const int64_t* rdispls, bpl_dtype dtype, bpl_request** req) {
+  return guarded("bpl_alltoallv", [&] {
+    bpl_comm* c = check_comm(comm);
+    auto fn = require_collective(c, c->runtime->plugin->optional(&bpl_plugin_api::alltoallv), BPL_COLL_ALLTOALLV);
+    const size_t element = check_dtype(c, dtype);
+    const size_t sent = check_layout(sendcounts, sdispls, c->size, element, send, "sendcounts", "sdispls", "send");
+    const size_t received = check_layout(recvcounts, rdispls, c->size, element, recv, "recvcounts", "rdispls", "recv");
+    REQUIRE(!overlap(send, sent, recv, received), "send and recv overlap (alltoallv has no in-place form)");
+    REQUIRE(sendcounts[c->rank] == recvcounts[c->rank],
+            "sendcounts[" + std::to_string(c->rank) + "] = " + std::to_string(sendcounts[c->rank]) + " but recvcounts[" +
+                std::to_string(c->rank) + "] = " + std::to_string(recvcounts[c->rank]) + ": what a rank sends itself it receives");
+    // Each rank's counts differ from its peers': the fingerprint carries only what they share.
+    return run_operation("bpl_alltoallv", c, fingerprint_of(BPL_COLL_ALLTOALLV, dtype), req,
+                         [&](bpl_plugin_request** preq) {
+                           return fn(c->impl, send, sendcounts, sdispls, recv, recvcounts, rdispls, dtype, preq);
+                         });
+  });
+}
+
 namespace {
 // Checks shared by send and recv.
 void check_point_to_point(const bpl_comm* c, const void* buf, int64_t count, bpl_dtype dtype, int32_t peer,

@@ -74,6 +74,10 @@ const char* bpl_collective_name(bpl_collective op) {
     case BPL_COLL_SEND: return "send";
     case BPL_COLL_RECV: return "recv";
     case BPL_COLL_COMM_SPLIT: return "comm_split";
+    case BPL_COLL_GATHER: return "gather";
+    case BPL_COLL_SCATTER: return "scatter";
+    case BPL_COLL_ALLGATHERV: return "allgatherv";
+    case BPL_COLL_ALLTOALLV: return "alltoallv";
     default: return "unknown";
   }
 }

@@ -9,6 +9,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "backplane/backplane.h"
 #include "backplane/plugin.h"
@@ -114,6 +115,40 @@ inline bool overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes
   auto x = reinterpret_cast<uintptr_t>(a);
   auto y = reinterpret_cast<uintptr_t>(b);
   return x < y + b_bytes && y < x + a_bytes;
+}
+
+// A variable layout of `buffer` (allgatherv, alltoallv): `ranks` counts and displacements, in elements,
+// each >= 0 and inside the address space; blocks of two ranks that overlap are refused, naming both.
+// Returns the layout's extent in bytes (the end of its last block), which `buffer` must hold.
+inline size_t check_layout(const int64_t* counts, const int64_t* displs, int32_t ranks, size_t element,
+                           const void* buffer, const std::string& counts_name, const std::string& displs_name,
+                           const char* buffer_name) {
+  REQUIRE(counts != nullptr, counts_name + " is NULL: expected " + std::to_string(ranks) + " counts, one per rank");
+  REQUIRE(displs != nullptr, displs_name + " is NULL: expected " + std::to_string(ranks) + " displacements, one per rank");
+  std::vector<int32_t> placed;  // ranks with a block, ordered by displacement below
+  size_t extent = 0;
+  for (int32_t r = 0; r < ranks; ++r) {
+    const std::string at = "[" + std::to_string(r) + "]";
+    check_count(counts[r], element, 1, (counts_name + at).c_str());
+    REQUIRE(displs[r] >= 0, displs_name + at + " = " + std::to_string(displs[r]) + ": expected >= 0");
+    const auto limit = static_cast<int64_t>(kAddressSpaceBytes / element);
+    REQUIRE(displs[r] <= limit - counts[r], displs_name + at + " = " + std::to_string(displs[r]) + " with " + counts_name +
+                                                at + " = " + std::to_string(counts[r]) + " runs past the address space");
+    if (counts[r] == 0) continue;
+    extent = std::max(extent, static_cast<size_t>(displs[r] + counts[r]) * element);
+    placed.push_back(r);
+  }
+  std::sort(placed.begin(), placed.end(), [&](int32_t a, int32_t b) { return displs[a] < displs[b]; });
+  for (size_t i = 1; i < placed.size(); ++i) {
+    const int32_t a = placed[i - 1], b = placed[i];
+    REQUIRE(displs[a] + counts[a] <= displs[b],
+            std::string("the blocks of ranks ") + std::to_string(a) + " and " + std::to_string(b) + " overlap in " +
+                buffer_name + " (" + displs_name + "[" + std::to_string(a) + "] = " + std::to_string(displs[a]) + ", " +
+                counts_name + "[" + std::to_string(a) + "] = " + std::to_string(counts[a]) + ", " + displs_name + "[" +
+                std::to_string(b) + "] = " + std::to_string(displs[b]) + ")");
+  }
+  check_buffer(buffer, extent, buffer_name);
+  return extent;
 }
 
 inline size_t check_known_dtype(bpl_dtype dtype, const char* field) {

@@ -23,9 +23,12 @@
 //   reduce(send, recv, count, dtype, op, root, req)  allgather(send, recv, count, dtype, req)
 //   reduce_scatter(send, recv, recvcount, dtype, op, req)  barrier(req)
 // and, where the backend has them, alltoall(send, recv, count, dtype, req), send(buf, count, dtype,
-// peer, tag, req), recv(…) and abort(). An entry the communicator lacks stays NULL in the table, which
-// the core reports as unsupported. A new collective of the ABI is added here once, and to each plugin's
-// communicator.
+// peer, tag, req), recv(…), abort(), and (ABI 1.3) gather(send, recv, count, dtype, root, req),
+// scatter(…the same…), allgatherv(send, sendcount, recv, Counts recvcounts, Counts displs, dtype, req)
+// and alltoallv(send, Counts sendcounts, Counts sdispls, recv, Counts recvcounts, Counts rdispls,
+// dtype, req), whose Counts (one per rank, in elements) are the communicator's own copies. An entry the
+// communicator lacks stays NULL in the table, which the core reports as unsupported. A new collective
+// of the ABI is added here once, and to each plugin's communicator.
 #pragma once
 
 #include <chrono>
@@ -44,6 +47,25 @@
 namespace backplane::plugin {
 
 namespace detail {
+
+template <typename Comm, typename = void>
+struct HasGatherScatter : std::false_type {};
+template <typename Comm>
+struct HasGatherScatter<Comm, std::void_t<decltype(std::declval<Comm&>().gather(nullptr, nullptr, size_t{}, bpl_dtype{}, 0,
+                                                                                  static_cast<bpl_plugin_request**>(nullptr))),
+                                          decltype(std::declval<Comm&>().scatter(nullptr, nullptr, size_t{}, bpl_dtype{}, 0,
+                                                                                   static_cast<bpl_plugin_request**>(nullptr)))>>
+    : std::true_type {};
+
+template <typename Comm, typename = void>
+struct HasVariableCollectives : std::false_type {};
+template <typename Comm>
+struct HasVariableCollectives<
+    Comm, std::void_t<decltype(std::declval<Comm&>().allgatherv(nullptr, size_t{}, nullptr, Counts{}, Counts{}, bpl_dtype{},
+                                                                static_cast<bpl_plugin_request**>(nullptr))),
+                      decltype(std::declval<Comm&>().alltoallv(nullptr, Counts{}, Counts{}, nullptr, Counts{}, Counts{},
+                                                               bpl_dtype{}, static_cast<bpl_plugin_request**>(nullptr)))>>
+    : std::true_type {};
 
 template <typename Comm, typename = void>
 struct HasAlltoall : std::false_type {};
@@ -97,6 +119,12 @@ struct CommEntries {
   static bpl_plugin_comm* handle(Comm* c) { return reinterpret_cast<bpl_plugin_comm*>(c); }
   static Request* request(bpl_plugin_request* req) { return reinterpret_cast<Request*>(req); }
   static size_t elements(int64_t count) { return static_cast<size_t>(count); }  // the core checked count >= 0
+  // The communicator's own copy of a per-rank array (the caller's is valid only during the call).
+  static Counts counts(const int64_t* values, Comm& c) {
+    Counts copy(static_cast<size_t>(c.size()));
+    for (size_t r = 0; r < copy.size(); ++r) copy[r] = elements(values[r]);
+    return copy;
+  }
 
   /* ---- communicators ---- */
 
@@ -157,6 +185,30 @@ struct CommEntries {
   static bpl_status barrier(bpl_plugin_comm* c, bpl_plugin_request** req) {
     return run([&] { comm(c).barrier(req); });
   }
+  static bpl_status gather(bpl_plugin_comm* c, const void* send, void* recv, int64_t count, bpl_dtype dtype, int32_t root,
+                           bpl_plugin_request** req) {
+    return run([&] { comm(c).gather(send, recv, elements(count), dtype, root, req); });
+  }
+  static bpl_status scatter(bpl_plugin_comm* c, const void* send, void* recv, int64_t count, bpl_dtype dtype, int32_t root,
+                            bpl_plugin_request** req) {
+    return run([&] { comm(c).scatter(send, recv, elements(count), dtype, root, req); });
+  }
+  static bpl_status allgatherv(bpl_plugin_comm* c, const void* send, int64_t sendcount, void* recv, const int64_t* recvcounts,
+                               const int64_t* displs, bpl_dtype dtype, bpl_plugin_request** req) {
+    return run([&] {
+      Comm& self = comm(c);
+      self.allgatherv(send, elements(sendcount), recv, counts(recvcounts, self), counts(displs, self), dtype, req);
+    });
+  }
+  static bpl_status alltoallv(bpl_plugin_comm* c, const void* send, const int64_t* sendcounts, const int64_t* sdispls,
+                              void* recv, const int64_t* recvcounts, const int64_t* rdispls, bpl_dtype dtype,
+                              bpl_plugin_request** req) {
+    return run([&] {
+      Comm& self = comm(c);
+      self.alltoallv(send, counts(sendcounts, self), counts(sdispls, self), recv, counts(recvcounts, self),
+                     counts(rdispls, self), dtype, req);
+    });
+  }
   static bpl_status send(bpl_plugin_comm* c, const void* buf, int64_t count, bpl_dtype dtype, int32_t peer, int32_t tag,
                          bpl_plugin_request** req) {
     return run([&] { comm(c).send(buf, elements(count), dtype, peer, tag, req); });
@@ -205,6 +257,14 @@ bpl_plugin_api comm_table() {
   api.reduce_scatter = E::reduce_scatter;
   if constexpr (detail::HasAlltoall<Comm>::value) api.alltoall = E::alltoall;
   api.barrier = E::barrier;
+  if constexpr (detail::HasGatherScatter<Comm>::value) {
+    api.gather = E::gather;
+    api.scatter = E::scatter;
+  }
+  if constexpr (detail::HasVariableCollectives<Comm>::value) {
+    api.allgatherv = E::allgatherv;
+    api.alltoallv = E::alltoallv;
+  }
   if constexpr (detail::HasPointToPoint<Comm>::value) {
     api.send = E::send;
     api.recv = E::recv;

@@ -6,10 +6,15 @@
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "backplane/plugin.h"
 
 namespace backplane::plugin {
+
+// Counts or displacements of a variable-size collective (allgatherv, alltoallv), one per rank, in
+// elements: the plugin's own copy of the caller's array.
+using Counts = std::vector<size_t>;
 
 class Error : public std::runtime_error {
  public:

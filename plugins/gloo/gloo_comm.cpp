@@ -700,25 +700,27 @@ struct TransferReleased : ::gloo::IoException {
 // send and a recv of different sizes never match (they stall, time out, and are told why) instead of
 // the larger overflowing the smaller, which Gloo's transport answers with abort().
 void GlooComm::point_to_point(void* buf, size_t bytes, int peer, int tag, bool is_send, bpl_plugin_request** req) {
-  auto finish = [req](auto complete) {
-    if (req == nullptr) return complete();
-    *req = reinterpret_cast<bpl_plugin_request*>(
-        static_cast<Request*>(new PointToPointRequest(std::function<void()>(std::move(complete)))));
-  };
+  std::function<void()> complete = post_transfer(buf, bytes, peer, tag, is_send, kPointToPointSlotPrefix);
+  if (req == nullptr) return complete();
+  *req = reinterpret_cast<bpl_plugin_request*>(static_cast<Request*>(new PointToPointRequest(std::move(complete))));
+}
+
+std::function<void()> GlooComm::post_transfer(void* buf, size_t bytes, int peer, int tag, bool is_send,
+                                              uint8_t slot_prefix) {
   if (shm_ && shm_->single_copy()) {
     // Within the machine, the receiver reads the sender's buffer (ShmGroup's mailboxes).
     if (is_send) {
-      return finish([group = shm_.get(), ticket = shm_->post_send(buf, bytes, peer, tag, timeout()), timeout = timeout()] {
+      return [group = shm_.get(), ticket = shm_->post_send(buf, bytes, peer, tag, timeout()), timeout = timeout()] {
         group->wait_sent(ticket, timeout);
-      });
+      };
     }
-    return finish([group = shm_.get(), recv = shm_->post_recv(buf, bytes, peer, tag), timeout = timeout()] {
+    return [group = shm_.get(), recv = shm_->post_recv(buf, bytes, peer, tag), timeout = timeout()] {
       group->wait_received(recv, timeout);
-    });
+    };
   }
   uint64_t size_hash = bytes * 0x9E3779B97F4A7C15ull;
   size_hash ^= size_hash >> 29;
-  const uint64_t slot = (static_cast<uint64_t>(kPointToPointSlotPrefix) << 56) |
+  const uint64_t slot = (static_cast<uint64_t>(slot_prefix) << 56) |
                         (static_cast<uint64_t>(static_cast<uint32_t>(tag)) << 24) | (size_hash & 0xffffff);
   std::shared_ptr<::gloo::transport::UnboundBuffer> buffer = context_->createUnboundBuffer(buf, bytes);
   {
@@ -738,18 +740,20 @@ void GlooComm::point_to_point(void* buf, size_t bytes, int peer, int tag, bool i
       buffer->recv(peer, slot);
     }
   } catch (const ::gloo::Exception& e) {  // the pair had already failed
+    if (slot_prefix != kPointToPointSlotPrefix) throw;  // a collective's: explained as a collective's
     throw point_to_point_failure(e, is_send, peer, tag, bytes);
   }
-  finish([this, buffer, is_send, peer, tag, bytes, timeout = timeout()] {
+  return [this, buffer, is_send, peer, tag, bytes, slot_prefix, timeout = timeout()] {
     try {
       const bool completed = is_send ? buffer->waitSend(timeout) : buffer->waitRecv(timeout);
       if (!completed) throw TransferReleased(is_send);
     } catch (const Error&) {
       throw;
     } catch (const std::exception& e) {
+      if (slot_prefix != kPointToPointSlotPrefix) throw;
       throw point_to_point_failure(e, is_send, peer, tag, bytes);
     }
-  });
+  };
 }
 
 // Sender and receiver each leave what they posted in the store, under the pair of ranks and the tag;
@@ -782,6 +786,87 @@ Error GlooComm::point_to_point_failure(const std::exception& e, bool is_send, in
                " with tag " + std::to_string(tag) + " within " + std::to_string(timeout().count()) + " ms)";
   }
   return recorded_failure(status, message, record_defer(status, peers_note));
+}
+
+// Gather, scatter, allgatherv and alltoallv move each block straight from the rank that has it to the
+// rank that wants it: one transfer per pair of ranks, over the communicator's own connections (shared
+// memory's mailboxes, where the receiver reads the sender's buffer, within a machine; Gloo's pairs
+// otherwise), on every path alike. Their tags are negative, so that they never match the caller's
+// sends and recvs (whose tags are >= 0), and carry the collective's number.
+void GlooComm::exchange(const std::vector<Transfer>& transfers) {
+  const int tag = -1 - static_cast<int>(collectives_ & 0x3fffffff);
+  std::vector<std::function<void()>> receives, sends;
+  for (const Transfer& t : transfers) {
+    if (t.bytes == 0) continue;
+    (t.is_send ? sends : receives).push_back(post_transfer(t.buffer, t.bytes, t.peer, tag, t.is_send, kCollectiveSlotPrefix));
+  }
+  for (auto& received : receives) received();  // first: a send within the machine ends once its peer read it
+  for (auto& sent : sends) sent();
+}
+
+void GlooComm::run_gather(const void* send, void* recv, size_t count, bpl_dtype dtype, int root) {
+  begin(BPL_COLL_GATHER, dtype, count, root);
+  const size_t block = count * plugin::dtype_size(dtype);
+  if (rank() != root) return exchange({{const_cast<void*>(send), block, root, true}});
+  auto* out = static_cast<char*>(recv);
+  std::vector<Transfer> transfers;
+  for (int q = 0; q < size(); ++q) {
+    if (q != root) transfers.push_back({out + block * static_cast<size_t>(q), block, q, false});
+  }
+  char* own = out + block * static_cast<size_t>(root);
+  if (own != send && block > 0) std::memcpy(own, send, block);
+  exchange(transfers);
+}
+
+void GlooComm::run_scatter(const void* send, void* recv, size_t count, bpl_dtype dtype, int root) {
+  begin(BPL_COLL_SCATTER, dtype, count, root);
+  const size_t block = count * plugin::dtype_size(dtype);
+  if (rank() != root) return exchange({{recv, block, root, false}});
+  const auto* in = static_cast<const char*>(send);
+  std::vector<Transfer> transfers;
+  for (int q = 0; q < size(); ++q) {
+    if (q != root) transfers.push_back({const_cast<char*>(in + block * static_cast<size_t>(q)), block, q, true});
+  }
+  const char* own = in + block * static_cast<size_t>(root);
+  if (own != recv && block > 0) std::memcpy(recv, own, block);
+  exchange(transfers);
+}
+
+void GlooComm::run_allgatherv(const void* send, size_t sendcount, void* recv, const plugin::Counts& recvcounts,
+                              const plugin::Counts& displs, bpl_dtype dtype) {
+  size_t total = 0;
+  for (size_t c : recvcounts) total += c;
+  begin(BPL_COLL_ALLGATHERV, dtype, total);
+  const size_t element = plugin::dtype_size(dtype);
+  auto* out = static_cast<char*>(recv);
+  std::vector<Transfer> transfers;
+  for (int q = 0; q < size(); ++q) {
+    if (q == rank()) continue;
+    transfers.push_back({const_cast<void*>(send), sendcount * element, q, true});
+    transfers.push_back({out + displs[static_cast<size_t>(q)] * element, recvcounts[static_cast<size_t>(q)] * element, q, false});
+  }
+  char* own = out + displs[static_cast<size_t>(rank())] * element;
+  if (own != send && sendcount > 0) std::memcpy(own, send, sendcount * element);
+  exchange(transfers);
+}
+
+void GlooComm::run_alltoallv(const void* send, const plugin::Counts& sendcounts, const plugin::Counts& sdispls, void* recv,
+                             const plugin::Counts& recvcounts, const plugin::Counts& rdispls, bpl_dtype dtype) {
+  begin(BPL_COLL_ALLTOALLV, dtype);
+  const size_t element = plugin::dtype_size(dtype);
+  const auto* in = static_cast<const char*>(send);
+  auto* out = static_cast<char*>(recv);
+  std::vector<Transfer> transfers;
+  for (int q = 0; q < size(); ++q) {
+    const auto i = static_cast<size_t>(q);
+    if (q == rank()) {
+      if (sendcounts[i] > 0) std::memcpy(out + rdispls[i] * element, in + sdispls[i] * element, sendcounts[i] * element);
+      continue;
+    }
+    transfers.push_back({const_cast<char*>(in + sdispls[i] * element), sendcounts[i] * element, q, true});
+    transfers.push_back({out + rdispls[i] * element, recvcounts[i] * element, q, false});
+  }
+  exchange(transfers);
 }
 
 void GlooComm::send(const void* buf, size_t count, bpl_dtype dtype, int peer, int tag, bpl_plugin_request** req) {

@@ -103,6 +103,24 @@ class GlooComm {
   void barrier(bpl_plugin_request** req) {
     submit([=] { run_barrier(); }, req);
   }
+  void gather(const void* send, void* recv, size_t count, bpl_dtype dtype, int root, bpl_plugin_request** req) {
+    submit([=] { run_gather(send, recv, count, dtype, root); }, req);
+  }
+  void scatter(const void* send, void* recv, size_t count, bpl_dtype dtype, int root, bpl_plugin_request** req) {
+    submit([=] { run_scatter(send, recv, count, dtype, root); }, req);
+  }
+  void allgatherv(const void* send, size_t sendcount, void* recv, plugin::Counts recvcounts, plugin::Counts displs,
+                  bpl_dtype dtype, bpl_plugin_request** req) {
+    submit([=, recvcounts = std::move(recvcounts), displs = std::move(displs)] {
+      run_allgatherv(send, sendcount, recv, recvcounts, displs, dtype);
+    }, req);
+  }
+  void alltoallv(const void* send, plugin::Counts sendcounts, plugin::Counts sdispls, void* recv, plugin::Counts recvcounts,
+                 plugin::Counts rdispls, bpl_dtype dtype, bpl_plugin_request** req) {
+    submit([=, sendcounts = std::move(sendcounts), sdispls = std::move(sdispls), recvcounts = std::move(recvcounts),
+            rdispls = std::move(rdispls)] { run_alltoallv(send, sendcounts, sdispls, recv, recvcounts, rdispls, dtype); },
+           req);
+  }
   std::unique_ptr<GlooComm> split(int color, int key) {
     std::unique_ptr<GlooComm> child;
     submit([&] { child = run_split(color, key); }, nullptr);
@@ -120,6 +138,7 @@ class GlooComm {
   // Slot prefixes for the transfers this plugin makes itself; Gloo's own algorithms use 0x01..0x08.
   static constexpr uint8_t kReduceScatterSlotPrefix = 0x40;
   static constexpr uint8_t kPointToPointSlotPrefix = 0x41;
+  static constexpr uint8_t kCollectiveSlotPrefix = 0x42;  // gather, scatter, allgatherv, alltoallv
 
   // Runs `body` in this communicator's order: now (req == NULL) or as a request in *req. Now, on an
   // idle communicator, it runs on this thread without being copied.
@@ -150,6 +169,21 @@ class GlooComm {
   void run_reduce_scatter(const void* send, void* recv, size_t recvcount, bpl_dtype dtype, bpl_reduce_op op);
   void run_alltoall(const void* send, void* recv, size_t count, bpl_dtype dtype);
   void run_barrier();
+  void run_gather(const void* send, void* recv, size_t count, bpl_dtype dtype, int root);
+  void run_scatter(const void* send, void* recv, size_t count, bpl_dtype dtype, int root);
+  void run_allgatherv(const void* send, size_t sendcount, void* recv, const plugin::Counts& recvcounts,
+                      const plugin::Counts& displs, bpl_dtype dtype);
+  void run_alltoallv(const void* send, const plugin::Counts& sendcounts, const plugin::Counts& sdispls, void* recv,
+                     const plugin::Counts& recvcounts, const plugin::Counts& rdispls, bpl_dtype dtype);
+  // One transfer of a collective composed of sends and receives.
+  struct Transfer {
+    void* buffer;
+    size_t bytes;
+    int peer;
+    bool is_send;
+  };
+  // Posts every transfer (those of no bytes are skipped), then waits for them, each within the timeout.
+  void exchange(const std::vector<Transfer>& transfers);
   std::unique_ptr<GlooComm> run_split(int color, int key);
   // Numbers and fingerprints the collective about to run (fingerprint.h; sequence set here).
   void begin(bpl_collective op, bpl_dtype dtype = static_cast<bpl_dtype>(-1), size_t count = 0, int root = -1,
@@ -167,6 +201,9 @@ class GlooComm {
   // A per-communicator scratch buffer, reused across operations (they never overlap in time).
   char* scratch(size_t slot, size_t bytes);
   void point_to_point(void* buf, size_t bytes, int peer, int tag, bool is_send, bpl_plugin_request** req);
+  // Posts one transfer (slot_prefix: the caller's send/recv or a collective's) and returns what waits,
+  // within the timeout, for its end.
+  std::function<void()> post_transfer(void* buf, size_t bytes, int peer, int tag, bool is_send, uint8_t slot_prefix);
   // Publishes this rank's process and its end of each connection, and learns the peers', so that a
   // failure can name the rank behind it.
   void learn_peers(::gloo::rendezvous::Store& store);

@@ -358,7 +358,10 @@ void MpiComm::start(std::unique_ptr<Request> request, bpl_plugin_request** req) 
     r.poll();
   } else if (r.request_ == MPI_REQUEST_NULL) {
     MpiLock lock(process_);
-    if (size_ > 1 && r.bytes_ > kEagerLimitBytes && is_collective(r.fingerprint_)) {
+    // An alltoallv's bytes differ from rank to rank: its ranks could not decide alike by size, so they
+    // always agree first.
+    const bool agree = r.bytes_ > kEagerLimitBytes || r.fingerprint_.op == BPL_COLL_ALLTOALLV;
+    if (size_ > 1 && agree && is_collective(r.fingerprint_)) {
       r.phase_ = Request::Phase::kAgreeing;
       r.agreement_mine_ = encode(r.fingerprint_);
       r.agreement_all_.resize(static_cast<size_t>(size_));
@@ -601,6 +604,74 @@ void MpiComm::alltoall(const void* send, void* recv, size_t count, bpl_dtype dty
   }
   request->post_ = [input, recv, n, dtype, comm = comm_](MPI_Request* r) {
     return MPI_Ialltoall(input, n, mpi_type(dtype), recv, n, mpi_type(dtype), comm, r);
+  };
+  start(std::move(request), req);
+}
+
+void MpiComm::gather(const void* send, void* recv, size_t count, bpl_dtype dtype, int root, bpl_plugin_request** req) {
+  const int n = mpi_count(count);
+  mpi_count(count * static_cast<size_t>(size_));
+  const size_t block = count * plugin::dtype_size(dtype);
+  // In place, the root's block already sits at recv + root*count: MPI_IN_PLACE means exactly that.
+  const bool in_place = rank_ == root && send == static_cast<char*>(recv) + block * static_cast<size_t>(root);
+  const void* input = in_place ? MPI_IN_PLACE : send;
+  start(std::make_unique<Request>(this, "gather", fingerprint(BPL_COLL_GATHER, dtype, count, root),
+                                  block * static_cast<size_t>(size_),
+                                  [=, comm = comm_](MPI_Request* r) {
+                                    return MPI_Igather(input, n, mpi_type(dtype), recv, n, mpi_type(dtype), root, comm, r);
+                                  }),
+        req);
+}
+
+void MpiComm::scatter(const void* send, void* recv, size_t count, bpl_dtype dtype, int root, bpl_plugin_request** req) {
+  const int n = mpi_count(count);
+  mpi_count(count * static_cast<size_t>(size_));
+  const size_t block = count * plugin::dtype_size(dtype);
+  const bool in_place = rank_ == root && recv == static_cast<const char*>(send) + block * static_cast<size_t>(root);
+  void* output = in_place ? MPI_IN_PLACE : recv;
+  start(std::make_unique<Request>(this, "scatter", fingerprint(BPL_COLL_SCATTER, dtype, count, root),
+                                  block * static_cast<size_t>(size_),
+                                  [=, comm = comm_](MPI_Request* r) {
+                                    return MPI_Iscatter(send, n, mpi_type(dtype), output, n, mpi_type(dtype), root, comm, r);
+                                  }),
+        req);
+}
+
+void MpiComm::allgatherv(const void* send, size_t sendcount, void* recv, plugin::Counts recvcounts, plugin::Counts displs,
+                         bpl_dtype dtype, bpl_plugin_request** req) {
+  const int n = mpi_count(sendcount);
+  size_t total = 0;
+  for (size_t c : recvcounts) total += c;
+  auto request = std::make_unique<Request>(this, "allgatherv", fingerprint(BPL_COLL_ALLGATHERV, dtype, total),
+                                           total * plugin::dtype_size(dtype), nullptr);
+  // MPI's arrays must live as long as the operation: the request keeps them.
+  std::vector<int>& layout = request->counts();
+  for (size_t c : recvcounts) layout.push_back(mpi_count(c));
+  for (size_t d : displs) layout.push_back(mpi_count(d));
+  const int* counts = layout.data();
+  const int* offsets = layout.data() + size_;
+  const bool in_place = send == static_cast<char*>(recv) + displs[static_cast<size_t>(rank_)] * plugin::dtype_size(dtype);
+  const void* input = in_place ? MPI_IN_PLACE : send;
+  request->post_ = [=, comm = comm_](MPI_Request* r) {
+    return MPI_Iallgatherv(input, n, mpi_type(dtype), recv, counts, offsets, mpi_type(dtype), comm, r);
+  };
+  start(std::move(request), req);
+}
+
+void MpiComm::alltoallv(const void* send, plugin::Counts sendcounts, plugin::Counts sdispls, void* recv,
+                        plugin::Counts recvcounts, plugin::Counts rdispls, bpl_dtype dtype, bpl_plugin_request** req) {
+  size_t moved = 0;  // this rank's share: it sizes the busy part of the waits
+  for (size_t i = 0; i < sendcounts.size(); ++i) moved += (sendcounts[i] + recvcounts[i]) * plugin::dtype_size(dtype);
+  auto request = std::make_unique<Request>(this, "alltoallv", fingerprint(BPL_COLL_ALLTOALLV, dtype), moved, nullptr);
+  std::vector<int>& layout = request->counts();
+  for (const plugin::Counts* values : {&sendcounts, &sdispls, &recvcounts, &rdispls}) {
+    for (size_t v : *values) layout.push_back(mpi_count(v));
+  }
+  const int* arrays = layout.data();
+  const int ranks = size_;
+  request->post_ = [=, comm = comm_](MPI_Request* r) {
+    return MPI_Ialltoallv(send, arrays, arrays + ranks, mpi_type(dtype), recv, arrays + 2 * ranks, arrays + 3 * ranks,
+                          mpi_type(dtype), comm, r);
   };
   start(std::move(request), req);
 }

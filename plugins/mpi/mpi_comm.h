@@ -35,6 +35,7 @@
 
 #include "backplane/plugin.h"
 #include "fingerprint.h"
+#include "plugin_support.h"
 #include "polled_request.h"
 
 namespace backplane::mpi_plugin {
@@ -63,6 +64,7 @@ class Request : public plugin::PolledRequest {
 
   MpiComm& comm() { return *comm_; }
   std::vector<char>& buffer(size_t i) { return buffers_[i]; }  // staging owned by the request
+  std::vector<int>& counts() { return counts_; }  // MPI's int counts and displacements, kept until it ends
   void on_complete(std::function<void()> fn) { on_complete_ = std::move(fn); }
   // What a recv matches on.
   std::tuple<MpiComm*, int, int> match_key() const { return {comm_, peer_, tag_}; }
@@ -100,6 +102,7 @@ class Request : public plugin::PolledRequest {
   int tag_ = -1;
   int arrived_bytes_ = 0;
   std::vector<char> buffers_[2];
+  std::vector<int> counts_;
   std::function<void()> on_complete_;
 };
 
@@ -131,6 +134,13 @@ class MpiComm {
                       bpl_plugin_request** req);
   void alltoall(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_plugin_request** req);
   void barrier(bpl_plugin_request** req);
+  // ABI 1.3: MPI's own gather, scatter, allgatherv and alltoallv (non-blocking forms).
+  void gather(const void* send, void* recv, size_t count, bpl_dtype dtype, int root, bpl_plugin_request** req);
+  void scatter(const void* send, void* recv, size_t count, bpl_dtype dtype, int root, bpl_plugin_request** req);
+  void allgatherv(const void* send, size_t sendcount, void* recv, plugin::Counts recvcounts, plugin::Counts displs,
+                  bpl_dtype dtype, bpl_plugin_request** req);
+  void alltoallv(const void* send, plugin::Counts sendcounts, plugin::Counts sdispls, void* recv, plugin::Counts recvcounts,
+                 plugin::Counts rdispls, bpl_dtype dtype, bpl_plugin_request** req);
   void send(const void* buf, size_t count, bpl_dtype dtype, int peer, int tag, bpl_plugin_request** req);
   void recv(void* buf, size_t count, bpl_dtype dtype, int peer, int tag, bpl_plugin_request** req);
   std::unique_ptr<MpiComm> split(int color, int key);

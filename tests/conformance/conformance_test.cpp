@@ -189,6 +189,97 @@ TEST_P(Movement, Alltoall) {
   EXPECT_TRUE(recv.canary_intact());
 }
 
+TEST_P(Movement, Gather) {
+  const Case c = GetParam();
+  SKIP_UNLESS_SUPPORTED(BPL_COLL_GATHER, c.dtype, 0);
+  const int root = 1 % world.size;
+  Buffer send = input(c, world.rank);
+  Buffer recv(c.dtype, world.rank == root ? c.count * world.size : 0);
+  EXPECT_OK(bpl_gather(world.comm, send.data(), world.rank == root ? recv.data() : nullptr, c.count, c.dtype, root, nullptr));
+  if (world.rank == root) {
+    for (int r = 0; r < world.size; ++r) {
+      EXPECT_TRUE(elements_match(recv, c.count * r, c.count, [&](size_t i) { return input_value(c.dtype, 0, r, i); }))
+          << "block of rank " << r;
+    }
+  }
+  EXPECT_TRUE(recv.canary_intact());
+}
+
+TEST_P(Movement, Scatter) {
+  const Case c = GetParam();
+  SKIP_UNLESS_SUPPORTED(BPL_COLL_SCATTER, c.dtype, 0);
+  const int root = world.size - 1;
+  Buffer send(c.dtype, world.rank == root ? c.count * world.size : 0);
+  for (size_t i = 0; i < send.count; ++i) send.set(i, input_value(c.dtype, 0, static_cast<int>(i / c.count), i % c.count));
+  Buffer recv(c.dtype, c.count);
+  EXPECT_OK(bpl_scatter(world.comm, world.rank == root ? send.data() : nullptr, recv.data(), c.count, c.dtype, root, nullptr));
+  EXPECT_TRUE(elements_match(recv, 0, c.count, [&](size_t i) { return input_value(c.dtype, 0, world.rank, i); }));
+  EXPECT_TRUE(recv.canary_intact());
+}
+
+// Uneven blocks: rank r gives count + r elements, placed in recv in reverse rank order with a gap of 2
+// elements between blocks (left as they were).
+TEST_P(Movement, Allgatherv) {
+  const Case c = GetParam();
+  SKIP_UNLESS_SUPPORTED(BPL_COLL_ALLGATHERV, c.dtype, 0);
+  std::vector<int64_t> counts(static_cast<size_t>(world.size)), displs(counts.size());
+  int64_t next = 0;
+  for (int r = world.size - 1; r >= 0; --r) {
+    counts[static_cast<size_t>(r)] = static_cast<int64_t>(c.count) + r;
+    displs[static_cast<size_t>(r)] = next;
+    next += counts[static_cast<size_t>(r)] + 2;
+  }
+  const size_t mine = c.count + static_cast<size_t>(world.rank);
+  Buffer send(c.dtype, mine);
+  for (size_t i = 0; i < mine; ++i) send.set(i, input_value(c.dtype, 0, world.rank, i));
+  Buffer recv(c.dtype, static_cast<size_t>(next));
+  EXPECT_OK(bpl_allgatherv(world.comm, send.data(), static_cast<int64_t>(mine), recv.data(), counts.data(), displs.data(),
+                           c.dtype, nullptr));
+  for (int r = 0; r < world.size; ++r) {
+    const auto i = static_cast<size_t>(r);
+    EXPECT_TRUE(elements_match(recv, static_cast<size_t>(displs[i]), static_cast<size_t>(counts[i]),
+                               [&](size_t k) { return input_value(c.dtype, 0, r, k); }))
+        << "block of rank " << r;
+  }
+  EXPECT_TRUE(recv.canary_intact());
+}
+
+// Rank q sends rank r count + (7q + r) % 3 elements; blocks sit in reverse order with gaps of 2 elements.
+TEST_P(Movement, Alltoallv) {
+  const Case c = GetParam();
+  SKIP_UNLESS_SUPPORTED(BPL_COLL_ALLTOALLV, c.dtype, 0);
+  auto between = [&](int from, int to) { return static_cast<int64_t>(c.count) + (7 * from + to) % 3; };
+  const auto ranks = static_cast<size_t>(world.size);
+  std::vector<int64_t> sendcounts(ranks), sdispls(ranks), recvcounts(ranks), rdispls(ranks);
+  int64_t sent = 0, received = 0;
+  for (int r = world.size - 1; r >= 0; --r) {
+    const auto i = static_cast<size_t>(r);
+    sendcounts[i] = between(world.rank, r);
+    sdispls[i] = sent;
+    sent += sendcounts[i] + 2;
+    recvcounts[i] = between(r, world.rank);
+    rdispls[i] = received;
+    received += recvcounts[i] + 2;
+  }
+  Buffer send(c.dtype, static_cast<size_t>(sent));
+  for (int r = 0; r < world.size; ++r) {
+    const auto i = static_cast<size_t>(r);
+    for (int64_t k = 0; k < sendcounts[i]; ++k) {
+      send.set(static_cast<size_t>(sdispls[i] + k), input_value(c.dtype, 0, world.rank * world.size + r, static_cast<size_t>(k)));
+    }
+  }
+  Buffer recv(c.dtype, static_cast<size_t>(received));
+  EXPECT_OK(bpl_alltoallv(world.comm, send.data(), sendcounts.data(), sdispls.data(), recv.data(), recvcounts.data(),
+                          rdispls.data(), c.dtype, nullptr));
+  for (int r = 0; r < world.size; ++r) {
+    const auto i = static_cast<size_t>(r);
+    EXPECT_TRUE(elements_match(recv, static_cast<size_t>(rdispls[i]), static_cast<size_t>(recvcounts[i]),
+                               [&](size_t k) { return input_value(c.dtype, 0, r * world.size + world.rank, k); }))
+        << "block from rank " << r;
+  }
+  EXPECT_TRUE(recv.canary_intact());
+}
+
 TEST_P(Movement, SendRecvRing) {
   const Case c = GetParam();
   SKIP_UNLESS_SUPPORTED(BPL_COLL_SEND, c.dtype, 0);
@@ -235,6 +326,52 @@ TEST(Collectives, AlltoallInPlace) {
     EXPECT_TRUE(elements_match(buf, count * r, count,
                                [&](size_t i) { return 1000 * r + 10 * world.rank + static_cast<double>(i % 7); }));
   }
+}
+
+// In place: the root's own block already in recv (gather) or left in send (scatter); allgatherv's own
+// block already at its displacement. Asynchronous, all three in flight at once.
+TEST(Collectives, GatherScatterAllgathervInPlaceAndAsync) {
+  SKIP_UNLESS_SUPPORTED(BPL_COLL_GATHER, BPL_DTYPE_I32, 0);
+  SKIP_UNLESS_SUPPORTED(BPL_COLL_ALLGATHERV, BPL_DTYPE_I32, 0);
+  const size_t count = 301;
+  const int root = 0;
+  auto value = [](int r, size_t i) { return 1000.0 * r + static_cast<double>(i % 97); };
+  Buffer gathered(BPL_DTYPE_I32, count * world.size), own(BPL_DTYPE_I32, count);
+  for (size_t i = 0; i < count; ++i) {
+    if (world.rank == root) {
+      gathered.set(count * root + i, value(root, i));
+    } else {
+      own.set(i, value(world.rank, i));
+    }
+  }
+  Buffer scattered(BPL_DTYPE_I32, world.rank == root ? count * world.size : count);
+  if (world.rank == root) {
+    for (size_t i = 0; i < scattered.count; ++i) scattered.set(i, value(static_cast<int>(i / count), i % count));
+  }
+  std::vector<int64_t> counts(static_cast<size_t>(world.size), static_cast<int64_t>(count)), displs(counts.size());
+  for (int r = 0; r < world.size; ++r) displs[static_cast<size_t>(r)] = static_cast<int64_t>(count) * r;
+  Buffer all(BPL_DTYPE_I32, count * world.size);
+  for (size_t i = 0; i < count; ++i) all.set(count * world.rank + i, value(world.rank, i));
+  auto* gathered_own = static_cast<char*>(gathered.data()) + count * root * sizeof(int32_t);
+  auto* scattered_own = static_cast<char*>(scattered.data()) + (world.rank == root ? count * root * sizeof(int32_t) : 0);
+  bpl_request* requests[3] = {nullptr, nullptr, nullptr};
+  EXPECT_OK(bpl_gather(world.comm, world.rank == root ? gathered_own : own.data(), gathered.data(), count, BPL_DTYPE_I32,
+                       root, &requests[0]));
+  EXPECT_OK(bpl_scatter(world.comm, scattered.data(), scattered_own, count, BPL_DTYPE_I32, root, &requests[1]));
+  EXPECT_OK(bpl_allgatherv(world.comm, static_cast<char*>(all.data()) + count * world.rank * sizeof(int32_t),
+                           static_cast<int64_t>(count), all.data(), counts.data(), displs.data(), BPL_DTYPE_I32, &requests[2]));
+  for (bpl_request* request : requests) {
+    EXPECT_OK(bpl_request_wait(request, BPL_TIMEOUT_DEFAULT));
+    EXPECT_OK(bpl_request_free(request));
+  }
+  for (int r = 0; r < world.size; ++r) {
+    if (world.rank == root) {
+      EXPECT_TRUE(elements_match(gathered, count * r, count, [&](size_t i) { return value(r, i); })) << "gathered from " << r;
+    }
+    EXPECT_TRUE(elements_match(all, count * r, count, [&](size_t i) { return value(r, i); })) << "allgatherv from " << r;
+  }
+  EXPECT_TRUE(elements_match(scattered, world.rank == root ? count * root : 0, count,
+                             [&](size_t i) { return value(world.rank, i); }));
 }
 
 TEST(Collectives, AsyncRequestsCompleteInOrder) {

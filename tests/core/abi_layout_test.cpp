@@ -207,7 +207,7 @@ TEST(AbiLayout, bpl_plugin_caps) {
 
 TEST(AbiLayout, bpl_plugin_api) {
   EXPECT_EQ(offsetof(bpl_plugin_api, struct_size), 0u);
-  EXPECT_EQ(sizeof(bpl_plugin_api), 328u);
+  EXPECT_EQ(sizeof(bpl_plugin_api), 360u);
   EXPECT_EQ(offsetof(bpl_plugin_api, abi_major), 8u);
   EXPECT_EQ(offsetof(bpl_plugin_api, abi_minor), 12u);
   EXPECT_EQ(offsetof(bpl_plugin_api, name), 16u);
@@ -251,7 +251,12 @@ TEST(AbiLayout, bpl_plugin_api) {
   EXPECT_EQ(offsetof(bpl_plugin_api, comm_abort), 312u);
   // ABI 1.2
   EXPECT_EQ(offsetof(bpl_plugin_api, comm_create_from_store), 320u);
-  EXPECT_NO_TRAILING_PADDING(bpl_plugin_api, comm_create_from_store);
+  // ABI 1.3
+  EXPECT_EQ(offsetof(bpl_plugin_api, gather), 328u);
+  EXPECT_EQ(offsetof(bpl_plugin_api, scatter), 336u);
+  EXPECT_EQ(offsetof(bpl_plugin_api, allgatherv), 344u);
+  EXPECT_EQ(offsetof(bpl_plugin_api, alltoallv), 352u);
+  EXPECT_NO_TRAILING_PADDING(bpl_plugin_api, alltoallv);
 }
 
 TEST(AbiLayout, FixedNumericValues) {
@@ -268,6 +273,8 @@ TEST(AbiLayout, FixedNumericValues) {
   for (int i = 0; i < 5; ++i) EXPECT_EQ(ops[i], i + 1);
   EXPECT_EQ(BPL_COLL_ALLREDUCE, 1);
   EXPECT_EQ(BPL_COLL_COMM_SPLIT, 10);
+  EXPECT_EQ(BPL_COLL_GATHER, 11);
+  EXPECT_EQ(BPL_COLL_ALLTOALLV, 14);
   EXPECT_EQ(BPL_COLOR_UNDEFINED, -1);
   EXPECT_EQ(BPL_TIMEOUT_DEFAULT, -1);
 }

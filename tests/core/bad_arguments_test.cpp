@@ -232,7 +232,10 @@ TEST_P(BadArguments, Collectives) {
   float* y = y_;
   const Needs allreduce{BPL_COLL_ALLREDUCE}, broadcast{BPL_COLL_BROADCAST}, reduce{BPL_COLL_REDUCE},
       allgather{BPL_COLL_ALLGATHER}, reduce_scatter{BPL_COLL_REDUCE_SCATTER}, alltoall{BPL_COLL_ALLTOALL},
-      send{BPL_COLL_SEND}, recv{BPL_COLL_RECV};
+      send{BPL_COLL_SEND}, recv{BPL_COLL_RECV}, gather{BPL_COLL_GATHER}, scatter{BPL_COLL_SCATTER},
+      allgatherv{BPL_COLL_ALLGATHERV}, alltoallv{BPL_COLL_ALLTOALLV};
+  // A world of one rank: one count and one displacement per array.
+  const int64_t one[1] = {1}, four[1] = {4}, zero[1] = {0}, minus_two[1] = {-2}, minus_three[1] = {-3};
   check({
       {"bpl_allreduce(comm NULL)", [&] { return bpl_allreduce(nullptr, x, y, 4, BPL_DTYPE_F32, BPL_OP_SUM, nullptr); }, {"comm is NULL"}},
       {"bpl_allreduce(count -1)", [&] { return bpl_allreduce(w, x, y, -1, BPL_DTYPE_F32, BPL_OP_SUM, nullptr); }, {"count = -1"}, allreduce},
@@ -255,6 +258,30 @@ TEST_P(BadArguments, Collectives) {
        {"recvcount = "}, reduce_scatter},
       {"bpl_reduce_scatter(dtype -4)", [&] { return bpl_reduce_scatter(w, x, y, 4, -4, BPL_OP_SUM, nullptr); }, {"dtype = -4"}, reduce_scatter},
       {"bpl_alltoall(send NULL)", [&] { return bpl_alltoall(w, nullptr, y, 4, BPL_DTYPE_F32, nullptr); }, {"send is NULL"}, alltoall},
+      {"bpl_gather(root 1)", [&] { return bpl_gather(w, x, y, 4, BPL_DTYPE_F32, 1, nullptr); }, {"root = 1"}, gather},
+      {"bpl_gather(count -1)", [&] { return bpl_gather(w, x, y, -1, BPL_DTYPE_F32, 0, nullptr); }, {"count = -1"}, gather},
+      {"bpl_gather(recv NULL at the root)", [&] { return bpl_gather(w, x, nullptr, 4, BPL_DTYPE_F32, 0, nullptr); },
+       {"recv is NULL"}, gather},
+      {"bpl_scatter(send NULL at the root)", [&] { return bpl_scatter(w, nullptr, y, 4, BPL_DTYPE_F32, 0, nullptr); },
+       {"send is NULL"}, scatter},
+      {"bpl_scatter(root -1)", [&] { return bpl_scatter(w, x, y, 4, BPL_DTYPE_F32, -1, nullptr); }, {"root = -1"}, scatter},
+      {"bpl_allgatherv(recvcounts NULL)", [&] { return bpl_allgatherv(w, x, 4, y, nullptr, zero, BPL_DTYPE_F32, nullptr); },
+       {"recvcounts is NULL"}, allgatherv},
+      {"bpl_allgatherv(displs[0] -3)", [&] { return bpl_allgatherv(w, x, 4, y, four, minus_three, BPL_DTYPE_F32, nullptr); },
+       {"displs[0] = -3"}, allgatherv},
+      {"bpl_allgatherv(recvcounts[0] -2)", [&] { return bpl_allgatherv(w, x, 4, y, minus_two, zero, BPL_DTYPE_F32, nullptr); },
+       {"recvcounts[0] = -2"}, allgatherv},
+      {"bpl_allgatherv(sendcount 1, recvcounts[0] 4)", [&] { return bpl_allgatherv(w, x, 1, y, four, zero, BPL_DTYPE_F32, nullptr); },
+       {"sendcount = 1 but recvcounts[0] = 4"}, allgatherv},
+      {"bpl_alltoallv(sdispls NULL)", [&] { return bpl_alltoallv(w, x, one, nullptr, y, one, zero, BPL_DTYPE_F32, nullptr); },
+       {"sdispls is NULL"}, alltoallv},
+      {"bpl_alltoallv(rdispls[0] -3)", [&] { return bpl_alltoallv(w, x, one, zero, y, one, minus_three, BPL_DTYPE_F32, nullptr); },
+       {"rdispls[0] = -3"}, alltoallv},
+      {"bpl_alltoallv(sendcounts[0] 1, recvcounts[0] 4)",
+       [&] { return bpl_alltoallv(w, x, one, zero, y, four, zero, BPL_DTYPE_F32, nullptr); },
+       {"sendcounts[0] = 1 but recvcounts[0] = 4"}, alltoallv},
+      {"bpl_alltoallv(send = recv)", [&] { return bpl_alltoallv(w, x, one, zero, x, one, zero, BPL_DTYPE_F32, nullptr); },
+       {"send and recv overlap"}, alltoallv},
       {"bpl_barrier(comm NULL)", [&] { return bpl_barrier(nullptr, nullptr); }, {"comm is NULL"}},
       {"bpl_send(peer 0 = self)", [&] { return bpl_send(w, x, 4, BPL_DTYPE_F32, 0, 0, nullptr); }, {"peer = 0 is the calling rank"}, send},
       {"bpl_send(peer 9)", [&] { return bpl_send(w, x, 4, BPL_DTYPE_F32, 9, 0, nullptr); }, {"peer = 9"}, send},

@@ -142,6 +142,18 @@ def test_collectives(gloo):
         dist.all_to_all(outs, list(send.chunk(world)))
         same(torch.cat(outs), recv, f"all_to_all {dtype}")
 
+    # uneven splits: rank r sends rank s (r + s) % 3 + 1 rows of two columns, valued 1000 r + 10 s + row
+    rows = lambda r, s: (r + s) % 3 + 1  # noqa: E731
+    send = torch.cat([torch.tensor([[1000.0 * rank + 10 * s + k] * 2 for k in range(rows(rank, s))]) for s in range(world)])
+    recv = torch.zeros(sum(rows(r, rank) for r in range(world)), 2)
+    dist.all_to_all_single(recv, send, [rows(r, rank) for r in range(world)], [rows(rank, s) for s in range(world)])
+    expected = torch.cat([torch.tensor([[1000.0 * r + 10 * rank + k] * 2 for k in range(rows(r, rank))])
+                          for r in range(world)])
+    same(recv, expected, "all_to_all_single with uneven splits")
+    outs = [torch.zeros(rows(r, rank), 2) for r in range(world)]
+    dist.all_to_all(outs, list(send.split([rows(rank, s) for s in range(world)])))
+    same(torch.cat(outs), expected, "all_to_all of uneven tensors")
+
     # several tensors at once
     a, b = torch.ones(3) * (rank + 1), torch.arange(5, dtype=torch.float32) * (rank + 1)
     dist.all_reduce_coalesced([a, b])
@@ -285,10 +297,8 @@ def test_bad_input_is_an_exception():
            "a root outside the group")
     raises(lambda: dist.send(torch.ones(2), dst=world + 3), f"destination rank {world + 3}", "a peer outside the group")
     raises(lambda: dist.all_gather([torch.ones(2)] * world, torch.ones(3)), "output tensor 0", "mismatched allgather sizes")
-    if world > 1:
-        raises(lambda: dist.all_to_all_single(torch.zeros(world + 1), torch.zeros(world + 1),
-                                              [1] * (world - 1) + [2], [1] * (world - 1) + [2]),
-               "uneven split", "uneven all_to_all splits")
+    raises(lambda: dist.all_to_all_single(torch.zeros(world + 1), torch.zeros(world + 1), [1] * world, [1] * world),
+           "split sizes add up to", "split sizes that do not add up to the tensor's rows")
     # the group still works after refused calls
     t = torch.ones(1)
     dist.all_reduce(t)

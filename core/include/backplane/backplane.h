@@ -27,7 +27,7 @@ extern "C" {
 #endif
 
 #define BPL_ABI_MAJOR 1
-#define BPL_ABI_MINOR 2
+#define BPL_ABI_MINOR 3
 
 #if defined(__GNUC__)
 #define BPL_API __attribute__((visibility("default")))
@@ -105,6 +105,10 @@ typedef int32_t bpl_collective;
 #define BPL_COLL_SEND 8
 #define BPL_COLL_RECV 9
 #define BPL_COLL_COMM_SPLIT 10
+#define BPL_COLL_GATHER 11     /* ABI 1.3 */
+#define BPL_COLL_SCATTER 12    /* ABI 1.3 */
+#define BPL_COLL_ALLGATHERV 13 /* ABI 1.3 */
+#define BPL_COLL_ALLTOALLV 14  /* ABI 1.3 */
 
 /* "allreduce", "comm_split", …, or "unknown". Static storage. */
 BPL_API const char* bpl_collective_name(bpl_collective op);
@@ -399,6 +403,35 @@ BPL_API bpl_status bpl_alltoall(bpl_comm* comm, const void* send, void* recv, in
 
 /* Returns when every rank has entered it. */
 BPL_API bpl_status bpl_barrier(bpl_comm* comm, bpl_request** req);
+
+/* ABI 1.3: gather, scatter and the variable-size allgatherv and alltoallv, as MPI's. A backend that
+ * lacks one reports UNSUPPORTED (its bit in bpl_runtime_info.collectives is clear). The arrays of
+ * counts and displacements have one entry per rank of comm, in elements, each >= 0; they are read
+ * during the call (the caller may reuse them once it returns). */
+
+/* recv on `root` holds size*count elements: block r = send of rank r. recv is ignored (may be NULL)
+ * on other ranks. In place at the root: send == recv + root*count elements. */
+BPL_API bpl_status bpl_gather(bpl_comm* comm, const void* send, void* recv, int64_t count, bpl_dtype dtype,
+                              int32_t root, bpl_request** req);
+
+/* recv = block `rank` of send on `root`, which holds size*count elements there; send is ignored (may be
+ * NULL) on other ranks. In place at the root: recv == send + root*count elements. */
+BPL_API bpl_status bpl_scatter(bpl_comm* comm, const void* send, void* recv, int64_t count, bpl_dtype dtype,
+                               int32_t root, bpl_request** req);
+
+/* On every rank, the sendcount elements of rank r land at recv + displs[r]; recvcounts[r] is rank r's
+ * sendcount, the same array on every rank (so sendcount == recvcounts[rank]). The ranks' blocks in recv
+ * must not overlap. In place: send == recv + displs[rank] elements. */
+BPL_API bpl_status bpl_allgatherv(bpl_comm* comm, const void* send, int64_t sendcount, void* recv,
+                                  const int64_t* recvcounts, const int64_t* displs, bpl_dtype dtype,
+                                  bpl_request** req);
+
+/* Rank q sends sendcounts[r] elements from send + sdispls[r] to rank r, which receives them, recvcounts[q]
+ * of them, at recv + rdispls[q]: recvcounts[q] on rank r equals sendcounts[r] on rank q. The blocks in
+ * recv must not overlap, and send and recv must not overlap (no in-place form). */
+BPL_API bpl_status bpl_alltoallv(bpl_comm* comm, const void* send, const int64_t* sendcounts, const int64_t* sdispls,
+                                 void* recv, const int64_t* recvcounts, const int64_t* rdispls, bpl_dtype dtype,
+                                 bpl_request** req);
 
 /* Point to point. `peer` is a rank of comm other than the caller; `tag` >= 0 matches a send with a
  * recv of the same tag, in order. A blocking send may wait until the receiver posts its recv: to

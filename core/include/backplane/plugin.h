@@ -178,6 +178,18 @@ typedef struct bpl_plugin_api {
    * the call and is the new communicator's timeout. *out owned by the core until comm_destroy. */
   bpl_status (*comm_create_from_store)(bpl_plugin_runtime* rt, const bpl_store* store, int32_t rank, int32_t size,
                                        int64_t timeout_ms, bpl_plugin_comm** out);
+
+  /* --- ABI 1.3 (optional, as above; arguments validated by the core). The arrays of counts and
+   *     displacements are valid only during the call: a plugin copies what it needs later. --- */
+  bpl_status (*gather)(bpl_plugin_comm* comm, const void* send, void* recv, int64_t count, bpl_dtype dtype,
+                       int32_t root, bpl_plugin_request** req);
+  bpl_status (*scatter)(bpl_plugin_comm* comm, const void* send, void* recv, int64_t count, bpl_dtype dtype,
+                        int32_t root, bpl_plugin_request** req);
+  bpl_status (*allgatherv)(bpl_plugin_comm* comm, const void* send, int64_t sendcount, void* recv,
+                           const int64_t* recvcounts, const int64_t* displs, bpl_dtype dtype, bpl_plugin_request** req);
+  bpl_status (*alltoallv)(bpl_plugin_comm* comm, const void* send, const int64_t* sendcounts, const int64_t* sdispls,
+                          void* recv, const int64_t* recvcounts, const int64_t* rdispls, bpl_dtype dtype,
+                          bpl_plugin_request** req);
 } bpl_plugin_api;
 
 /* The one symbol a plugin exports. `host` stays valid while the plugin is loaded; *out must point to
