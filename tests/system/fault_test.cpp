@@ -359,7 +359,7 @@ int mismatched_collectives() {
   const std::string which = env_text("BPL_TEST_CASE");
   constexpr size_t kGuard = 4096;
   constexpr float kGuardValue = -12345.0f;
-  const bool large = which != "op" && which != "count" && which != "skip";
+  const bool large = which != "op" && which != "count" && which != "skip" && which != "root";
   const size_t count = !large ? 16 : (64u << 10) - (r.rank == 1 ? 1000 : 0);
   const size_t blocks = which == "allgather" || which == "reduce_scatter" || which == "alltoall" ? r.size : 1;
   std::vector<float> send(count * blocks + kGuard, 1.0f), recv(count * blocks + kGuard, 0.0f);
@@ -377,6 +377,8 @@ int mismatched_collectives() {
       send.assign(1000 + kGuard, 1.0f);
       std::fill(send.end() - kGuard, send.end(), kGuardValue);
       status = bpl_allreduce(r.world, send.data(), send.data(), small, BPL_DTYPE_F32, BPL_OP_SUM, nullptr);
+    } else if (which == "root") {  // rank 1 gathers to itself, the others to rank 0 (recv holds 3 blocks)
+      status = bpl_gather(r.world, send.data(), recv.data(), 16, BPL_DTYPE_F32, r.rank == 1 ? 1 : 0, nullptr);
     } else if (which == "skip") {
       if (r.rank != 1) status = bpl_allreduce(r.world, send.data(), recv.data(), 16, BPL_DTYPE_F32, BPL_OP_SUM, nullptr);
       if (status == BPL_OK) status = bpl_barrier(r.world, nullptr);
@@ -681,7 +683,7 @@ TEST_P(Fault, KilledRankInSendsAndRecvsIsARemoteErrorOnItsPeers) {
 // 7. BPL_DEBUG=detail: mismatched collectives are MISMATCH on every rank, naming the differing field.
 TEST_P(Fault, DetailModeReportsMismatchedCollectivesOnEveryRank) {
   const std::map<std::string, std::string> differs = {{"op", "differ in: op"}, {"count", "differ in: count"},
-                                                      {"skip", "differ in: op"}};
+                                                      {"skip", "differ in: op"}, {"root", "differ in: root"}};
   for (const auto& [which, field] : differs) {
     SCOPED_TRACE(which);
     Job job = run_job(backend(), 3, "mismatched_collectives",
