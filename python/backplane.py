@@ -5,11 +5,16 @@
         world = rt.world
         grads = array.array("f", [1.0] * 1024)   # any C-contiguous buffer: bytearray, array, numpy
         world.allreduce(grads)                    # in place; or world.allreduce(send, recv)
-        group = world.split(color=world.rank % 2)
+        req = world.allreduce(grads, async_op=True)
+        req.wait(timeout_ms=500)                  # or req.test(); a wait that runs out leaves it in flight
+        with world.split(color=world.rank % 2) as group:
+            group.send(grads, peer=...)           # send/recv, gather, scatter, allgatherv, alltoallv, ...
 
 Element types come from the buffer's format ('f' f32, 'd' f64, 'e' f16, 'b' i8, 'B' u8, 32- and 64-bit
-integers); pass dtype="bf16" for bfloat16 held in 16-bit integers. Every call is blocking; a failure
-raises BackplaneError carrying the status and bpl_last_error()'s message.
+integers); pass dtype="bf16" for bfloat16 held in 16-bit integers. Every operation blocks unless given
+async_op=True, when it returns a Request; a failure raises BackplaneError carrying the status and
+bpl_last_error()'s message. Communicators made by split are destroyed with destroy(), on leaving their
+`with` block, or, those still alive, when their Runtime closes (close(), or leaving its `with` block).
 
 The library is found through BPL_LIBRARY (a path to libbackplane.so), then beside this module as
 installed (<prefix>/lib/python3/dist-packages/backplane.py -> <prefix>/lib/libbackplane.so), then the
@@ -19,8 +24,12 @@ loader's search path.
 import ctypes
 import ctypes.util
 import os
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-__all__ = ["BackplaneError", "Runtime", "Comm", "abi_version"]
+__all__ = ["BackplaneError", "Runtime", "Comm", "Request", "abi_version"]
+
+# Anything with the buffer protocol, C-contiguous (bytearray, array.array, numpy.ndarray, memoryview).
+BufferLike = Any
 
 # ---------------------------------------------------------------------------------------------------
 # The C ABI (backplane.h, ABI 1.x): the values and layouts are fixed.
@@ -35,6 +44,8 @@ _DTYPES = {"f32": 1, "f64": 2, "f16": 3, "bf16": 4, "i8": 5, "u8": 6, "i32": 7, 
 _SIZES = {1: 4, 2: 8, 3: 2, 4: 2, 5: 1, 6: 1, 7: 4, 8: 8}
 _OPS = {"sum": 1, "prod": 2, "min": 3, "max": 4, "avg": 5}
 _COLOR_UNDEFINED = -1
+_TIMEOUT_DEFAULT = -1
+_ERR_TIMEOUT = 6
 
 
 class _InitOptions(ctypes.Structure):
@@ -89,7 +100,23 @@ def _load():
         "bpl_reduce_scatter": ([p, p, p, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, p], ctypes.c_int32),
         "bpl_alltoall": ([p, p, p, ctypes.c_int64, ctypes.c_int32, p], ctypes.c_int32),
         "bpl_barrier": ([p, p], ctypes.c_int32),
+        "bpl_comm_get_timeout": ([p, ctypes.POINTER(ctypes.c_int64)], ctypes.c_int32),
+        "bpl_send": ([p, p, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, p], ctypes.c_int32),
+        "bpl_recv": ([p, p, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, p], ctypes.c_int32),
+        "bpl_request_test": ([p, ctypes.POINTER(ctypes.c_int32)], ctypes.c_int32),
+        "bpl_request_wait": ([p, ctypes.c_int64], ctypes.c_int32),
+        "bpl_request_free": ([p], ctypes.c_int32),
     }
+    # ABI 1.3: absent from an older library, whose Comm then raises saying so.
+    optional = {
+        "bpl_gather": ([p, p, p, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, p], ctypes.c_int32),
+        "bpl_scatter": ([p, p, p, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, p], ctypes.c_int32),
+        "bpl_allgatherv": ([p, p, ctypes.c_int64, p, ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int64), ctypes.c_int32, p], ctypes.c_int32),
+        "bpl_alltoallv": ([p, p, ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int64), p, ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int64), ctypes.c_int32, p], ctypes.c_int32),
+    }
+    for name, signature in optional.items():
+        if hasattr(lib, name):
+            signatures[name] = signature
     for name, (argtypes, restype) in signatures.items():
         function = getattr(lib, name)
         function.argtypes = argtypes
@@ -169,90 +196,279 @@ class _Buffer:
             self.address = ctypes.addressof(self._keep)
 
 
-def _op(op):
+def _op(op: str) -> int:
     if op not in _OPS:
         raise ValueError("op=%r: expected one of %s" % (op, sorted(_OPS)))
     return _OPS[op]
 
 
-class Comm:
-    """A communicator. The world belongs to its Runtime; a split is destroyed by destroy() (or with
-    the runtime at finalize)."""
+def _int64_array(values: Sequence[int], size: int, name: str):
+    if len(values) != size:
+        raise ValueError("%s has %d entries: expected %d, one per rank" % (name, len(values), size))
+    return (ctypes.c_int64 * size)(*values)
 
-    def __init__(self, handle, owned):
+
+def _end_to_end(counts: Sequence[int]) -> List[int]:
+    """Displacements of blocks of `counts` elements laid end to end."""
+    displs, next_block = [], 0
+    for count in counts:
+        displs.append(next_block)
+        next_block += count
+    return displs
+
+
+class Request:
+    """An operation started with async_op=True. wait() or test() tell its end; the buffers it uses are
+    referenced here until then. A request that is never waited for is released (bpl_request_free,
+    which first lets the operation end, bounded by its communicator's timeout) when it is collected."""
+
+    def __init__(self, handle: ctypes.c_void_p, keep: Tuple[Any, ...], what: str):
+        self._handle = handle
+        self._keep = keep
+        self.what = what
+
+    def test(self) -> bool:
+        """True once the operation has ended (raising BackplaneError if it failed); never blocks."""
+        if self._handle is None:
+            return True
+        done = ctypes.c_int32()
+        status = _api().bpl_request_test(self._handle, ctypes.byref(done))
+        if status != 0 or done.value:
+            self._release(status)
+        return done.value != 0
+
+    def wait(self, timeout_ms: Optional[int] = None) -> None:
+        """Waits for the end, at most timeout_ms (None: the communicator's timeout). A wait that runs out
+        first raises BackplaneError BPL_ERR_TIMEOUT and leaves the operation in flight, to be waited for
+        again; the operation's own failure (its timeout included) raises and ends the request."""
+        if self._handle is None:
+            return
+        status = _api().bpl_request_wait(self._handle, _TIMEOUT_DEFAULT if timeout_ms is None else timeout_ms)
+        if status == _ERR_TIMEOUT and timeout_ms is not None:
+            message = (_api().bpl_last_error() or b"").decode("utf-8", "replace")
+            done = ctypes.c_int32()
+            if _api().bpl_request_test(self._handle, ctypes.byref(done)) == 0 and not done.value:
+                raise BackplaneError(status, "%s has not ended within %d ms; it is still in flight and may be waited "
+                                             "for again (%s)" % (self.what, timeout_ms, message))
+        self._release(status)
+
+    def _release(self, status: int) -> None:
+        message = (_api().bpl_last_error() or b"").decode("utf-8", "replace") if status != 0 else ""
+        handle, self._handle, self._keep = self._handle, None, ()
+        _api().bpl_request_free(handle)
+        if status != 0:
+            raise BackplaneError(status, message)
+
+    def __del__(self):
+        if getattr(self, "_handle", None) is not None and _lib is not None:
+            _lib.bpl_request_free(self._handle)
+
+
+class Comm:
+    """A communicator. The world belongs to its Runtime; one from split() is destroyed by destroy(), on
+    leaving its `with` block, or with its Runtime when that closes first."""
+
+    def __init__(self, handle: int, owned: bool, runtime: "Runtime"):
         self._handle = ctypes.c_void_p(handle)
         self._owned = owned
+        self._runtime = runtime
         rank, size = ctypes.c_int32(), ctypes.c_int32()
         _check(_api().bpl_comm_rank(self._handle, ctypes.byref(rank)))
         _check(_api().bpl_comm_size(self._handle, ctypes.byref(size)))
         self.rank, self.size = rank.value, size.value
 
-    def split(self, color, key=0):
+    # -- lifetime, timeouts, abort --
+
+    def split(self, color: Optional[int], key: int = 0) -> Optional["Comm"]:
         """MPI_Comm_split: a Comm of the ranks passing the same color, ordered by key; None for color None."""
         out = ctypes.c_void_p()
-        _check(_api().bpl_comm_split(self._handle, _COLOR_UNDEFINED if color is None else color, key, ctypes.byref(out)))
-        return Comm(out.value, owned=True) if out.value else None
+        _check(_api().bpl_comm_split(self._live(), _COLOR_UNDEFINED if color is None else color, key, ctypes.byref(out)))
+        if not out.value:
+            return None
+        child = Comm(out.value, owned=True, runtime=self._runtime)
+        made = self._runtime._made
+        made[:] = [c for c in made if c._handle is not None] + [child]
+        return child
 
-    def destroy(self):
-        if self._owned and self._handle:
-            _check(_api().bpl_comm_destroy(self._handle))
-            self._handle = None
+    def destroy(self) -> None:
+        """Destroys a communicator from split (after its operations end); a no-op for the world and the
+        second time."""
+        if self._owned and self._handle is not None:
+            handle, self._handle = self._handle, None
+            _check(_api().bpl_comm_destroy(handle))
 
-    def set_timeout(self, timeout_ms):
-        _check(_api().bpl_comm_set_timeout(self._handle, timeout_ms))
+    def __enter__(self) -> "Comm":
+        return self
 
-    def abort(self):
-        _check(_api().bpl_comm_abort(self._handle))
+    def __exit__(self, *exc) -> bool:
+        self.destroy()
+        return False
 
-    def allreduce(self, send, recv=None, op="sum", dtype=None):
+    def set_timeout(self, timeout_ms: int) -> None:
+        """Bounds the operations started from now on (and is the default of Request.wait)."""
+        _check(_api().bpl_comm_set_timeout(self._live(), timeout_ms))
+
+    def get_timeout(self) -> int:
+        timeout = ctypes.c_int64()
+        _check(_api().bpl_comm_get_timeout(self._live(), ctypes.byref(timeout)))
+        return timeout.value
+
+    def abort(self) -> None:
+        """Ends the communicator's use on this rank: later operations raise BPL_ERR_ABORTED at once, and
+        a wait in another thread returns with it."""
+        _check(_api().bpl_comm_abort(self._live()))
+
+    # -- collectives: blocking, or a Request with async_op=True --
+
+    def allreduce(self, send: BufferLike, recv: Optional[BufferLike] = None, op: str = "sum",
+                  dtype: Optional[str] = None, async_op: bool = False) -> Optional[Request]:
         """recv = op over ranks of send (in place when recv is None)."""
         s = _Buffer(send, dtype, recv is None, "send")
         r = s if recv is None else _Buffer(recv, dtype, True, "recv")
-        _check(_api().bpl_allreduce(self._handle, s.address, r.address, s.count, s.dtype, _op(op), None))
+        return self._start("allreduce", (s, r), lambda req: _api().bpl_allreduce(
+            self._live(), s.address, r.address, s.count, s.dtype, _op(op), req), async_op)
 
-    def broadcast(self, buf, root=0, dtype=None):
+    def broadcast(self, buf: BufferLike, root: int = 0, dtype: Optional[str] = None,
+                  async_op: bool = False) -> Optional[Request]:
         b = _Buffer(buf, dtype, True, "buf")
-        _check(_api().bpl_broadcast(self._handle, b.address, b.count, b.dtype, root, None))
+        return self._start("broadcast", (b,), lambda req: _api().bpl_broadcast(
+            self._live(), b.address, b.count, b.dtype, root, req), async_op)
 
-    def reduce(self, send, recv=None, root=0, op="sum", dtype=None):
+    def reduce(self, send: BufferLike, recv: Optional[BufferLike] = None, root: int = 0, op: str = "sum",
+               dtype: Optional[str] = None, async_op: bool = False) -> Optional[Request]:
         """recv on root = op over ranks of send (in place when recv is None); other ranks' recv unused."""
         s = _Buffer(send, dtype, recv is None, "send")
         r = s if recv is None else _Buffer(recv, dtype, True, "recv")
-        _check(_api().bpl_reduce(self._handle, s.address, r.address, s.count, s.dtype, _op(op), root, None))
+        return self._start("reduce", (s, r), lambda req: _api().bpl_reduce(
+            self._live(), s.address, r.address, s.count, s.dtype, _op(op), root, req), async_op)
 
-    def allgather(self, send, recv, dtype=None):
+    def allgather(self, send: BufferLike, recv: BufferLike, dtype: Optional[str] = None,
+                  async_op: bool = False) -> Optional[Request]:
         """recv (size times send's elements) = every rank's send, in rank order."""
         s = _Buffer(send, dtype, False, "send")
         r = _Buffer(recv, dtype, True, "recv")
         if r.count != s.count * self.size:
             raise ValueError("recv holds %d elements: expected %d (size %d x %d)" % (r.count, s.count * self.size, self.size, s.count))
-        _check(_api().bpl_allgather(self._handle, s.address, r.address, s.count, s.dtype, None))
+        return self._start("allgather", (s, r), lambda req: _api().bpl_allgather(
+            self._live(), s.address, r.address, s.count, s.dtype, req), async_op)
 
-    def reduce_scatter(self, send, recv, op="sum", dtype=None):
+    def reduce_scatter(self, send: BufferLike, recv: BufferLike, op: str = "sum", dtype: Optional[str] = None,
+                       async_op: bool = False) -> Optional[Request]:
         """recv = block `rank` of the reduction of send (size blocks of recv's elements)."""
         s = _Buffer(send, dtype, False, "send")
         r = _Buffer(recv, dtype, True, "recv")
         if s.count != r.count * self.size:
             raise ValueError("send holds %d elements: expected %d (size %d x %d)" % (s.count, r.count * self.size, self.size, r.count))
-        _check(_api().bpl_reduce_scatter(self._handle, s.address, r.address, r.count, r.dtype, _op(op), None))
+        return self._start("reduce_scatter", (s, r), lambda req: _api().bpl_reduce_scatter(
+            self._live(), s.address, r.address, r.count, r.dtype, _op(op), req), async_op)
 
-    def alltoall(self, send, recv, dtype=None):
+    def alltoall(self, send: BufferLike, recv: BufferLike, dtype: Optional[str] = None,
+                 async_op: bool = False) -> Optional[Request]:
+        """recv block r = send block `rank` of rank r (size equal blocks each)."""
         s = _Buffer(send, dtype, False, "send")
         r = _Buffer(recv, dtype, True, "recv")
         if s.count != r.count or s.count % self.size:
             raise ValueError("send and recv must hold the same number of elements, a multiple of size %d" % self.size)
-        _check(_api().bpl_alltoall(self._handle, s.address, r.address, s.count // self.size, s.dtype, None))
+        return self._start("alltoall", (s, r), lambda req: _api().bpl_alltoall(
+            self._live(), s.address, r.address, s.count // self.size, s.dtype, req), async_op)
 
-    def barrier(self):
-        _check(_api().bpl_barrier(self._handle, None))
+    def gather(self, send: BufferLike, recv: Optional[BufferLike] = None, root: int = 0, dtype: Optional[str] = None,
+               async_op: bool = False) -> Optional[Request]:
+        """recv on root (size times send's elements) = every rank's send, in rank order; recv is not
+        given on the other ranks."""
+        s = _Buffer(send, dtype, False, "send")
+        r = _Buffer(recv, dtype, True, "recv") if recv is not None else None
+        if self.rank == root and (r is None or r.count != s.count * self.size):
+            raise ValueError("the root's recv must hold %d elements (size %d x %d)" % (s.count * self.size, self.size, s.count))
+        return self._start("gather", (s, r), lambda req: self._v13("bpl_gather")(
+            self._live(), s.address, r.address if r else None, s.count, s.dtype, root, req), async_op)
+
+    def scatter(self, send: Optional[BufferLike], recv: BufferLike, root: int = 0, dtype: Optional[str] = None,
+                async_op: bool = False) -> Optional[Request]:
+        """recv = block `rank` of send on root (size blocks of recv's elements); send is None elsewhere."""
+        r = _Buffer(recv, dtype, True, "recv")
+        s = _Buffer(send, dtype, False, "send") if send is not None else None
+        if self.rank == root and (s is None or s.count != r.count * self.size):
+            raise ValueError("the root's send must hold %d elements (size %d x %d)" % (r.count * self.size, self.size, r.count))
+        return self._start("scatter", (s, r), lambda req: self._v13("bpl_scatter")(
+            self._live(), s.address if s else None, r.address, r.count, r.dtype, root, req), async_op)
+
+    def allgatherv(self, send: BufferLike, recv: BufferLike, counts: Sequence[int],
+                   displs: Optional[Sequence[int]] = None, dtype: Optional[str] = None,
+                   async_op: bool = False) -> Optional[Request]:
+        """Rank r's send (counts[r] elements) lands at recv + displs[r] on every rank (displs None: the
+        blocks end to end in rank order)."""
+        s = _Buffer(send, dtype, False, "send")
+        r = _Buffer(recv, dtype, True, "recv")
+        c = _int64_array(counts, self.size, "counts")
+        d = _int64_array(_end_to_end(counts) if displs is None else displs, self.size, "displs")
+        return self._start("allgatherv", (s, r), lambda req: self._v13("bpl_allgatherv")(
+            self._live(), s.address, s.count, r.address, c, d, s.dtype, req), async_op)
+
+    def alltoallv(self, send: BufferLike, sendcounts: Sequence[int], recv: BufferLike, recvcounts: Sequence[int],
+                  sdispls: Optional[Sequence[int]] = None, rdispls: Optional[Sequence[int]] = None,
+                  dtype: Optional[str] = None, async_op: bool = False) -> Optional[Request]:
+        """This rank sends sendcounts[r] elements from send + sdispls[r] to rank r, and receives
+        recvcounts[r] from rank r at recv + rdispls[r] (displacements None: blocks end to end)."""
+        s = _Buffer(send, dtype, False, "send")
+        r = _Buffer(recv, dtype, True, "recv")
+        arrays = [_int64_array(values, self.size, name) for values, name in (
+            (sendcounts, "sendcounts"), (_end_to_end(sendcounts) if sdispls is None else sdispls, "sdispls"),
+            (recvcounts, "recvcounts"), (_end_to_end(recvcounts) if rdispls is None else rdispls, "rdispls"))]
+        return self._start("alltoallv", (s, r), lambda req: self._v13("bpl_alltoallv")(
+            self._live(), s.address, arrays[0], arrays[1], r.address, arrays[2], arrays[3], s.dtype, req), async_op)
+
+    def barrier(self, async_op: bool = False) -> Optional[Request]:
+        return self._start("barrier", (), lambda req: _api().bpl_barrier(self._live(), req), async_op)
+
+    # -- point to point --
+
+    def send(self, buf: BufferLike, peer: int, tag: int = 0, dtype: Optional[str] = None,
+             async_op: bool = False) -> Optional[Request]:
+        """Sends buf to rank `peer`, matched by a recv of the same tag (>= 0), in order. A blocking send
+        may wait for the receiver: to exchange, start one side with async_op=True."""
+        b = _Buffer(buf, dtype, False, "buf")
+        return self._start("send", (b,), lambda req: _api().bpl_send(
+            self._live(), b.address, b.count, b.dtype, peer, tag, req), async_op)
+
+    def recv(self, buf: BufferLike, peer: int, tag: int = 0, dtype: Optional[str] = None,
+             async_op: bool = False) -> Optional[Request]:
+        """Receives into buf from rank `peer` the send of the same tag; the sizes must agree."""
+        b = _Buffer(buf, dtype, True, "buf")
+        return self._start("recv", (b,), lambda req: _api().bpl_recv(
+            self._live(), b.address, b.count, b.dtype, peer, tag, req), async_op)
+
+    # -- internals --
+
+    def _live(self) -> ctypes.c_void_p:
+        if self._handle is None:
+            raise ValueError("this communicator was destroyed (destroy(), or its Runtime closed)")
+        return self._handle
+
+    @staticmethod
+    def _v13(name: str):
+        if not hasattr(_api(), name):
+            raise BackplaneError(3, "%s needs libbackplane ABI 1.3; the loaded library is %d.%d" % ((name,) + abi_version()))
+        return getattr(_api(), name)
+
+    @staticmethod
+    def _start(what: str, keep: Tuple[Any, ...], call, async_op: bool) -> Optional[Request]:
+        if not async_op:
+            _check(call(None))
+            return None
+        handle = ctypes.c_void_p()
+        _check(call(ctypes.byref(handle)))
+        return Request(handle, keep, what)
 
 
 class Runtime:
-    """A loaded backend (bpl_init); usable as a context manager that finalizes on exit. Arguments left
-    None come from the environment, as bpl_init's options."""
+    """A loaded backend (bpl_init); a context manager that closes on exit. Arguments left None come
+    from the environment, as bpl_init's options."""
 
-    def __init__(self, backend=None, rank=None, world_size=None, local_rank=None, local_world_size=None,
-                 master_addr=None, master_port=None, timeout_ms=None):
+    def __init__(self, backend: Optional[str] = None, rank: Optional[int] = None, world_size: Optional[int] = None,
+                 local_rank: Optional[int] = None, local_world_size: Optional[int] = None,
+                 master_addr: Optional[str] = None, master_port: Optional[int] = None,
+                 timeout_ms: Optional[int] = None):
         options = _InitOptions(ctypes.sizeof(_InitOptions), backend.encode() if backend else None,
                                -1 if rank is None else rank, -1 if world_size is None else world_size,
                                -1 if local_rank is None else local_rank,
@@ -262,15 +478,16 @@ class Runtime:
         handle = ctypes.c_void_p()
         _check(_api().bpl_init(ctypes.byref(options), ctypes.byref(handle)))
         self._handle = handle
+        self._made: List[Comm] = []  # every split of its communicators: close() destroys those left
         world = ctypes.c_void_p()
         _check(_api().bpl_comm_world(self._handle, ctypes.byref(world)))
-        self.world = Comm(world.value, owned=False)
+        self.world = Comm(world.value, owned=False, runtime=self)
 
-    def describe(self):
+    def describe(self) -> Dict[str, Any]:
         """bpl_runtime_describe as a dict (strings decoded)."""
         info = _RuntimeInfo()
         info.struct_size = ctypes.sizeof(_RuntimeInfo)
-        _check(_api().bpl_runtime_describe(self._handle, ctypes.byref(info)))
+        _check(_api().bpl_runtime_describe(self._live(), ctypes.byref(info)))
         result = {}
         for name, kind in _RuntimeInfo._fields_:
             if name == "struct_size":
@@ -279,14 +496,28 @@ class Runtime:
             result[name] = value.decode("utf-8", "replace") if kind is ctypes.c_char_p and value is not None else value
         return result
 
-    def finalize(self):
-        if self._handle:
-            _check(_api().bpl_finalize(self._handle))
-            self._handle = None
+    def close(self) -> None:
+        """Destroys the communicators split from it that are still alive, then leaves the job
+        (bpl_finalize). The second call is a no-op."""
+        if self._handle is None:
+            return
+        made, self._made = self._made, []
+        for comm in made:
+            comm.destroy()
+        handle, self._handle = self._handle, None
+        self.world._handle = None
+        _check(_api().bpl_finalize(handle))
 
-    def __enter__(self):
+    finalize = close
+
+    def _live(self) -> ctypes.c_void_p:
+        if self._handle is None:
+            raise ValueError("this Runtime was closed")
+        return self._handle
+
+    def __enter__(self) -> "Runtime":
         return self
 
-    def __exit__(self, *exc):
-        self.finalize()
+    def __exit__(self, *exc) -> bool:
+        self.close()
         return False

@@ -329,12 +329,15 @@ void MpiComm::poison(bpl_status status, const std::string& cause) {
     poisoned_status_ = status;
     poisoned_ = cause;
   }
-  process_.communicator_failed = true;
+  // An abort fails nothing by itself (MPI cannot tell the peers); an operation it leaves in flight
+  // does, once its request is abandoned to MPI (abandon).
+  if (status != BPL_ERR_ABORTED) process_.communicator_failed = true;
 }
 
 void MpiComm::abandon(std::unique_ptr<Request> request) {
   std::lock_guard<std::mutex> lock(mutex_);
   abandoned_.push_back(std::move(request));
+  process_.communicator_failed = true;  // MPI_Finalize with an operation MPI still owns is erroneous
 }
 
 void MpiComm::abort() {

@@ -4,6 +4,8 @@ prints "python rank R: ok"; any failure exits non-zero."""
 import array
 import os
 import sys
+import tempfile
+import time
 
 import backplane
 
@@ -18,8 +20,117 @@ def expect(condition, what):
         raise AssertionError(what)
 
 
+def stderr_of(call):
+    """What `call` writes to file descriptor 2 (the C library's warnings go there)."""
+    with tempfile.TemporaryFile() as captured:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(captured.fileno(), 2)
+        try:
+            call()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        captured.seek(0)
+        return captured.read().decode("utf-8", "replace")
+
+
+def expect_error(call, status_name, text, what):
+    try:
+        call()
+    except backplane.BackplaneError as e:
+        expect(e.status_name == status_name and text in e.message, "%s: %s %s" % (what, e.status_name, e.message))
+        return
+    raise AssertionError("%s: no BackplaneError" % what)
+
+
+def point_to_point_and_requests(world):
+    rank, size = world.rank, world.size
+    right, left = (rank + 1) % size, (rank - 1) % size
+    # a ring: every rank sends right (asynchronously) and receives from the left
+    outgoing = array.array("i", [rank] * 5)
+    incoming = array.array("i", [0] * 5)
+    sending = world.send(outgoing, peer=right, tag=3, async_op=True)
+    world.recv(incoming, peer=left, tag=3)
+    sending.wait()
+    expect(list(incoming) == [left] * 5, "ring send/recv: %r" % list(incoming))
+
+    # an asynchronous allreduce, polled with test() and then waited for
+    total = array.array("d", [rank + 1.0] * 4)
+    request = world.allreduce(total, async_op=True)
+    deadline = time.monotonic() + 30
+    while not request.test():
+        expect(time.monotonic() < deadline, "async allreduce never ended")
+    request.wait()  # ended: returns at once
+    expect(list(total) == [size * (size + 1) / 2.0] * 4, "async allreduce: %r" % list(total))
+
+    # a wait shorter than the operation raises and leaves it in flight; a later wait completes it
+    late = array.array("f", [1.0] * 3)
+    if rank == size - 1:
+        time.sleep(0.5)
+    request = world.allreduce(late, async_op=True)
+    if rank == 0:
+        expect_error(lambda: request.wait(timeout_ms=50), "BPL_ERR_TIMEOUT", "still in flight", "a 50 ms wait on a late rank")
+    request.wait()
+    expect(list(late) == [float(size)] * 3, "allreduce completed after a short wait")
+
+    # several requests in flight at once, waited for in reverse order
+    buffers = [array.array("i", [rank * 10 + i]) for i in range(4)]
+    requests = [world.allreduce(b, op="max", async_op=True) for b in buffers]
+    for request in reversed(requests):
+        request.wait()
+    expect([b[0] for b in buffers] == [(size - 1) * 10 + i for i in range(4)], "requests in flight together")
+
+
+def variable_collectives(world):
+    rank, size = world.rank, world.size
+    # gather to the last rank, scatter from it
+    root = size - 1
+    gathered = array.array("i", [0] * (3 * size)) if rank == root else None
+    world.gather(array.array("i", [rank, rank * 2, rank * 3]), gathered, root=root)
+    if rank == root:
+        expect(list(gathered) == [v for r in range(size) for v in (r, 2 * r, 3 * r)], "gather: %r" % list(gathered))
+    part = array.array("f", [0.0, 0.0])
+    world.scatter(array.array("f", [float(v) for v in range(2 * size)]) if rank == root else None, part, root=root)
+    expect(list(part) == [2.0 * rank, 2.0 * rank + 1], "scatter: %r" % list(part))
+    # allgatherv: rank r gives r + 1 elements, laid end to end
+    counts = [r + 1 for r in range(size)]
+    everything = array.array("q", [0] * sum(counts))
+    world.allgatherv(array.array("q", [100 * rank + i for i in range(rank + 1)]), everything, counts)
+    expect(list(everything) == [100 * r + i for r in range(size) for i in range(r + 1)], "allgatherv: %r" % list(everything))
+    # alltoallv: rank q sends rank r (q + r) % 3 + 1 elements valued 1000 q + r, asynchronously
+    between = lambda q, r: (q + r) % 3 + 1  # noqa: E731
+    send = array.array("i", [1000 * rank + r for r in range(size) for _ in range(between(rank, r))])
+    recv = array.array("i", [0] * sum(between(q, rank) for q in range(size)))
+    world.alltoallv(send, [between(rank, r) for r in range(size)], recv, [between(q, rank) for q in range(size)],
+                    async_op=True).wait()
+    expect(list(recv) == [1000 * q + rank for q in range(size) for _ in range(between(q, rank))], "alltoallv: %r" % list(recv))
+    try:
+        world.allgatherv(array.array("q", [1]), everything, counts[:-1] if size > 1 else [])
+        expect(False, "counts of the wrong length must be refused")
+    except ValueError as e:
+        expect("one per rank" in str(e), str(e))
+
+
+def timeouts_and_abort(world):
+    group = world.split(color=0, key=world.rank)
+    group.set_timeout(12345)
+    expect(group.get_timeout() == 12345, "get_timeout after set_timeout")
+    expect_error(lambda: group.set_timeout(0), "BPL_ERR_INVALID_ARGUMENT", "timeout_ms = 0", "a timeout of 0")
+    group.abort()
+    expect_error(lambda: group.allreduce(bytearray(4)), "BPL_ERR_ABORTED", "", "an operation after abort")
+    with group:  # destroyed on leaving
+        pass
+    try:
+        group.barrier()
+        expect(False, "a destroyed communicator must refuse operations")
+    except ValueError as e:
+        expect("destroyed" in str(e), str(e))
+
+
 def main():
-    with backplane.Runtime() as rt:
+    rt = backplane.Runtime()
+    try:
         info = rt.describe()
         world = rt.world
         rank, size = world.rank, world.size
@@ -98,7 +209,23 @@ def main():
             expect(False, "an in-place allreduce of bytes must be refused")
         except ValueError as e:
             expect("read-only" in str(e), str(e))
+        point_to_point_and_requests(world)
+        variable_collectives(world)
+        timeouts_and_abort(world)
         world.barrier()
+        # A split the program never destroys is the Runtime's to destroy: closing says nothing about it.
+        left_alive = world.split(color=0)
+        left_alive.barrier()
+    except BaseException:
+        rt.close()
+        raise
+    warnings = stderr_of(rt.close)
+    expect("WARN" not in warnings, "closing with a split left alive printed: %r" % warnings)
+    try:
+        left_alive.barrier()
+        expect(False, "a split of a closed Runtime must refuse operations")
+    except ValueError as e:
+        expect("destroyed" in str(e), str(e))
     print("python rank %d: ok (numpy %s)" % (rank, "tested" if numpy is not None else "not installed"))
     return 0
 
