@@ -24,7 +24,8 @@ bpl_status bpl_allreduce(bpl_comm* comm, const void* send, void* recv, int64_t c
     check_buffer(send, bytes, "send");
     check_buffer(recv, bytes, "recv");
     REQUIRE(send == recv || !overlap(send, bytes, recv, bytes), "send and recv overlap without being equal (in place)");
-    return run_operation("bpl_allreduce", c, fingerprint_of(BPL_COLL_ALLREDUCE, dtype, count, -1, op), req,
+    return run_operation("bpl_allreduce", c, fingerprint_of(BPL_COLL_ALLREDUCE, dtype, count, -1, op),
+                         Traced{BPL_COLL_ALLREDUCE, bytes, dtype}, req,
                          [&](bpl_plugin_request** preq) { return fn(c->impl, send, recv, count, dtype, op, preq); });
   });
 }
@@ -36,7 +37,8 @@ bpl_status bpl_broadcast(bpl_comm* comm, void* buf, int64_t count, bpl_dtype dty
     size_t bytes = check_count(count, check_dtype(c, dtype), 1, "count");
     check_buffer(buf, bytes, "buf");
     check_rank(c, root, "root");
-    return run_operation("bpl_broadcast", c, fingerprint_of(BPL_COLL_BROADCAST, dtype, count, root), req,
+    return run_operation("bpl_broadcast", c, fingerprint_of(BPL_COLL_BROADCAST, dtype, count, root),
+                         Traced{BPL_COLL_BROADCAST, bytes, dtype}, req,
                          [&](bpl_plugin_request** preq) { return fn(c->impl, buf, count, dtype, root, preq); });
   });
 }
@@ -54,7 +56,8 @@ bpl_status bpl_reduce(bpl_comm* comm, const void* send, void* recv, int64_t coun
       check_buffer(recv, bytes, "recv");
       REQUIRE(send == recv || !overlap(send, bytes, recv, bytes), "send and recv overlap without being equal (in place)");
     }
-    return run_operation("bpl_reduce", c, fingerprint_of(BPL_COLL_REDUCE, dtype, count, root, op), req,
+    return run_operation("bpl_reduce", c, fingerprint_of(BPL_COLL_REDUCE, dtype, count, root, op),
+                         Traced{BPL_COLL_REDUCE, bytes, dtype}, req,
                          [&](bpl_plugin_request** preq) { return fn(c->impl, send, recv, count, dtype, op, root, preq); });
   });
 }
@@ -72,7 +75,8 @@ bpl_status bpl_allgather(bpl_comm* comm, const void* send, void* recv, int64_t c
     const void* own_block = static_cast<const char*>(recv) + block * static_cast<size_t>(c->rank);
     REQUIRE(send == own_block || !overlap(send, block, recv, total),
             "send overlaps recv but is not recv + rank*count elements (in place)");
-    return run_operation("bpl_allgather", c, fingerprint_of(BPL_COLL_ALLGATHER, dtype, count), req,
+    return run_operation("bpl_allgather", c, fingerprint_of(BPL_COLL_ALLGATHER, dtype, count),
+                         Traced{BPL_COLL_ALLGATHER, total, dtype}, req,
                          [&](bpl_plugin_request** preq) { return fn(c->impl, send, recv, count, dtype, preq); });
   });
 }
@@ -91,7 +95,8 @@ bpl_status bpl_reduce_scatter(bpl_comm* comm, const void* send, void* recv, int6
     const void* own_block = static_cast<const char*>(send) + block * static_cast<size_t>(c->rank);
     REQUIRE(recv == own_block || !overlap(send, total, recv, block),
             "recv overlaps send but is not send + rank*recvcount elements (in place)");
-    return run_operation("bpl_reduce_scatter", c, fingerprint_of(BPL_COLL_REDUCE_SCATTER, dtype, recvcount, -1, op), req,
+    return run_operation("bpl_reduce_scatter", c, fingerprint_of(BPL_COLL_REDUCE_SCATTER, dtype, recvcount, -1, op),
+                         Traced{BPL_COLL_REDUCE_SCATTER, total, dtype}, req,
                          [&](bpl_plugin_request** preq) { return fn(c->impl, send, recv, recvcount, dtype, op, preq); });
   });
 }
@@ -105,7 +110,8 @@ bpl_status bpl_alltoall(bpl_comm* comm, const void* send, void* recv, int64_t co
     check_buffer(send, total, "send");
     check_buffer(recv, total, "recv");
     REQUIRE(send == recv || !overlap(send, total, recv, total), "send and recv overlap without being equal (in place)");
-    return run_operation("bpl_alltoall", c, fingerprint_of(BPL_COLL_ALLTOALL, dtype, count), req,
+    return run_operation("bpl_alltoall", c, fingerprint_of(BPL_COLL_ALLTOALL, dtype, count),
+                         Traced{BPL_COLL_ALLTOALL, total, dtype}, req,
                          [&](bpl_plugin_request** preq) { return fn(c->impl, send, recv, count, dtype, preq); });
   });
 }
@@ -114,7 +120,7 @@ bpl_status bpl_barrier(bpl_comm* comm, bpl_request** req) {
   return guarded("bpl_barrier", [&] {
     bpl_comm* c = check_comm(comm);
     auto fn = require_collective(c, c->runtime->api().barrier, BPL_COLL_BARRIER);
-    return run_operation("bpl_barrier", c, fingerprint_of(BPL_COLL_BARRIER), req,
+    return run_operation("bpl_barrier", c, fingerprint_of(BPL_COLL_BARRIER), Traced{BPL_COLL_BARRIER, 0, 0}, req,
                          [&](bpl_plugin_request** preq) { return fn(c->impl, preq); });
   });
 }
@@ -134,7 +140,8 @@ bpl_status bpl_gather(bpl_comm* comm, const void* send, void* recv, int64_t coun
       REQUIRE(send == own_block || !overlap(send, block, recv, total),
               "send overlaps recv but is not recv + root*count elements (in place)");
     }
-    return run_operation("bpl_gather", c, fingerprint_of(BPL_COLL_GATHER, dtype, count, root), req,
+    return run_operation("bpl_gather", c, fingerprint_of(BPL_COLL_GATHER, dtype, count, root),
+                         Traced{BPL_COLL_GATHER, total, dtype}, req,
                          [&](bpl_plugin_request** preq) { return fn(c->impl, send, recv, count, dtype, root, preq); });
   });
 }
@@ -154,7 +161,8 @@ bpl_status bpl_scatter(bpl_comm* comm, const void* send, void* recv, int64_t cou
       REQUIRE(recv == own_block || !overlap(send, total, recv, block),
               "recv overlaps send but is not send + root*count elements (in place)");
     }
-    return run_operation("bpl_scatter", c, fingerprint_of(BPL_COLL_SCATTER, dtype, count, root), req,
+    return run_operation("bpl_scatter", c, fingerprint_of(BPL_COLL_SCATTER, dtype, count, root),
+                         Traced{BPL_COLL_SCATTER, total, dtype}, req,
                          [&](bpl_plugin_request** preq) { return fn(c->impl, send, recv, count, dtype, root, preq); });
   });
 }
@@ -176,7 +184,8 @@ bpl_status bpl_allgatherv(bpl_comm* comm, const void* send, int64_t sendcount, v
             "send overlaps recv but is not recv + displs[rank] elements (in place)");
     int64_t total = 0;
     for (int32_t r = 0; r < c->size; ++r) total += recvcounts[r];
-    return run_operation("bpl_allgatherv", c, fingerprint_of(BPL_COLL_ALLGATHERV, dtype, total), req,
+    return run_operation("bpl_allgatherv", c, fingerprint_of(BPL_COLL_ALLGATHERV, dtype, total),
+                         Traced{BPL_COLL_ALLGATHERV, extent, dtype}, req,
                          [&](bpl_plugin_request** preq) {
                            return fn(c->impl, send, sendcount, recv, recvcounts, displs, dtype, preq);
                          });
@@ -196,7 +205,8 @@ bpl_status bpl_alltoallv(bpl_comm* comm, const void* send, const int64_t* sendco
             "sendcounts[" + std::to_string(c->rank) + "] = " + std::to_string(sendcounts[c->rank]) + " but recvcounts[" +
                 std::to_string(c->rank) + "] = " + std::to_string(recvcounts[c->rank]) + ": what a rank sends itself it receives");
     // Each rank's counts differ from its peers': the fingerprint carries only what they share.
-    return run_operation("bpl_alltoallv", c, fingerprint_of(BPL_COLL_ALLTOALLV, dtype), req,
+    return run_operation("bpl_alltoallv", c, fingerprint_of(BPL_COLL_ALLTOALLV, dtype),
+                         Traced{BPL_COLL_ALLTOALLV, sent, dtype}, req,
                          [&](bpl_plugin_request** preq) {
                            return fn(c->impl, send, sendcounts, sdispls, recv, recvcounts, rdispls, dtype, preq);
                          });
@@ -204,14 +214,15 @@ bpl_status bpl_alltoallv(bpl_comm* comm, const void* send, const int64_t* sendco
 }
 
 namespace {
-// Checks shared by send and recv.
-void check_point_to_point(const bpl_comm* c, const void* buf, int64_t count, bpl_dtype dtype, int32_t peer,
-                          int32_t tag) {
+// Checks shared by send and recv; the buffer's bytes.
+size_t check_point_to_point(const bpl_comm* c, const void* buf, int64_t count, bpl_dtype dtype, int32_t peer,
+                            int32_t tag) {
   size_t bytes = check_count(count, check_dtype(c, dtype), 1, "count");
   check_buffer(buf, bytes, "buf");
   check_rank(c, peer, "peer");
   REQUIRE(peer != c->rank, "peer = " + std::to_string(peer) + " is the calling rank itself");
   REQUIRE(tag >= 0, "tag = " + std::to_string(tag) + ": expected >= 0");
+  return bytes;
 }
 }  // namespace
 
@@ -220,8 +231,8 @@ bpl_status bpl_send(bpl_comm* comm, const void* buf, int64_t count, bpl_dtype dt
   return guarded("bpl_send", [&] {
     bpl_comm* c = check_comm(comm);
     auto fn = require_collective(c, c->runtime->api().send, BPL_COLL_SEND);
-    check_point_to_point(c, buf, count, dtype, peer, tag);
-    return run_operation("bpl_send", c, kPointToPoint, req,
+    const size_t bytes = check_point_to_point(c, buf, count, dtype, peer, tag);
+    return run_operation("bpl_send", c, kPointToPoint, Traced{BPL_COLL_SEND, bytes, dtype}, req,
                          [&](bpl_plugin_request** preq) { return fn(c->impl, buf, count, dtype, peer, tag, preq); });
   });
 }
@@ -231,8 +242,8 @@ bpl_status bpl_recv(bpl_comm* comm, void* buf, int64_t count, bpl_dtype dtype, i
   return guarded("bpl_recv", [&] {
     bpl_comm* c = check_comm(comm);
     auto fn = require_collective(c, c->runtime->api().recv, BPL_COLL_RECV);
-    check_point_to_point(c, buf, count, dtype, peer, tag);
-    return run_operation("bpl_recv", c, kPointToPoint, req,
+    const size_t bytes = check_point_to_point(c, buf, count, dtype, peer, tag);
+    return run_operation("bpl_recv", c, kPointToPoint, Traced{BPL_COLL_RECV, bytes, dtype}, req,
                          [&](bpl_plugin_request** preq) { return fn(c->impl, buf, count, dtype, peer, tag, preq); });
   });
 }

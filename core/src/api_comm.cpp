@@ -62,7 +62,8 @@ bpl_status bpl_comm_split(bpl_comm* parent, int32_t color, int32_t key, bpl_comm
     bpl_runtime* rt = comm->runtime;
     auto fn = require_collective(comm, rt->api().comm_split, BPL_COLL_COMM_SPLIT);
     bpl_plugin_comm* child = nullptr;
-    bpl_status status = run_operation("bpl_comm_split", comm, fingerprint_of(BPL_COLL_COMM_SPLIT), nullptr,
+    bpl_status status = run_operation("bpl_comm_split", comm, fingerprint_of(BPL_COLL_COMM_SPLIT),
+                                      Traced{BPL_COLL_COMM_SPLIT, 0, 0}, nullptr,
                                       [&](bpl_plugin_request**) { return fn(comm->impl, color, key, &child); });
     // Every rank of the parent splits, in the same order: the split's number names the children alike.
     const uint32_t split_number = comm->splits.fetch_add(1, std::memory_order_relaxed);

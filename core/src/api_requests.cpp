@@ -20,7 +20,9 @@ bpl_status bpl_request_test(bpl_request* req, int32_t* done) {
   return guarded("bpl_request_test", [&] {
     bpl_request* r = check_request(req);
     REQUIRE(done != nullptr, "done is NULL");
-    return finish_request("bpl_request_test", r, r->comm->runtime->api().request_test(r->impl, done));
+    const bpl_status status = r->comm->runtime->api().request_test(r->impl, done);
+    if (status == BPL_OK && *done != 0) trace_request_end(r, BPL_OK);
+    return finish_request("bpl_request_test", r, status);
   });
 }
 
@@ -53,10 +55,12 @@ bpl_status bpl_request_wait(bpl_request* req, int64_t timeout_ms) {
       clear_last_error();
       bpl_status status = BPL_ERR_TIMEOUT;
       if (left_ms > 0) status = api.request_wait(r->impl, std::min(left_ms, slice_ms));
+      if (status == BPL_OK) trace_request_end(r, BPL_OK);
       if (status != BPL_ERR_TIMEOUT) return finish_request("bpl_request_wait", r, status);
       int32_t done = 0;
       clear_last_error();
       status = api.request_test(r->impl, &done);
+      if (done && status == BPL_OK) trace_request_end(r, BPL_OK);  // ended just now
       if (done || status != BPL_OK) return finish_request("bpl_request_wait", r, status);  // ended with TIMEOUT
       const std::string label = "bpl_request_wait: " + operation_label(r->function, comm, r->sequence);
       if (comm->state.aborted()) {
@@ -85,6 +89,7 @@ bpl_status bpl_request_free(bpl_request* req) {
     bpl_request* r = check_request(req);
     clear_last_error();
     bpl_status status = r->comm->runtime->api().request_free(r->impl);
+    if (status == BPL_OK) trace_request_end(r, BPL_OK);  // ended without a wait
     status = finish_request("bpl_request_free", r, status);
     r->magic = 0;
     r->comm->live_requests.fetch_sub(1, std::memory_order_relaxed);

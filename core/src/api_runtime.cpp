@@ -43,6 +43,7 @@ bpl_status bpl_init(const bpl_init_options* options, bpl_runtime** out) {
     });
 
     const LaunchInfo& launch = runtime->launch;
+    runtime->trace = Trace::from_environment(env, launch.rank, launch.world_size, runtime->api().name);
     runtime->launch_c = {sizeof(bpl_launch_info), launch.rank, launch.world_size, launch.local_rank,
                          launch.local_world_size, launch.master_addr.c_str(), launch.launcher.c_str(),
                          launch.master_port, 0, launch.timeout_ms, runtime->store.get()};
@@ -84,6 +85,7 @@ bpl_status bpl_finalize(bpl_runtime* runtime) {
   return guarded("bpl_finalize", [&] {
     if (runtime == nullptr) return BPL_OK;
     check_runtime(runtime);
+    if (runtime->trace) runtime->trace->write();
     std::set<bpl_comm*> leftover;
     {
       std::lock_guard<std::mutex> lock(runtime->mutex);

@@ -14,6 +14,7 @@
 #include "comm_state.h"
 #include "environment.h"
 #include "loader.h"
+#include "trace.h"
 #include "validation.h"
 
 // Handles carry a magic number so that a stale or foreign pointer is reported instead of followed
@@ -32,6 +33,7 @@ struct bpl_runtime {
   std::string selection_reason;
   bpl_plugin_caps caps{};
   bool debug_detail = false;         // BPL_DEBUG=detail: fingerprints checked before each collective
+  std::unique_ptr<backplane::Trace> trace;  // BPL_TRACE=DIR, or null
   bpl_comm* world = nullptr;
   std::mutex mutex;                  // guards split_comms and programs
   std::set<bpl_comm*> split_comms;   // destroyed at finalize if the caller forgot
@@ -71,6 +73,8 @@ struct bpl_request {
   bpl_plugin_request* impl = nullptr;
   const char* function = "";  // the call that started it, and its number on the communicator
   uint64_t sequence = 0;
+  bool traced = false;        // under BPL_TRACE, until its end is recorded
+  uint64_t trace_ticket = 0;
 };
 
 

@@ -3,6 +3,7 @@
 // communicator for good when the ranks may have diverged, comm_state.h).
 #pragma once
 
+#include <cstring>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -12,6 +13,7 @@
 #include "fingerprint.h"
 #include "handles.h"
 #include "log.h"
+#include "trace.h"
 
 namespace backplane {
 
@@ -28,17 +30,49 @@ inline std::string plugin_message(const bpl_comm* comm, bpl_status status) {
 }
 
 // An operation that ended in failure: the message names it; a failure after which the ranks may
-// have diverged fails the communicator for good (comm_state.h).
+// have diverged fails the communicator for good (comm_state.h), and BPL_TRACE's file is written then,
+// while the process still can.
 inline bpl_status operation_failed(const std::string& label, bpl_comm* comm, bpl_status status) {
   std::string message = label + ": " + plugin_message(comm, status);
-  if (CommState::poisons(status)) comm->state.fail(status, message);
+  if (CommState::poisons(status)) {
+    comm->state.fail(status, message);
+    if (comm->runtime->trace) comm->runtime->trace->write();
+  }
   set_last_error(std::move(message));
   return status;
 }
 
+// What BPL_TRACE records of an operation beyond its fingerprint.
+struct Traced {
+  bpl_collective kind;
+  uint64_t bytes;
+  bpl_dtype dtype;
+};
+
+// The start of an operation in BPL_TRACE's ring (the caller checked that tracing is on).
+inline uint64_t trace_begin(bpl_comm* comm, const char* function, uint64_t sequence, const Traced& traced) {
+  const char* path = "";
+  auto describe = comm->runtime->plugin->optional(&bpl_plugin_api::comm_path);
+  if (describe != nullptr && traced.kind != BPL_COLL_COMM_SPLIT) {
+    if (describe(comm->impl, traced.kind, traced.bytes, &path) != BPL_OK || path == nullptr) path = "";
+  }
+  const char* op = std::strncmp(function, "bpl_", 4) == 0 ? function + 4 : function;
+  return comm->runtime->trace->begin({op, &comm->name, sequence, traced.bytes, traced.dtype, path});
+}
+
+// The end of a traced request, the first time it is seen (test, wait or free).
+inline void trace_request_end(bpl_request* r, bpl_status status) {
+  if (!r->traced) return;
+  r->traced = false;
+  r->comm->runtime->trace->end(r->trace_ticket, status);
+}
+
 // After the plugin ran operation `sequence`: report a failure, or wrap the request it started.
+// `trace_ticket` is its BPL_TRACE entry, when traced.
 inline bpl_status finish_operation(const char* function, bpl_comm* comm, uint64_t sequence, bpl_status status,
-                  bpl_plugin_request* preq, bpl_request** req) {
+                                   bpl_plugin_request* preq, bpl_request** req, const uint64_t* trace_ticket) {
+  Trace* trace = comm->runtime->trace.get();
+  if (trace != nullptr && trace_ticket != nullptr && (status != BPL_OK || req == nullptr)) trace->end(*trace_ticket, status);
   if (status != BPL_OK) return operation_failed(operation_label(function, comm, sequence), comm, status);
   if (req != nullptr) {
     if (preq == nullptr) {
@@ -50,6 +84,10 @@ inline bpl_status finish_operation(const char* function, bpl_comm* comm, uint64_
     request->impl = preq;
     request->function = function;
     request->sequence = sequence;
+    if (trace != nullptr && trace_ticket != nullptr) {
+      request->traced = true;
+      request->trace_ticket = *trace_ticket;
+    }
     comm->live_requests.fetch_add(1, std::memory_order_relaxed);
     *req = request;
   }
@@ -58,6 +96,7 @@ inline bpl_status finish_operation(const char* function, bpl_comm* comm, uint64_
 
 // The end of a request-side call (`function` is bpl_request_test, _wait or _free) on request `r`.
 inline bpl_status finish_request(const char* function, bpl_request* r, bpl_status status) {
+  if (status != BPL_OK) trace_request_end(r, status);
   if (status == BPL_OK) return BPL_OK;
   return operation_failed(std::string(function) + ": " + operation_label(r->function, r->comm, r->sequence), r->comm,
                           status);
@@ -108,8 +147,8 @@ inline bpl_status check_fingerprints(bpl_comm* comm, const Fingerprint& mine) {
 // communicator failed or was aborted, numbers it, checks its fingerprint under BPL_DEBUG=detail, then
 // calls the plugin (`call(preq)`, preq NULL for a blocking call) and reports the outcome.
 template <typename Call>
-bpl_status run_operation(const char* function, bpl_comm* comm, Fingerprint fingerprint, bpl_request** req,
-                         Call&& call) {
+bpl_status run_operation(const char* function, bpl_comm* comm, Fingerprint fingerprint, const Traced& traced,
+                         bpl_request** req, Call&& call) {
   const uint64_t sequence = comm->state.next_sequence();
   if (comm->state.failed()) {
     const std::string cause = comm->state.cause();
@@ -124,12 +163,15 @@ bpl_status run_operation(const char* function, bpl_comm* comm, Fingerprint finge
       std::string message = last_error();
       set_last_error(operation_label(function, comm, sequence) + ": " + message);
       comm->state.fail(checked, last_error());
+      if (comm->runtime->trace) comm->runtime->trace->write();
       return checked;
     }
   }
+  std::optional<uint64_t> ticket;
+  if (comm->runtime->trace) ticket = trace_begin(comm, function, sequence, traced);
   bpl_plugin_request* preq = nullptr;  // the message is still clear here (guarded() cleared it): no reset
   const bpl_status status = call(req != nullptr ? &preq : nullptr);
-  return finish_operation(function, comm, sequence, status, preq, req);
+  return finish_operation(function, comm, sequence, status, preq, req, ticket ? &*ticket : nullptr);
 }
 
 // Send and recv: numbered, refused on a failed communicator, but not fingerprinted (they are not

@@ -26,7 +26,8 @@
 // peer, tag, req), recv(…), abort(), and (ABI 1.3) gather(send, recv, count, dtype, root, req),
 // scatter(…the same…), allgatherv(send, sendcount, recv, Counts recvcounts, Counts displs, dtype, req)
 // and alltoallv(send, Counts sendcounts, Counts sdispls, recv, Counts recvcounts, Counts rdispls,
-// dtype, req), whose Counts (one per rank, in elements) are the communicator's own copies. An entry the
+// dtype, req), whose Counts (one per rank, in elements) are the communicator's own copies; and
+// path_of(collective, bytes) (const), how it moves such an operation, for BPL_TRACE. An entry the
 // communicator lacks stays NULL in the table, which the core reports as unsupported. A new collective
 // of the ABI is added here once, and to each plugin's communicator.
 #pragma once
@@ -65,6 +66,12 @@ struct HasVariableCollectives<
                                                                 static_cast<bpl_plugin_request**>(nullptr))),
                       decltype(std::declval<Comm&>().alltoallv(nullptr, Counts{}, Counts{}, nullptr, Counts{}, Counts{},
                                                                bpl_dtype{}, static_cast<bpl_plugin_request**>(nullptr)))>>
+    : std::true_type {};
+
+template <typename Comm, typename = void>
+struct HasPathOf : std::false_type {};
+template <typename Comm>
+struct HasPathOf<Comm, std::void_t<decltype(std::declval<const Comm&>().path_of(bpl_collective{}, uint64_t{}))>>
     : std::true_type {};
 
 template <typename Comm, typename = void>
@@ -185,6 +192,9 @@ struct CommEntries {
   static bpl_status barrier(bpl_plugin_comm* c, bpl_plugin_request** req) {
     return run([&] { comm(c).barrier(req); });
   }
+  static bpl_status comm_path(bpl_plugin_comm* c, bpl_collective op, uint64_t bytes, const char** path) {
+    return run([&] { *path = comm(c).path_of(op, bytes); });
+  }
   static bpl_status gather(bpl_plugin_comm* c, const void* send, void* recv, int64_t count, bpl_dtype dtype, int32_t root,
                            bpl_plugin_request** req) {
     return run([&] { comm(c).gather(send, recv, elements(count), dtype, root, req); });
@@ -261,6 +271,7 @@ bpl_plugin_api comm_table() {
     api.gather = E::gather;
     api.scatter = E::scatter;
   }
+  if constexpr (detail::HasPathOf<Comm>::value) api.comm_path = E::comm_path;
   if constexpr (detail::HasVariableCollectives<Comm>::value) {
     api.allgatherv = E::allgatherv;
     api.alltoallv = E::alltoallv;

@@ -699,6 +699,18 @@ struct TransferReleased : ::gloo::IoException {
 // request's waiter. Over Gloo's pairs the slot carries the tag and 24 bits of a hash of the size: a
 // send and a recv of different sizes never match (they stall, time out, and are told why) instead of
 // the larger overflowing the smaller, which Gloo's transport answers with abort().
+const char* GlooComm::path_of(bpl_collective op, uint64_t bytes) const {
+  if (shm_) {
+    const bool through_mailboxes = op == BPL_COLL_SEND || op == BPL_COLL_RECV || op == BPL_COLL_GATHER ||
+                                   op == BPL_COLL_SCATTER || op == BPL_COLL_ALLGATHERV || op == BPL_COLL_ALLTOALLV;
+    if (through_mailboxes && !shm_->single_copy()) return "tcp";  // point to point over Gloo's pairs then
+    return shm_->path_of(op, bytes);
+  }
+  const bool hierarchical = dynamic_cast<const HierarchicalPath*>(path_.get()) != nullptr;
+  if (hierarchical && (op == BPL_COLL_ALLREDUCE || op == BPL_COLL_REDUCE || op == BPL_COLL_BARRIER)) return "hierarchical";
+  return "tcp";  // Gloo's own algorithms and pairs
+}
+
 void GlooComm::point_to_point(void* buf, size_t bytes, int peer, int tag, bool is_send, bpl_plugin_request** req) {
   std::function<void()> complete = post_transfer(buf, bytes, peer, tag, is_send, kPointToPointSlotPrefix);
   if (req == nullptr) return complete();

@@ -69,6 +69,9 @@ class GlooComm {
   // How its collectives travel: "shared memory (…)", "shared memory within each of N machines, …" or
   // "gloo over tcp (…)".
   const std::string& path() const { return path_name_; }
+  // How operation `op` (BPL_COLL_*) of `bytes` travels, for BPL_TRACE: "shared memory" (", single
+  // copy"), "hierarchical" (each machine's segment and a leaders' mesh), or "tcp" (Gloo's pairs).
+  const char* path_of(bpl_collective op, uint64_t bytes) const;
 
   std::chrono::milliseconds timeout() const { return std::chrono::milliseconds(timeout_ms_.load(std::memory_order_relaxed)); }
   // Bounds the operations started from now on.

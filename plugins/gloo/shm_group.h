@@ -109,6 +109,9 @@ class ShmGroup {
   // only where all can (and `wanted`). Returns "" when enabled, else why not, the same on every rank.
   std::string enable_single_copy(bool wanted, std::chrono::milliseconds timeout);
   bool single_copy() const { return single_copy_; }
+  // How an operation `op` (BPL_COLL_*) whose largest buffer holds `bytes` moves here, for BPL_TRACE:
+  // "shared memory" (through the segment) or "shared memory, single copy" (the peers' buffers read).
+  const char* path_of(bpl_collective op, uint64_t bytes) const;
 
   // Point to point, where single copy is enabled. A send announces its buffer in the mailbox of the
   // pair (this rank, peer) and is done once the peer has read it; a recv takes the oldest announcement

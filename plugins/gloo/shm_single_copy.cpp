@@ -64,6 +64,24 @@ std::string ShmGroup::enable_single_copy(bool wanted, std::chrono::milliseconds 
   return "";
 }
 
+const char* ShmGroup::path_of(bpl_collective op, uint64_t bytes) const {
+  bool direct = false;
+  switch (op) {
+    case BPL_COLL_BROADCAST: direct = takes_single_copy(bytes, kSingleCopyBroadcastMaxBytes); break;
+    case BPL_COLL_ALLGATHER:
+    case BPL_COLL_ALLTOALL: direct = takes_single_copy(bytes); break;
+    // Through the mailboxes: a receiver reads a send above kInlineSendBytes from the sender's buffer.
+    case BPL_COLL_SEND:
+    case BPL_COLL_RECV:
+    case BPL_COLL_GATHER:
+    case BPL_COLL_SCATTER:
+    case BPL_COLL_ALLGATHERV:
+    case BPL_COLL_ALLTOALLV: direct = single_copy_ && bytes > kInlineSendBytes; break;
+    default: break;  // allreduce, reduce, reduce_scatter and barrier: always through the segment
+  }
+  return direct ? "shared memory, single copy" : "shared memory";
+}
+
 pid_t ShmGroup::peer_pid(int peer) const {
   return peer_pids_.size() > static_cast<size_t>(peer) ? peer_pids_[static_cast<size_t>(peer)] : 0;
 }

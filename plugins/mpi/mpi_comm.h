@@ -134,6 +134,7 @@ class MpiComm {
                       bpl_plugin_request** req);
   void alltoall(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_plugin_request** req);
   void barrier(bpl_plugin_request** req);
+  const char* path_of(bpl_collective, uint64_t) const { return "mpi"; }  // for BPL_TRACE
   // ABI 1.3: MPI's own gather, scatter, allgatherv and alltoallv (non-blocking forms).
   void gather(const void* send, void* recv, size_t count, bpl_dtype dtype, int root, bpl_plugin_request** req);
   void scatter(const void* send, void* recv, size_t count, bpl_dtype dtype, int root, bpl_plugin_request** req);

@@ -79,6 +79,7 @@ class NeuronComm {
   void reduce_scatter(const void* send, void* recv, size_t recvcount, bpl_dtype dtype, bpl_reduce_op op,
                       bpl_plugin_request** req);
   void barrier(bpl_plugin_request** req);
+  const char* path_of(bpl_collective, uint64_t) const { return "neuron"; }  // for BPL_TRACE
   // MPI_Comm_split over the runtime's allgather; nullptr for BPL_COLOR_UNDEFINED.
   std::unique_ptr<NeuronComm> split(int color, int key);
 

@@ -207,7 +207,7 @@ TEST(AbiLayout, bpl_plugin_caps) {
 
 TEST(AbiLayout, bpl_plugin_api) {
   EXPECT_EQ(offsetof(bpl_plugin_api, struct_size), 0u);
-  EXPECT_EQ(sizeof(bpl_plugin_api), 360u);
+  EXPECT_EQ(sizeof(bpl_plugin_api), 368u);
   EXPECT_EQ(offsetof(bpl_plugin_api, abi_major), 8u);
   EXPECT_EQ(offsetof(bpl_plugin_api, abi_minor), 12u);
   EXPECT_EQ(offsetof(bpl_plugin_api, name), 16u);
@@ -256,7 +256,8 @@ TEST(AbiLayout, bpl_plugin_api) {
   EXPECT_EQ(offsetof(bpl_plugin_api, scatter), 336u);
   EXPECT_EQ(offsetof(bpl_plugin_api, allgatherv), 344u);
   EXPECT_EQ(offsetof(bpl_plugin_api, alltoallv), 352u);
-  EXPECT_NO_TRAILING_PADDING(bpl_plugin_api, alltoallv);
+  EXPECT_EQ(offsetof(bpl_plugin_api, comm_path), 360u);
+  EXPECT_NO_TRAILING_PADDING(bpl_plugin_api, comm_path);
 }
 
 TEST(AbiLayout, FixedNumericValues) {

@@ -14,6 +14,7 @@
 #include "environment.h"
 #include "error.h"
 #include "selection.h"
+#include "trace.h"
 
 namespace backplane {
 namespace {
@@ -151,6 +152,22 @@ TEST(LogLevel, NamesNumbersAndRefusals) {
   expect_error([] { log_level_setting(env_of({{"BPL_LOG_LEVEL", "loud"}})); }, BPL_ERR_INVALID_ARGUMENT,
                {"BPL_LOG_LEVEL='loud' is not valid"});
   expect_error([] { log_level_setting(env_of({{"BPL_LOG_LEVEL", "4"}})); }, BPL_ERR_INVALID_ARGUMENT, {"'4'"});
+}
+
+// 12. BPL_TRACE: off when unset; its folder made; BPL_TRACE_EVENTS a positive count, refused naming it.
+TEST(TraceSetting, FolderAndRingSize) {
+  EXPECT_EQ(Trace::from_environment(env_of({}), 0, 1, "gloo"), nullptr);
+  char scratch[] = "/tmp/bpl-trace-test-XXXXXX";
+  ASSERT_NE(mkdtemp(scratch), nullptr);
+  const std::string nested = std::string(scratch) + "/a/b";
+  EXPECT_NE(Trace::from_environment(env_of({{"BPL_TRACE", nested}}), 0, 1, "gloo"), nullptr);
+  struct stat made {};
+  EXPECT_EQ(stat(nested.c_str(), &made), 0) << "the folder and its parents are made";
+  expect_error([&] { Trace::from_environment(env_of({{"BPL_TRACE", nested}, {"BPL_TRACE_EVENTS", "0"}}), 0, 1, "gloo"); },
+               BPL_ERR_INVALID_ARGUMENT, {"BPL_TRACE_EVENTS='0'"});
+  expect_error([] { Trace::from_environment(env_of({{"BPL_TRACE", "/proc/no/such/folder"}}), 0, 1, "gloo"); },
+               BPL_ERR_INVALID_ARGUMENT, {"BPL_TRACE='/proc/no/such/folder': cannot create the folder"});
+  std::system(("rm -rf " + std::string(scratch)).c_str());
 }
 
 TEST(Selection, PrecedenceOfBackendSources) {

@@ -190,6 +190,9 @@ typedef struct bpl_plugin_api {
   bpl_status (*alltoallv)(bpl_plugin_comm* comm, const void* send, const int64_t* sendcounts, const int64_t* sdispls,
                           void* recv, const int64_t* recvcounts, const int64_t* rdispls, bpl_dtype dtype,
                           bpl_plugin_request** req);
+  /* How `comm` moves an operation `op` (BPL_COLL_*) of `bytes`, in a few words that BPL_TRACE records:
+   * "shared memory", "shared memory, single copy", "tcp", "hierarchical", "mpi". *path is static. */
+  bpl_status (*comm_path)(bpl_plugin_comm* comm, bpl_collective op, uint64_t bytes, const char** path);
 } bpl_plugin_api;
 
 /* The one symbol a plugin exports. `host` stays valid while the plugin is loaded; *out must point to
