@@ -247,9 +247,11 @@ class Request:
         if status == _ERR_TIMEOUT and timeout_ms is not None:
             message = (_api().bpl_last_error() or b"").decode("utf-8", "replace")
             done = ctypes.c_int32()
-            if _api().bpl_request_test(self._handle, ctypes.byref(done)) == 0 and not done.value:
+            tested = _api().bpl_request_test(self._handle, ctypes.byref(done))
+            if tested == 0 and not done.value:
                 raise BackplaneError(status, "%s has not ended within %d ms; it is still in flight and may be waited "
                                              "for again (%s)" % (self.what, timeout_ms, message))
+            status = tested  # it ended meanwhile: its own result
         self._release(status)
 
     def _release(self, status: int) -> None:
