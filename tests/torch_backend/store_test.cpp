@@ -7,6 +7,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <limits.h>
 #include <signal.h>
+#include <sys/wait.h>
 #include <stdlib.h>
 
 #include <algorithm>
@@ -261,6 +262,9 @@ TEST(CallerStore, AStoreThatStopsAnsweringFailsEveryCallInTime) {
   EXPECT_EQ(sum, 2);
 
   ASSERT_EQ(kill(host.pid, SIGSTOP), 0);
+  int stopped = 0;  // a signal is delivered after kill returns: the host may answer one more call until then
+  ASSERT_EQ(waitpid(host.pid, &stopped, WUNTRACED), host.pid);
+  ASSERT_TRUE(WIFSTOPPED(stopped));
   auto start = std::chrono::steady_clock::now();
   int32_t found = -1;
   const bpl_status stalled = store->check(store->context, "key", &found);  // (a set is sent, never answered)
