@@ -1,8 +1,10 @@
 #include "trace.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -122,7 +124,9 @@ void Trace::write() {
           ", \"world_size\": " + std::to_string(world_size_) + ", \"backend\": \"" + json_escaped(backend_) +
           "\", \"clock\": \"wall clock, microseconds since the epoch\"}}\n";
   const std::string path = dir_ + "/rank-" + std::to_string(rank_) + ".json";
-  const std::string temporary = path + ".tmp";
+  // A temporary of this write's own: two threads whose operations fail at once both write.
+  static std::atomic<uint64_t> writes{0};
+  const std::string temporary = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(writes++);
   bool written = false;
   if (FILE* file = std::fopen(temporary.c_str(), "w")) {
     written = std::fwrite(json.data(), 1, json.size(), file) == json.size();
