@@ -62,6 +62,32 @@ int kill_mid_allreduce() {
   return 0;
 }
 
+// Test 1b: the same in alltoallv (ABI 1.3; on gloo, transfers between each pair of ranks): 4 MiB
+// blocks, the faulty rank SIGKILLs itself 30 ms into the second.
+int kill_mid_alltoallv() {
+  Rank r = join();
+  const size_t block = 1u << 20;  // elements each rank sends each other
+  const auto ranks = static_cast<size_t>(r.size);
+  std::vector<float> send(block * ranks, 1.0f), recv(block * ranks);
+  std::vector<int64_t> counts(ranks, static_cast<int64_t>(block)), displs(ranks);
+  for (size_t q = 0; q < ranks; ++q) displs[q] = static_cast<int64_t>(block * q);
+  for (int iteration = 0; iteration < 200; ++iteration) {
+    if (r.rank == faulty_rank() && iteration == 1) sigkill_self_in(std::chrono::milliseconds(30));
+    const auto start = Clock::now();
+    const bpl_status status = bpl_alltoallv(r.world, send.data(), counts.data(), displs.data(), recv.data(),
+                                            counts.data(), displs.data(), BPL_DTYPE_F32, nullptr);
+    if (status != BPL_OK) {
+      report(r, "failed", status, start);
+      retry_fails_at_once(r);
+      finalize(r);
+      return 3;
+    }
+  }
+  std::printf("rank %d: every alltoallv succeeded\n", r.rank);
+  bpl_finalize(r.runtime);
+  return 0;
+}
+
 // Tests 2 and 4: 1 MiB allreduces; the faulty rank is stopped (SIGSTOP) at the second. Survivors time
 // out, the failed world refuses the next operation at once, a communicator split off before (without
 // the stopped rank) keeps working, and on gloo the survivors then start a new job of their own. Rank
@@ -515,6 +541,23 @@ void expect_killed_rank_is_a_remote_error_on_every_survivor(const std::string& b
 
 TEST_P(Fault, KilledRankIsARemoteErrorNamingItOnEverySurvivor) {
   expect_killed_rank_is_a_remote_error_on_every_survivor(backend(), 1);
+}
+
+// A rank killed in one of ABI 1.3's collectives (alltoallv: every pair of ranks exchanges) is named the
+// same way. (Under mpirun the killed rank ends the job, as the test above checks for an allreduce.)
+TEST_P(Fault, KilledRankInAlltoallvIsARemoteErrorNamingItOnEverySurvivor) {
+  if (is_mpi()) GTEST_SKIP() << "under mpirun a killed rank ends the whole job (KilledRankIsARemoteError... checks it)";
+  const Job job = run_job(backend(), 3, "kill_mid_alltoallv", {{"BPL_TEST_FAULTY_RANK", "1"}});
+  EXPECT_EQ(job.processes[1].signal, SIGKILL) << job.output;
+  for (int rank : survivors_of(1, 3)) {
+    EXPECT_FALSE(job.processes[static_cast<size_t>(rank)].timed_out) << job.output;
+    EXPECT_EVENT(job, rank, "failed", "BPL_ERR_REMOTE");
+    const Event* failed = job.event(rank, "failed");
+    if (failed == nullptr) continue;
+    EXPECT_LT(failed->ms, 2 * kTimeoutMs) << failed->message;
+    EXPECT_NE(failed->message.find("rank 1"), std::string::npos) << failed->message;
+    EXPECT_NE(failed->message.find("bpl_alltoallv"), std::string::npos) << failed->message;
+  }
 }
 
 // Rank 0 hosts the store through which gloo's ranks agree on a communicator's first failure: without
@@ -1077,6 +1120,7 @@ TEST(Rendezvous, BadWorldSizesAreRefusedBeforeAnyConnection) {
 
 int main(int argc, char** argv) {
   return main_with_scenarios(argc, argv, {{"kill_mid_allreduce", kill_mid_allreduce},
+                                          {"kill_mid_alltoallv", kill_mid_alltoallv},
                                           {"stop_mid_allreduce", stop_mid_allreduce},
                                           {"per_call_timeouts", per_call_timeouts},
                                           {"abort_from_another_thread", abort_from_another_thread},
