@@ -701,9 +701,8 @@ struct TransferReleased : ::gloo::IoException {
 // the larger overflowing the smaller, which Gloo's transport answers with abort().
 const char* GlooComm::path_of(bpl_collective op, uint64_t bytes) const {
   if (shm_) {
-    const bool through_mailboxes = op == BPL_COLL_SEND || op == BPL_COLL_RECV || op == BPL_COLL_GATHER ||
-                                   op == BPL_COLL_SCATTER || op == BPL_COLL_ALLGATHERV || op == BPL_COLL_ALLTOALLV;
-    if (through_mailboxes && !shm_->single_copy()) return "tcp";  // point to point over Gloo's pairs then
+    // Point to point goes over Gloo's pairs where single copy is off (post_transfer).
+    if (ShmGroup::through_mailboxes(op) && !shm_->single_copy()) return "tcp";
     return shm_->path_of(op, bytes);
   }
   const bool hierarchical = dynamic_cast<const HierarchicalPath*>(path_.get()) != nullptr;

@@ -112,6 +112,12 @@ class ShmGroup {
   // How an operation `op` (BPL_COLL_*) whose largest buffer holds `bytes` moves here, for BPL_TRACE:
   // "shared memory" (through the segment) or "shared memory, single copy" (the peers' buffers read).
   const char* path_of(bpl_collective op, uint64_t bytes) const;
+  // The operations made of point-to-point transfers (send, recv, and gather, scatter, allgatherv and
+  // alltoallv, composed of them): through the mailboxes where single copy is enabled, else not here.
+  static bool through_mailboxes(bpl_collective op) {
+    return op == BPL_COLL_SEND || op == BPL_COLL_RECV || op == BPL_COLL_GATHER || op == BPL_COLL_SCATTER ||
+           op == BPL_COLL_ALLGATHERV || op == BPL_COLL_ALLTOALLV;
+  }
 
   // Point to point, where single copy is enabled. A send announces its buffer in the mailbox of the
   // pair (this rank, peer) and is done once the peer has read it; a recv takes the oldest announcement

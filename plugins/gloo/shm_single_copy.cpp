@@ -66,19 +66,13 @@ std::string ShmGroup::enable_single_copy(bool wanted, std::chrono::milliseconds 
 
 const char* ShmGroup::path_of(bpl_collective op, uint64_t bytes) const {
   bool direct = false;
-  switch (op) {
-    case BPL_COLL_BROADCAST: direct = takes_single_copy(bytes, kSingleCopyBroadcastMaxBytes); break;
-    case BPL_COLL_ALLGATHER:
-    case BPL_COLL_ALLTOALL: direct = takes_single_copy(bytes); break;
-    // Through the mailboxes: a receiver reads a send above kInlineSendBytes from the sender's buffer.
-    case BPL_COLL_SEND:
-    case BPL_COLL_RECV:
-    case BPL_COLL_GATHER:
-    case BPL_COLL_SCATTER:
-    case BPL_COLL_ALLGATHERV:
-    case BPL_COLL_ALLTOALLV: direct = single_copy_ && bytes > kInlineSendBytes; break;
-    default: break;  // allreduce, reduce, reduce_scatter and barrier: always through the segment
-  }
+  if (through_mailboxes(op)) {
+    direct = single_copy_ && bytes > kInlineSendBytes;  // a receiver reads a larger send from the sender's buffer
+  } else if (op == BPL_COLL_BROADCAST) {
+    direct = takes_single_copy(bytes, kSingleCopyBroadcastMaxBytes);
+  } else if (op == BPL_COLL_ALLGATHER || op == BPL_COLL_ALLTOALL) {
+    direct = takes_single_copy(bytes);
+  }  // allreduce, reduce, reduce_scatter and barrier: always through the segment
   return direct ? "shared memory, single copy" : "shared memory";
 }
 

@@ -40,16 +40,15 @@ using backplane::test::ProcessResult;
 // hosts the gloo store.
 int faulty_rank() { return env_int("BPL_TEST_FAULTY_RANK", 1); }
 
-// Test 1: 64 MiB allreduces; the faulty rank SIGKILLs itself 30 ms after starting the second.
-int kill_mid_allreduce() {
-  Rank r = join();
-  std::vector<float> data(16u << 20, 1.0f);
-  for (int iteration = 0; iteration < 20; ++iteration) {
-    if (r.rank == faulty_rank() && iteration == 1) {
-      sigkill_self_in(std::chrono::milliseconds(30));
-    }
+// Runs `operation` (one collective on r.world) `iterations` times; the faulty rank SIGKILLs itself 30 ms
+// after starting the second. A survivor reports the failure it sees ("failed") and that the world then
+// refuses operations at once; every rank reports success if none failed.
+template <typename Operation>
+int kill_mid(Rank& r, const char* name, int iterations, Operation&& operation) {
+  for (int iteration = 0; iteration < iterations; ++iteration) {
+    if (r.rank == faulty_rank() && iteration == 1) sigkill_self_in(std::chrono::milliseconds(30));
     const auto start = Clock::now();
-    bpl_status status = bpl_allreduce(r.world, data.data(), data.data(), data.size(), BPL_DTYPE_F32, BPL_OP_SUM, nullptr);
+    const bpl_status status = operation();
     if (status != BPL_OK) {
       report(r, "failed", status, start);
       retry_fails_at_once(r);
@@ -57,13 +56,21 @@ int kill_mid_allreduce() {
       return 3;
     }
   }
-  std::printf("rank %d: every allreduce succeeded\n", r.rank);
+  std::printf("rank %d: every %s succeeded\n", r.rank, name);
   bpl_finalize(r.runtime);
   return 0;
 }
 
-// Test 1b: the same in alltoallv (ABI 1.3; on gloo, transfers between each pair of ranks): 4 MiB
-// blocks, the faulty rank SIGKILLs itself 30 ms into the second.
+// Test 1: 64 MiB allreduces.
+int kill_mid_allreduce() {
+  Rank r = join();
+  std::vector<float> data(16u << 20, 1.0f);
+  return kill_mid(r, "allreduce", 20, [&] {
+    return bpl_allreduce(r.world, data.data(), data.data(), data.size(), BPL_DTYPE_F32, BPL_OP_SUM, nullptr);
+  });
+}
+
+// Test 1b: the same in alltoallv (ABI 1.3; on gloo, transfers between each pair of ranks), 4 MiB blocks.
 int kill_mid_alltoallv() {
   Rank r = join();
   const size_t block = 1u << 20;  // elements each rank sends each other
@@ -71,21 +78,10 @@ int kill_mid_alltoallv() {
   std::vector<float> send(block * ranks, 1.0f), recv(block * ranks);
   std::vector<int64_t> counts(ranks, static_cast<int64_t>(block)), displs(ranks);
   for (size_t q = 0; q < ranks; ++q) displs[q] = static_cast<int64_t>(block * q);
-  for (int iteration = 0; iteration < 200; ++iteration) {
-    if (r.rank == faulty_rank() && iteration == 1) sigkill_self_in(std::chrono::milliseconds(30));
-    const auto start = Clock::now();
-    const bpl_status status = bpl_alltoallv(r.world, send.data(), counts.data(), displs.data(), recv.data(),
-                                            counts.data(), displs.data(), BPL_DTYPE_F32, nullptr);
-    if (status != BPL_OK) {
-      report(r, "failed", status, start);
-      retry_fails_at_once(r);
-      finalize(r);
-      return 3;
-    }
-  }
-  std::printf("rank %d: every alltoallv succeeded\n", r.rank);
-  bpl_finalize(r.runtime);
-  return 0;
+  return kill_mid(r, "alltoallv", 200, [&] {
+    return bpl_alltoallv(r.world, send.data(), counts.data(), displs.data(), recv.data(), counts.data(), displs.data(),
+                         BPL_DTYPE_F32, nullptr);
+  });
 }
 
 // Tests 2 and 4: 1 MiB allreduces; the faulty rank is stopped (SIGSTOP) at the second. Survivors time
