@@ -547,6 +547,9 @@ uint32_t GlooComm::tag() const {
 
 std::optional<std::string> GlooComm::explain_stall(std::chrono::milliseconds wait) {
   if (shm_ || current_.sequence == 0) return std::nullopt;  // shared memory tells a mismatch itself
+  // After its first failure a rank's operations say nothing of what it was called for: peers still in
+  // the failed operation must not read them as the collective it calls instead.
+  if (failed_.load()) return std::nullopt;
   const std::string key = uid_ + "/stalled/" + std::to_string(current_.sequence) + "/";
   shared_->board->publish(key + std::to_string(rank()), words_text(encode(current_)));
   std::vector<std::string> keys;

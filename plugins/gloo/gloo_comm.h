@@ -80,6 +80,8 @@ class GlooComm {
   // the peers' with a connection error naming this rank (which it first records as the communicator's
   // first failure, within the store's short bound).
   void abort();
+  // Whether an operation of this communicator has failed (or it was aborted): it meets no peer again.
+  bool has_failed() const { return failed_.load(); }
 
   // The plugin's entries (plugin_entry.h): each runs its operation in this communicator's order, now
   // (req == NULL) or as a request in *req.

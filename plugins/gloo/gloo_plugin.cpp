@@ -69,9 +69,10 @@ bpl_status runtime_destroy(bpl_plugin_runtime* rt) {
   return guarded([&] {
     std::unique_ptr<bpl_plugin_runtime> runtime(rt);
     // Rank 0 hosts the store: leave together, so that no rank still needs it when it goes away.
-    // A failing barrier (a peer already gone) must not stop the local cleanup.
+    // A failing barrier (a peer already gone) must not stop the local cleanup; a world that failed
+    // already cannot meet its peers.
     try {
-      runtime->world->barrier(nullptr);
+      if (!runtime->world->has_failed()) runtime->world->barrier(nullptr);
     } catch (const std::exception& e) {
       plugin::log(BPL_LOG_INFO, kName, std::string("barrier at finalize failed: ") + e.what());
     }
