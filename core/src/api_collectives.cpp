@@ -184,7 +184,10 @@ bpl_status bpl_allgatherv(bpl_comm* comm, const void* send, int64_t sendcount, v
             "send overlaps recv but is not recv + displs[rank] elements (in place)");
     int64_t total = 0;
     for (int32_t r = 0; r < c->size; ++r) total += recvcounts[r];
-    return run_operation("bpl_allgatherv", c, fingerprint_of(BPL_COLL_ALLGATHERV, dtype, total),
+    Fingerprint fingerprint = fingerprint_of(BPL_COLL_ALLGATHERV, dtype, total);
+    fingerprint.pairing = pairing_share(c->rank, c->size, [&](int) { return sendcount; },
+                                        [&](int q) { return recvcounts[q]; });
+    return run_operation("bpl_allgatherv", c, fingerprint,
                          Traced{BPL_COLL_ALLGATHERV, extent, dtype}, req,
                          [&](bpl_plugin_request** preq) {
                            return fn(c->impl, send, sendcount, recv, recvcounts, displs, dtype, preq);
@@ -204,8 +207,12 @@ bpl_status bpl_alltoallv(bpl_comm* comm, const void* send, const int64_t* sendco
     REQUIRE(sendcounts[c->rank] == recvcounts[c->rank],
             "sendcounts[" + std::to_string(c->rank) + "] = " + std::to_string(sendcounts[c->rank]) + " but recvcounts[" +
                 std::to_string(c->rank) + "] = " + std::to_string(recvcounts[c->rank]) + ": what a rank sends itself it receives");
-    // Each rank's counts differ from its peers': the fingerprint carries only what they share.
-    return run_operation("bpl_alltoallv", c, fingerprint_of(BPL_COLL_ALLTOALLV, dtype),
+    // Each rank's counts differ from its peers': the fingerprint carries what they share and the
+    // rank's share of their pairing.
+    Fingerprint fingerprint = fingerprint_of(BPL_COLL_ALLTOALLV, dtype);
+    fingerprint.pairing = pairing_share(c->rank, c->size, [&](int q) { return sendcounts[q]; },
+                                        [&](int q) { return recvcounts[q]; });
+    return run_operation("bpl_alltoallv", c, fingerprint,
                          Traced{BPL_COLL_ALLTOALLV, sent, dtype}, req,
                          [&](bpl_plugin_request** preq) {
                            return fn(c->impl, send, sendcounts, sdispls, recv, recvcounts, rdispls, dtype, preq);

@@ -14,15 +14,22 @@ std::string rank_list(const std::vector<int>& ranks) {
   return text;
 }
 
+// splitmix64's finalizer: every bit of the input moves about half of the output's.
+uint64_t mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
 }  // namespace
 
-bool Fingerprint::operator==(const Fingerprint& other) const {
-  return sequence == other.sequence && op == other.op && dtype == other.dtype && count == other.count &&
-         root == other.root && reduce_op == other.reduce_op;
+uint64_t pairing_term(int sender, int receiver, uint64_t count) {
+  return mix(mix((static_cast<uint64_t>(static_cast<uint32_t>(sender)) << 32) | static_cast<uint32_t>(receiver)) ^ count);
 }
 
 FingerprintWords encode(const Fingerprint& f) {
-  return {kFingerprintMagic, f.sequence, f.op, f.dtype, f.count, f.root, f.reduce_op, 0};
+  return {kFingerprintMagic, f.sequence, f.op, f.dtype, f.count, f.root, f.reduce_op, f.pairing};
 }
 
 std::optional<Fingerprint> decode(const FingerprintWords& words) {
@@ -34,6 +41,7 @@ std::optional<Fingerprint> decode(const FingerprintWords& words) {
   f.count = words[4];
   f.root = words[5];
   f.reduce_op = words[6];
+  f.pairing = words[7];
   return f;
 }
 
@@ -52,7 +60,7 @@ std::string describe(const Fingerprint& f) {
 std::string compare(const std::vector<Fingerprint>& all) {
   std::vector<std::pair<int, Fingerprint>> by_rank;
   for (size_t rank = 0; rank < all.size(); ++rank) by_rank.emplace_back(static_cast<int>(rank), all[rank]);
-  return compare(by_rank);
+  return compare(by_rank, static_cast<int>(all.size()));
 }
 
 std::string disagreement(const std::vector<std::pair<int, std::string>>& call_of_rank) {
@@ -87,11 +95,18 @@ std::string disagreement(const std::vector<std::pair<int, std::string>>& call_of
   return report;
 }
 
-std::string compare(const std::vector<std::pair<int, Fingerprint>>& by_rank) {
+std::string compare(const std::vector<std::pair<int, Fingerprint>>& by_rank, int ranks) {
   std::vector<std::pair<int, std::string>> calls;
   for (const auto& [rank, fingerprint] : by_rank) calls.emplace_back(rank, describe(fingerprint));
   const std::string groups = disagreement(calls);
-  if (groups.empty()) return "";
+  if (groups.empty()) {
+    if (by_rank.empty() || by_rank.size() != static_cast<size_t>(ranks)) return "";
+    uint64_t pairing = 0;
+    for (const auto& [rank, fingerprint] : by_rank) pairing += static_cast<uint64_t>(fingerprint.pairing);
+    if (pairing == 0) return "";
+    return "ranks disagree on the counts of " + describe(by_rank.front().second) +
+           ": what some rank sends another is not what that one receives from it; differ in: counts";
+  }
   std::vector<Fingerprint> all;
   for (const auto& [rank, fingerprint] : by_rank) all.push_back(fingerprint);
   std::vector<std::string> fields;

@@ -28,9 +28,25 @@ struct Fingerprint {
   int64_t count = -1;
   int64_t root = -1;
   int64_t reduce_op = -1;  // (a split's color and key legitimately differ: they are not fingerprinted)
-
-  bool operator==(const Fingerprint& other) const;
+  // A variable-size collective's counts differ from rank to rank, so no field can carry them: each
+  // rank carries its share of a sum over all ranks (pairing_share) that is 0 exactly when every rank's
+  // count for a peer is that peer's count for it (up to a chance of 2^-64). 0 elsewhere.
+  int64_t pairing = 0;
 };
+
+// This rank's share of the pairing sum: `sent_to(q)` and `received_from(q)` are its counts for each of
+// the communicator's `ranks` ranks, itself included. A hash of (sender, receiver, count) for each
+// send, minus one for each receive: the sends and receives of all ranks cancel when they pair up.
+uint64_t pairing_term(int sender, int receiver, uint64_t count);
+template <typename SentTo, typename ReceivedFrom>
+int64_t pairing_share(int rank, int ranks, SentTo&& sent_to, ReceivedFrom&& received_from) {
+  uint64_t share = 0;  // unsigned: the sum wraps
+  for (int q = 0; q < ranks; ++q) {
+    share += pairing_term(rank, q, static_cast<uint64_t>(sent_to(q)));
+    share -= pairing_term(q, rank, static_cast<uint64_t>(received_from(q)));
+  }
+  return static_cast<int64_t>(share);
+}
 
 constexpr size_t kFingerprintWords = 8;
 using FingerprintWords = std::array<int64_t, kFingerprintWords>;
@@ -44,10 +60,11 @@ std::string describe(const Fingerprint& fingerprint);
 
 // Compares every rank's fingerprint (all[r] is rank r's). "" when they agree; otherwise the report of
 // BPL_ERR_MISMATCH: each distinct fingerprint with the ranks that sent it, the ranks that differ from
-// the most common one, and "differ in: …" naming the fields. One line.
+// the most common one, and "differ in: …" naming the fields, or that the counts do not pair up. One line.
 std::string compare(const std::vector<Fingerprint>& all);
-// The same for the fingerprints of some ranks only: (rank, fingerprint) pairs.
-std::string compare(const std::vector<std::pair<int, Fingerprint>>& by_rank);
+// The same for (rank, fingerprint) pairs of a communicator of `ranks` ranks, some of which may be
+// missing; the pairing of counts is checked only when none is.
+std::string compare(const std::vector<std::pair<int, Fingerprint>>& by_rank, int ranks);
 
 // The ranks grouped by what they call, given as (rank, description) pairs (equal descriptions, same
 // call): "ranks 0,2 call X; rank 1 calls Y; rank 1 differs from the others". "" when all agree.

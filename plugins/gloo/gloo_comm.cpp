@@ -525,18 +525,21 @@ std::chrono::milliseconds GlooComm::record_defer(bpl_status status, const std::s
   return spans_machines && unexplained ? explanation_window(timeout()) : std::chrono::milliseconds(0);
 }
 
-void GlooComm::begin(bpl_collective op, bpl_dtype dtype, size_t count, int root, int reduce_op) {
+void GlooComm::begin(bpl_collective op, bpl_dtype dtype, int64_t count, int root, int reduce_op, int64_t pairing) {
   current_.sequence = static_cast<int64_t>(++collectives_);
   current_.op = op;
   current_.dtype = dtype;
-  current_.count = dtype < 0 ? -1 : static_cast<int64_t>(count);
+  current_.count = count;
   current_.root = root;
   current_.reduce_op = reduce_op;
+  current_.pairing = pairing;
 }
 
 uint32_t GlooComm::tag() const {
+  Fingerprint shared = current_;
+  shared.pairing = 0;  // each rank's own
   uint64_t hash = 14695981039346656037ull;  // FNV-1a over the fingerprint's words
-  for (int64_t word : encode(current_)) {
+  for (int64_t word : encode(shared)) {
     for (int byte = 0; byte < 8; ++byte) {
       hash ^= (static_cast<uint64_t>(word) >> (8 * byte)) & 0xff;
       hash *= 1099511628211ull;
@@ -567,7 +570,7 @@ std::optional<std::string> GlooComm::explain_stall(std::chrono::milliseconds wai
     theirs->sequence = 0;  // this plugin's numbering, not the caller's
     fingerprints.emplace_back(r, *theirs);
   }
-  const std::string report = compare(fingerprints);
+  const std::string report = compare(fingerprints, size());
   if (report.empty()) return std::nullopt;
   return report + " (found when the operation stalled over Gloo's TCP pairs" +
          (silent.empty() ? "" : "; ranks " + silent + " did not say what they call") + ")";
@@ -850,7 +853,9 @@ void GlooComm::run_allgatherv(const void* send, size_t sendcount, void* recv, co
                               const plugin::Counts& displs, bpl_dtype dtype) {
   size_t total = 0;
   for (size_t c : recvcounts) total += c;
-  begin(BPL_COLL_ALLGATHERV, dtype, total);
+  const auto sent = [&](int) { return sendcount; };
+  const auto received = [&](int q) { return recvcounts[static_cast<size_t>(q)]; };
+  begin(BPL_COLL_ALLGATHERV, dtype, static_cast<int64_t>(total), -1, -1, pairing_share(rank(), size(), sent, received));
   const size_t element = plugin::dtype_size(dtype);
   auto* out = static_cast<char*>(recv);
   std::vector<Transfer> transfers;
@@ -866,7 +871,9 @@ void GlooComm::run_allgatherv(const void* send, size_t sendcount, void* recv, co
 
 void GlooComm::run_alltoallv(const void* send, const plugin::Counts& sendcounts, const plugin::Counts& sdispls, void* recv,
                              const plugin::Counts& recvcounts, const plugin::Counts& rdispls, bpl_dtype dtype) {
-  begin(BPL_COLL_ALLTOALLV, dtype);
+  const auto sent = [&](int q) { return sendcounts[static_cast<size_t>(q)]; };
+  const auto received = [&](int q) { return recvcounts[static_cast<size_t>(q)]; };
+  begin(BPL_COLL_ALLTOALLV, dtype, -1, -1, -1, pairing_share(rank(), size(), sent, received));
   const size_t element = plugin::dtype_size(dtype);
   const auto* in = static_cast<const char*>(send);
   auto* out = static_cast<char*>(recv);

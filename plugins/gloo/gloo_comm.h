@@ -190,9 +190,10 @@ class GlooComm {
   // Posts every transfer (those of no bytes are skipped), then waits for them, each within the timeout.
   void exchange(const std::vector<Transfer>& transfers);
   std::unique_ptr<GlooComm> run_split(int color, int key);
-  // Numbers and fingerprints the collective about to run (fingerprint.h; sequence set here).
-  void begin(bpl_collective op, bpl_dtype dtype = static_cast<bpl_dtype>(-1), size_t count = 0, int root = -1,
-             int reduce_op = -1);
+  // Numbers and fingerprints the collective about to run (fingerprint.h; sequence set here; -1: a
+  // field it does not have).
+  void begin(bpl_collective op, bpl_dtype dtype = static_cast<bpl_dtype>(-1), int64_t count = -1, int root = -1,
+             int reduce_op = -1, int64_t pairing = 0);
   // The Gloo tag of the running collective: a hash of its number and fingerprint, so that ranks that
   // disagree on it post messages that never match (they stall, time out, and explain_stall says why)
   // instead of one overflowing the other's buffer, which Gloo's transport answers with abort().

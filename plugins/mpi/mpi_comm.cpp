@@ -70,12 +70,12 @@ int mpi_count(size_t count) {
 
 const void* in_place_or(const void* send, const void* recv) { return send == recv ? MPI_IN_PLACE : send; }
 
-Fingerprint fingerprint(bpl_collective op, bpl_dtype dtype = static_cast<bpl_dtype>(-1), size_t count = 0,
+Fingerprint fingerprint(bpl_collective op, bpl_dtype dtype = static_cast<bpl_dtype>(-1), int64_t count = -1,
                         int root = -1, int reduce_op = -1) {
   Fingerprint f;
   f.op = op;
   f.dtype = dtype;
-  f.count = dtype < 0 ? -1 : static_cast<int64_t>(count);
+  f.count = count;
   f.root = root;
   f.reduce_op = reduce_op;
   return f;
@@ -95,7 +95,7 @@ std::string compared(const std::vector<FingerprintWords>& all) {
   for (size_t r = 0; r < all.size(); ++r) {
     if (std::optional<Fingerprint> theirs = decode(all[r])) by_rank.emplace_back(static_cast<int>(r), *theirs);
   }
-  return compare(by_rank);
+  return compare(by_rank, static_cast<int>(all.size()));
 }
 
 // Every recv of the process not matched yet, in the order they were posted. Any wait of the plugin
@@ -645,8 +645,10 @@ void MpiComm::allgatherv(const void* send, size_t sendcount, void* recv, plugin:
   const int n = mpi_count(sendcount);
   size_t total = 0;
   for (size_t c : recvcounts) total += c;
-  auto request = std::make_unique<Request>(this, "allgatherv", fingerprint(BPL_COLL_ALLGATHERV, dtype, total),
-                                           total * plugin::dtype_size(dtype), nullptr);
+  Fingerprint f = fingerprint(BPL_COLL_ALLGATHERV, dtype, static_cast<int64_t>(total));
+  f.pairing = pairing_share(rank_, size_, [&](int) { return sendcount; },
+                            [&](int q) { return recvcounts[static_cast<size_t>(q)]; });
+  auto request = std::make_unique<Request>(this, "allgatherv", f, total * plugin::dtype_size(dtype), nullptr);
   // MPI's arrays must live as long as the operation: the request keeps them.
   std::vector<int>& layout = request->counts();
   for (size_t c : recvcounts) layout.push_back(mpi_count(c));
@@ -665,7 +667,10 @@ void MpiComm::alltoallv(const void* send, plugin::Counts sendcounts, plugin::Cou
                         plugin::Counts recvcounts, plugin::Counts rdispls, bpl_dtype dtype, bpl_plugin_request** req) {
   size_t moved = 0;  // this rank's share: it sizes the busy part of the waits
   for (size_t i = 0; i < sendcounts.size(); ++i) moved += (sendcounts[i] + recvcounts[i]) * plugin::dtype_size(dtype);
-  auto request = std::make_unique<Request>(this, "alltoallv", fingerprint(BPL_COLL_ALLTOALLV, dtype), moved, nullptr);
+  Fingerprint f = fingerprint(BPL_COLL_ALLTOALLV, dtype);
+  f.pairing = pairing_share(rank_, size_, [&](int q) { return sendcounts[static_cast<size_t>(q)]; },
+                            [&](int q) { return recvcounts[static_cast<size_t>(q)]; });
+  auto request = std::make_unique<Request>(this, "alltoallv", f, moved, nullptr);
   std::vector<int>& layout = request->counts();
   for (const plugin::Counts* values : {&sendcounts, &sdispls, &recvcounts, &rdispls}) {
     for (size_t v : *values) layout.push_back(mpi_count(v));

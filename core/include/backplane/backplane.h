@@ -427,8 +427,9 @@ BPL_API bpl_status bpl_allgatherv(bpl_comm* comm, const void* send, int64_t send
                                   bpl_request** req);
 
 /* Rank q sends sendcounts[r] elements from send + sdispls[r] to rank r, which receives them, recvcounts[q]
- * of them, at recv + rdispls[q]: recvcounts[q] on rank r equals sendcounts[r] on rank q. The blocks in
- * recv must not overlap, and send and recv must not overlap (no in-place form). */
+ * of them, at recv + rdispls[q]: recvcounts[q] on rank r equals sendcounts[r] on rank q (if not, every
+ * rank fails with MISMATCH). The blocks in recv must not overlap, and send and recv must not overlap
+ * (no in-place form). */
 BPL_API bpl_status bpl_alltoallv(bpl_comm* comm, const void* send, const int64_t* sendcounts, const int64_t* sdispls,
                                  void* recv, const int64_t* recvcounts, const int64_t* rdispls, bpl_dtype dtype,
                                  bpl_request** req);
