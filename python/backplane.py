@@ -21,6 +21,7 @@ installed (<prefix>/lib/python3/dist-packages/backplane.py -> <prefix>/lib/libba
 loader's search path.
 """
 
+import array
 import ctypes
 import ctypes.util
 import os
@@ -422,6 +423,25 @@ class Comm:
 
     def barrier(self, async_op: bool = False) -> Optional[Request]:
         return self._start("barrier", (), lambda req: _api().bpl_barrier(self._live(), req), async_op)
+
+    # -- byte strings of any length (two collectives each: the lengths, then the bytes) --
+
+    def broadcast_bytes(self, data: Optional[bytes], root: int = 0) -> bytes:
+        """The root's bytes on every rank (`data` is ignored elsewhere and may be None)."""
+        length = array.array("q", [len(data) if self.rank == root and data is not None else 0])
+        self.broadcast(length, root)
+        buf = bytearray(data if self.rank == root and data is not None else length[0])
+        self.broadcast(buf, root, dtype="u8")
+        return bytes(buf)
+
+    def allgather_bytes(self, data: bytes) -> List[bytes]:
+        """Every rank's bytes, in rank order."""
+        lengths = array.array("q", [0] * self.size)
+        self.allgather(array.array("q", [len(data)]), lengths)
+        buf = bytearray(sum(lengths))
+        self.allgatherv(bytearray(data), buf, list(lengths), dtype="u8")
+        displs = _end_to_end(lengths)
+        return [bytes(buf[d:d + n]) for d, n in zip(displs, lengths)]
 
     # -- point to point --
 

@@ -392,4 +392,36 @@ void ProcessGroup::barrier() const { start(barrier_op(), false); }
 
 Work ProcessGroup::barrier_async() const { return start(barrier_op(), true); }
 
+/* ---- byte strings ---- */
+
+std::string ProcessGroup::broadcast_bytes(const std::string& bytes, int root) const {
+  check_peer(root, "broadcast_bytes");
+  bpl_comm* c = comm();
+  int64_t length = rank() == root ? static_cast<int64_t>(bytes.size()) : 0;
+  check(bpl_broadcast(c, &length, 1, BPL_DTYPE_I64, root, nullptr), "broadcast_bytes (the length)");
+  std::string received = rank() == root ? bytes : std::string(static_cast<size_t>(length), '\0');
+  check(bpl_broadcast(c, received.data(), length, BPL_DTYPE_U8, root, nullptr), "broadcast_bytes");
+  return received;
+}
+
+std::vector<std::string> ProcessGroup::all_gather_bytes(const std::string& bytes) const {
+  bpl_comm* c = comm();
+  const auto mine = static_cast<int64_t>(bytes.size());
+  std::vector<int64_t> lengths(static_cast<size_t>(size())), offsets(static_cast<size_t>(size()));
+  check(bpl_allgather(c, &mine, lengths.data(), 1, BPL_DTYPE_I64, nullptr), "all_gather_bytes (the lengths)");
+  int64_t total = 0;
+  for (size_t r = 0; r < lengths.size(); ++r) {
+    offsets[r] = total;
+    total += lengths[r];
+  }
+  std::string all(static_cast<size_t>(total), '\0');
+  check(bpl_allgatherv(c, bytes.data(), mine, all.data(), lengths.data(), offsets.data(), BPL_DTYPE_U8, nullptr),
+        "all_gather_bytes");
+  std::vector<std::string> each;
+  for (size_t r = 0; r < lengths.size(); ++r) {
+    each.push_back(all.substr(static_cast<size_t>(offsets[r]), static_cast<size_t>(lengths[r])));
+  }
+  return each;
+}
+
 }  // namespace backplane::parallel

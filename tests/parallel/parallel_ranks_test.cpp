@@ -105,6 +105,22 @@ TEST(ProcessGroupTest, SendAndRecvAroundARing) {
   world->barrier_async().wait();
 }
 
+// Byte strings of different lengths (the empty one and one with NUL bytes among them) reach every rank whole.
+TEST(ProcessGroupTest, ByteStringsOfAnyLengthAreBroadcastAndGathered) {
+  auto world = bp::get_world_group();
+  const int n = world->size(), me = world->rank();
+  const auto text_of = [](int rank) { return std::string(static_cast<size_t>(rank) * 1000 + 3, static_cast<char>('a' + rank)) + '\0' + "end"; };
+  for (int root = 0; root < n; ++root) {
+    const std::string sent = me == root ? text_of(root) : "ignored on this rank";
+    EXPECT_EQ(world->broadcast_bytes(sent, root), text_of(root)) << "root " << root;
+  }
+  EXPECT_EQ(world->broadcast_bytes(me == 0 ? "" : "x", 0), "");
+  const std::vector<std::string> all = world->all_gather_bytes(me == 1 ? std::string() : text_of(me));
+  ASSERT_EQ(all.size(), static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) EXPECT_EQ(all[static_cast<size_t>(r)], r == 1 ? std::string() : text_of(r)) << "rank " << r;
+  EXPECT_THROW(world->broadcast_bytes("x", n), bp::Error);
+}
+
 TEST(ProcessGroupTest, BadInputIsAnErrorNamingTheValue) {
   auto world = bp::get_world_group();
   try {

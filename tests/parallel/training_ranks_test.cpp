@@ -15,6 +15,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <stdexcept>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -192,14 +193,14 @@ TEST(ClipGradNormTest, TheNormIsTheUnshardedModelsForTwoAndInfinityNorms) {
 
 // A fresh folder every rank sees: made by rank 0, its name broadcast.
 std::string shared_temp_dir() {
-  at::Tensor name = at::zeros({256}, at::kByte);
+  std::string made;
   if (bp::get_rank() == 0) {
     char pattern[] = "/tmp/bpl-checkpoint-test-XXXXXX";
-    const char* made = mkdtemp(pattern);
-    std::strncpy(reinterpret_cast<char*>(name.data_ptr()), made ? made : "", 255);
+    if (mkdtemp(pattern) != nullptr) made = pattern;
   }
-  bp::get_world_group()->broadcast(name, 0);
-  return reinterpret_cast<const char*>(name.data_ptr());
+  const std::string dir = bp::get_world_group()->broadcast_bytes(made, 0);
+  if (dir.empty()) throw std::runtime_error("rank 0 could not make a folder under /tmp");
+  return dir;
 }
 
 void remove_shared_temp_dir(const std::string& dir) {

@@ -110,6 +110,14 @@ def variable_collectives(world):
         expect(False, "counts of the wrong length must be refused")
     except ValueError as e:
         expect("one per rank" in str(e), str(e))
+    # byte strings of any length, the empty one included
+    text = lambda r: (b"rank %d:" % r) + bytes([r]) * (700 * r) + b"\0end"  # noqa: E731
+    for root in range(size):
+        got = world.broadcast_bytes(text(root) if rank == root else None, root=root)
+        expect(got == text(root), "broadcast_bytes from %d: %d bytes" % (root, len(got)))
+    expect(world.broadcast_bytes(b"" if rank == 0 else b"x") == b"", "broadcast_bytes of nothing")
+    gathered = world.allgather_bytes(b"" if rank == 1 else text(rank))
+    expect(gathered == [b"" if r == 1 else text(r) for r in range(size)], "allgather_bytes: %r" % [len(g) for g in gathered])
 
 
 def timeouts_and_abort(world):

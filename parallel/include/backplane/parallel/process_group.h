@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "backplane/backplane.h"
@@ -121,6 +122,12 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
 
   void barrier() const;
   Work barrier_async() const;
+
+  // Byte strings of any length (a folder name, a configuration, metadata): group rank `root`'s, on every
+  // rank (`bytes` is ignored elsewhere); every rank's, in group rank order. Each is two collectives:
+  // the lengths, then the bytes.
+  std::string broadcast_bytes(const std::string& bytes, int root) const;
+  std::vector<std::string> all_gather_bytes(const std::string& bytes) const;
 
  private:
   struct Pending;
