@@ -10,6 +10,14 @@
         with world.split(color=world.rank % 2) as group:
             group.send(grads, peer=...)           # send/recv, gather, scatter, allgatherv, alltoallv, ...
 
+Device memory, kernels and programs are the Runtime's (on CPU backends the device is the host):
+
+        mem = rt.malloc(4096, dtype="f32")        # a DeviceMemory, usable wherever a buffer goes
+        rt.memcpy(mem, grads)                     # the direction follows from the arguments
+        rt.gemm(a, b, c, m=2, n=2, k=3)           # c = a @ b; add, scale, axpby, cast likewise
+        with rt.compile("def forward(self, x):\n    return x * 2.0\n") as program:
+            program.run([(x, [3])], [(y, [3])])   # (buffer, shape[, dtype]) or numpy arrays
+
 Element types come from the buffer's format ('f' f32, 'd' f64, 'e' f16, 'b' i8, 'B' u8, 32- and 64-bit
 integers); pass dtype="bf16" for bfloat16 held in 16-bit integers. Every operation blocks unless given
 async_op=True, when it returns a Request; a failure raises BackplaneError carrying the status and
@@ -27,7 +35,7 @@ import ctypes.util
 import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-__all__ = ["BackplaneError", "Runtime", "Comm", "Request", "abi_version"]
+__all__ = ["BackplaneError", "Runtime", "Comm", "Request", "DeviceMemory", "Program", "abi_version"]
 
 # Anything with the buffer protocol, C-contiguous (bytearray, array.array, numpy.ndarray, memoryview).
 BufferLike = Any
@@ -43,6 +51,7 @@ _STATUS_NAMES = {
 }
 _DTYPES = {"f32": 1, "f64": 2, "f16": 3, "bf16": 4, "i8": 5, "u8": 6, "i32": 7, "i64": 8}
 _SIZES = {1: 4, 2: 8, 3: 2, 4: 2, 5: 1, 6: 1, 7: 4, 8: 8}
+_DTYPE_NAMES = {code: name for name, code in _DTYPES.items()}
 _OPS = {"sum": 1, "prod": 2, "min": 3, "max": 4, "avg": 5}
 _COLOR_UNDEFINED = -1
 _TIMEOUT_DEFAULT = -1
@@ -65,6 +74,48 @@ class _RuntimeInfo(ctypes.Structure):
                 ("device_count", ctypes.c_int32), ("dtypes", ctypes.c_uint32), ("collectives", ctypes.c_uint64),
                 ("reduce_ops", ctypes.c_uint32), ("kernels", ctypes.c_uint32), ("timeout_ms", ctypes.c_int64),
                 ("program_formats", ctypes.c_char_p)]
+
+
+class _DeviceProperties(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("name", ctypes.c_char * 64), ("kind", ctypes.c_int32),
+                ("index", ctypes.c_int32), ("total_memory", ctypes.c_uint64), ("free_memory", ctypes.c_uint64)]
+
+
+class _GemmArgs(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("device", ctypes.c_int32), ("dtype", ctypes.c_int32),
+                ("trans_a", ctypes.c_int32), ("trans_b", ctypes.c_int32), ("m", ctypes.c_int64),
+                ("n", ctypes.c_int64), ("k", ctypes.c_int64), ("alpha", ctypes.c_double), ("beta", ctypes.c_double),
+                ("a", ctypes.c_void_p), ("lda", ctypes.c_int64), ("b", ctypes.c_void_p), ("ldb", ctypes.c_int64),
+                ("c", ctypes.c_void_p), ("ldc", ctypes.c_int64)]
+
+
+class _ElementwiseArgs(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("device", ctypes.c_int32), ("dtype", ctypes.c_int32),
+                ("count", ctypes.c_int64), ("alpha", ctypes.c_double), ("beta", ctypes.c_double),
+                ("x", ctypes.c_void_p), ("y", ctypes.c_void_p), ("out", ctypes.c_void_p)]
+
+
+class _CastArgs(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("device", ctypes.c_int32), ("from_dtype", ctypes.c_int32),
+                ("to_dtype", ctypes.c_int32), ("reserved0", ctypes.c_int32), ("count", ctypes.c_int64),
+                ("src", ctypes.c_void_p), ("dst", ctypes.c_void_p)]
+
+
+class _ProgramOptions(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("format", ctypes.c_char_p), ("flags", ctypes.c_char_p),
+                ("entry", ctypes.c_char_p), ("device", ctypes.c_int32), ("reserved0", ctypes.c_int32)]
+
+
+_MAX_DIMS = 8
+
+
+class _Tensor(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("data", ctypes.c_void_p), ("dtype", ctypes.c_int32),
+                ("ndim", ctypes.c_int32), ("shape", ctypes.c_int64 * _MAX_DIMS)]
+
+
+_DEVICE_KINDS = {1: "host", 2: "accelerator"}
+_MEMCPY_KIND = {(False, False): 1, (True, False): 2, (False, True): 3, (True, True): 4}  # (to device, from device)
 
 
 def _find_library():
@@ -107,6 +158,22 @@ def _load():
         "bpl_request_test": ([p, ctypes.POINTER(ctypes.c_int32)], ctypes.c_int32),
         "bpl_request_wait": ([p, ctypes.c_int64], ctypes.c_int32),
         "bpl_request_free": ([p], ctypes.c_int32),
+        "bpl_device_count": ([p, ctypes.POINTER(ctypes.c_int32)], ctypes.c_int32),
+        "bpl_device_get_properties": ([p, ctypes.c_int32, ctypes.POINTER(_DeviceProperties)], ctypes.c_int32),
+        "bpl_malloc": ([p, ctypes.c_int32, ctypes.c_size_t, ctypes.POINTER(p)], ctypes.c_int32),
+        "bpl_free": ([p, p], ctypes.c_int32),
+        "bpl_memcpy": ([p, p, p, ctypes.c_size_t, ctypes.c_int32], ctypes.c_int32),
+        "bpl_synchronize": ([p, ctypes.c_int32], ctypes.c_int32),
+        "bpl_gemm": ([p, ctypes.POINTER(_GemmArgs)], ctypes.c_int32),
+        "bpl_add": ([p, ctypes.POINTER(_ElementwiseArgs)], ctypes.c_int32),
+        "bpl_scale": ([p, ctypes.POINTER(_ElementwiseArgs)], ctypes.c_int32),
+        "bpl_axpby": ([p, ctypes.POINTER(_ElementwiseArgs)], ctypes.c_int32),
+        "bpl_cast": ([p, ctypes.POINTER(_CastArgs)], ctypes.c_int32),
+        "bpl_program_compile": ([p, p, ctypes.c_size_t, ctypes.POINTER(_ProgramOptions), ctypes.POINTER(p)],
+                                ctypes.c_int32),
+        "bpl_program_run": ([p, ctypes.POINTER(_Tensor), ctypes.c_int32, ctypes.POINTER(_Tensor), ctypes.c_int32],
+                            ctypes.c_int32),
+        "bpl_program_destroy": ([p], ctypes.c_int32),
     }
     # ABI 1.3: absent from an older library, whose Comm then raises saying so.
     optional = {
@@ -165,6 +232,9 @@ _FORMATS = {"f": "f32", "d": "f64", "e": "f16", "b": "i8", "B": "u8", "c": "u8"}
 
 class _Buffer:
     def __init__(self, obj, dtype, writable, name):
+        if isinstance(obj, DeviceMemory):
+            self._init_device(obj, dtype, name)
+            return
         view = memoryview(obj)
         if not view.c_contiguous:
             raise ValueError("%s must be C-contiguous" % name)
@@ -180,11 +250,7 @@ class _Buffer:
                 raise ValueError("%s has element format %r: pass dtype= one of %s" % (name, view.format, sorted(_DTYPES)))
         if dtype not in _DTYPES:
             raise ValueError("dtype=%r: expected one of %s" % (dtype, sorted(_DTYPES)))
-        self.dtype = _DTYPES[dtype]
-        self.nbytes = view.nbytes
-        if self.nbytes % _SIZES[self.dtype]:
-            raise ValueError("%s holds %d bytes, not a whole number of %s elements" % (name, self.nbytes, dtype))
-        self.count = self.nbytes // _SIZES[self.dtype]
+        self._set_size(dtype, view.nbytes, name)
         self._view = view.cast("B") if view.ndim != 1 or view.format != "B" else view
         if self.nbytes == 0:
             self.address = None
@@ -195,6 +261,24 @@ class _Buffer:
         else:
             self._keep = (ctypes.c_char * self.nbytes).from_buffer(self._view)
             self.address = ctypes.addressof(self._keep)
+
+    def _init_device(self, memory, dtype, name):
+        dtype = dtype or memory.dtype
+        if dtype is None:
+            raise ValueError("%s is device memory without a dtype: pass dtype= one of %s" % (name, sorted(_DTYPES)))
+        if dtype not in _DTYPES:
+            raise ValueError("dtype=%r: expected one of %s" % (dtype, sorted(_DTYPES)))
+        self.address = memory._live().value
+        self._keep = memory
+        self._set_size(dtype, memory.nbytes, name)
+
+    def _set_size(self, dtype, nbytes, name):
+        self.dtype = _DTYPES[dtype]
+        self.dtype_name = dtype
+        self.nbytes = nbytes
+        if nbytes % _SIZES[self.dtype]:
+            raise ValueError("%s holds %d bytes, not a whole number of %s elements" % (name, nbytes, dtype))
+        self.count = nbytes // _SIZES[self.dtype]
 
 
 def _op(op: str) -> int:
@@ -288,10 +372,7 @@ class Comm:
         _check(_api().bpl_comm_split(self._live(), _COLOR_UNDEFINED if color is None else color, key, ctypes.byref(out)))
         if not out.value:
             return None
-        child = Comm(out.value, owned=True, runtime=self._runtime)
-        made = self._runtime._made
-        made[:] = [c for c in made if c._handle is not None] + [child]
-        return child
+        return self._runtime._adopt(Comm(out.value, owned=True, runtime=self._runtime))
 
     def destroy(self) -> None:
         """Destroys a communicator from split (after its operations end); a no-op for the world and the
@@ -483,6 +564,101 @@ class Comm:
         return Request(handle, keep, what)
 
 
+class DeviceMemory:
+    """`nbytes` of a device's memory from Runtime.malloc (bpl_malloc). It goes wherever a buffer goes
+    (collectives, kernels, programs, memcpy), as elements of `dtype` (malloc's, or the call's dtype=).
+    Freed by free(), on leaving its `with` block, or, if still held, when its Runtime closes."""
+
+    def __init__(self, runtime: "Runtime", address: int, nbytes: int, device: int, dtype: Optional[str]):
+        self._runtime = runtime
+        self._handle = ctypes.c_void_p(address)
+        self.nbytes, self.device, self.dtype = nbytes, device, dtype
+
+    def free(self) -> None:
+        """bpl_free; a no-op the second time."""
+        if self._handle is not None:
+            handle, self._handle = self._handle, None
+            _check(_api().bpl_free(self._runtime._live(), handle))
+
+    destroy = free
+
+    def _live(self) -> ctypes.c_void_p:
+        if self._handle is None:
+            raise ValueError("this device memory was freed (free(), or its Runtime closed)")
+        return self._handle
+
+    def __enter__(self) -> "DeviceMemory":
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self.free()
+        return False
+
+
+# A program's tensor: a numpy array, or (buffer, shape) / (buffer, shape, dtype) with any buffer or
+# DeviceMemory; its elements must number the shape's product.
+TensorLike = Any
+
+
+def _tensor(spec: TensorLike, writable: bool, name: str) -> Tuple[_Tensor, _Buffer]:
+    if isinstance(spec, tuple):
+        if len(spec) not in (2, 3):
+            raise ValueError("%s: expected (buffer, shape) or (buffer, shape, dtype), got %d items" % (name, len(spec)))
+        buf, shape, dtype = spec[0], list(spec[1]), spec[2] if len(spec) == 3 else None
+    else:
+        buf, shape, dtype = spec, list(getattr(spec, "shape", [])), None
+        if not hasattr(spec, "shape"):
+            raise ValueError("%s has no shape: pass (buffer, shape) or a numpy array" % name)
+    b = _Buffer(buf, dtype, writable, name)
+    if len(shape) > _MAX_DIMS:
+        raise ValueError("%s has %d dims: at most %d" % (name, len(shape), _MAX_DIMS))
+    elements = 1
+    for extent in shape:
+        elements *= extent
+    if elements != b.count:
+        raise ValueError("%s holds %d elements but its shape %s has %d" % (name, b.count, shape, elements))
+    t = _Tensor(ctypes.sizeof(_Tensor), b.address, b.dtype, len(shape))
+    for i, extent in enumerate(shape):
+        t.shape[i] = extent
+    return t, b
+
+
+class Program:
+    """A compiled program (Runtime.compile, bpl_program_compile). Destroyed by destroy(), on leaving its
+    `with` block, or, if still held, when its Runtime closes."""
+
+    def __init__(self, runtime: "Runtime", handle: int):
+        self._runtime = runtime
+        self._handle = ctypes.c_void_p(handle)
+
+    def run(self, inputs: Sequence[TensorLike], outputs: Sequence[TensorLike]) -> None:
+        """Runs it on `inputs`, writing its results into `outputs`, whose dtypes and shapes must be what
+        it returns (a tuple returns several)."""
+        ins = [_tensor(spec, False, "inputs[%d]" % i) for i, spec in enumerate(inputs)]
+        outs = [_tensor(spec, True, "outputs[%d]" % i) for i, spec in enumerate(outputs)]
+        in_array = (_Tensor * max(len(ins), 1))(*[t for t, _ in ins])
+        out_array = (_Tensor * max(len(outs), 1))(*[t for t, _ in outs])
+        _check(_api().bpl_program_run(self._live(), in_array, len(ins), out_array, len(outs)))
+
+    def destroy(self) -> None:
+        """bpl_program_destroy; a no-op the second time."""
+        if self._handle is not None:
+            handle, self._handle = self._handle, None
+            _check(_api().bpl_program_destroy(handle))
+
+    def _live(self) -> ctypes.c_void_p:
+        if self._handle is None:
+            raise ValueError("this program was destroyed (destroy(), or its Runtime closed)")
+        return self._handle
+
+    def __enter__(self) -> "Program":
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self.destroy()
+        return False
+
+
 class Runtime:
     """A loaded backend (bpl_init); a context manager that closes on exit. Arguments left None come
     from the environment, as bpl_init's options."""
@@ -500,7 +676,7 @@ class Runtime:
         handle = ctypes.c_void_p()
         _check(_api().bpl_init(ctypes.byref(options), ctypes.byref(handle)))
         self._handle = handle
-        self._made: List[Comm] = []  # every split of its communicators: close() destroys those left
+        self._made: List[Any] = []  # splits, device memory and programs: close() destroys those left
         world = ctypes.c_void_p()
         _check(_api().bpl_comm_world(self._handle, ctypes.byref(world)))
         self.world = Comm(world.value, owned=False, runtime=self)
@@ -518,14 +694,120 @@ class Runtime:
             result[name] = value.decode("utf-8", "replace") if kind is ctypes.c_char_p and value is not None else value
         return result
 
+    # -- devices (on CPU backends, one: the host) --
+
+    def device_count(self) -> int:
+        count = ctypes.c_int32()
+        _check(_api().bpl_device_count(self._live(), ctypes.byref(count)))
+        return count.value
+
+    def device_properties(self, device: int = 0) -> Dict[str, Any]:
+        """bpl_device_get_properties as a dict: name, kind ("host" or "accelerator"), index, total_memory
+        and free_memory (bytes; 0 if unknown)."""
+        props = _DeviceProperties()
+        props.struct_size = ctypes.sizeof(_DeviceProperties)
+        _check(_api().bpl_device_get_properties(self._live(), device, ctypes.byref(props)))
+        return {"name": props.name.decode("utf-8", "replace"), "kind": _DEVICE_KINDS.get(props.kind, props.kind),
+                "index": props.index, "total_memory": props.total_memory, "free_memory": props.free_memory}
+
+    def malloc(self, nbytes: int, device: int = 0, dtype: Optional[str] = None) -> DeviceMemory:
+        """`nbytes` of `device`'s memory (64-byte aligned), seen as elements of `dtype` where used."""
+        if dtype is not None and dtype not in _DTYPES:
+            raise ValueError("dtype=%r: expected one of %s" % (dtype, sorted(_DTYPES)))
+        if nbytes < 0:
+            raise ValueError("nbytes = %d: expected >= 0" % nbytes)
+        address = ctypes.c_void_p()
+        _check(_api().bpl_malloc(self._live(), device, nbytes, ctypes.byref(address)))
+        return self._adopt(DeviceMemory(self, address.value or 0, nbytes, device, dtype))
+
+    def memcpy(self, dst: BufferLike, src: BufferLike, nbytes: Optional[int] = None) -> None:
+        """Copies `nbytes` (None: all of src) between a host buffer or DeviceMemory and another; the
+        direction follows from which are device memory. Complete when it returns."""
+        d = _Buffer(dst, "u8", True, "dst")
+        s = _Buffer(src, "u8", False, "src")
+        nbytes = s.nbytes if nbytes is None else nbytes
+        if nbytes < 0 or nbytes > s.nbytes or nbytes > d.nbytes:
+            raise ValueError("nbytes = %d: expected 0 to %d (src holds %d bytes, dst %d)" % (
+                nbytes, min(s.nbytes, d.nbytes), s.nbytes, d.nbytes))
+        kind = _MEMCPY_KIND[(isinstance(dst, DeviceMemory), isinstance(src, DeviceMemory))]
+        _check(_api().bpl_memcpy(self._live(), d.address, s.address, nbytes, kind))
+
+    def synchronize(self, device: int = 0) -> None:
+        """Waits until the work queued on `device` has finished (kernels on accelerators)."""
+        _check(_api().bpl_synchronize(self._live(), device))
+
+    # -- kernels (buffers: host buffers on CPU backends, DeviceMemory anywhere) --
+
+    def gemm(self, a: BufferLike, b: BufferLike, c: BufferLike, m: int, n: int, k: int, alpha: float = 1.0,
+             beta: float = 0.0, trans_a: bool = False, trans_b: bool = False, lda: Optional[int] = None,
+             ldb: Optional[int] = None, ldc: Optional[int] = None, dtype: Optional[str] = None,
+             device: int = 0) -> None:
+        """c = alpha * op(a) @ op(b) + beta * c, row-major: op(a) is m x k (a is k x m with trans_a), op(b)
+        k x n, c m x n; leading dimensions default to the rows' lengths. f32, f64, f16, bf16."""
+        A = _Buffer(a, dtype, False, "a")
+        B = _Buffer(b, A.dtype_name, False, "b")
+        C = _Buffer(c, A.dtype_name, True, "c")
+        lda = (m if trans_a else k) if lda is None else lda
+        ldb = (k if trans_b else n) if ldb is None else ldb
+        ldc = n if ldc is None else ldc
+        for name, buf, rows, cols, ld in (("a", A, k if trans_a else m, m if trans_a else k, lda),
+                                          ("b", B, n if trans_b else k, k if trans_b else n, ldb),
+                                          ("c", C, m, n, ldc)):
+            needed = (rows - 1) * ld + cols if rows > 0 and cols > 0 else 0
+            if buf.count < needed:
+                raise ValueError("%s holds %d elements: a %d x %d matrix with leading dimension %d needs %d" % (
+                    name, buf.count, rows, cols, ld, needed))
+        args = _GemmArgs(ctypes.sizeof(_GemmArgs), device, A.dtype, int(trans_a), int(trans_b), m, n, k, alpha, beta,
+                         A.address, lda, B.address, ldb, C.address, ldc)
+        _check(_api().bpl_gemm(self._live(), ctypes.byref(args)))
+
+    def add(self, x: BufferLike, y: BufferLike, out: Optional[BufferLike] = None, dtype: Optional[str] = None,
+            device: int = 0) -> None:
+        """out = x + y (out None: into x). Any dtype."""
+        self._elementwise("bpl_add", x, y, out, 1.0, 1.0, dtype, device)
+
+    def scale(self, x: BufferLike, alpha: float, out: Optional[BufferLike] = None, dtype: Optional[str] = None,
+              device: int = 0) -> None:
+        """out = alpha * x (out None: into x). Floating dtypes."""
+        self._elementwise("bpl_scale", x, None, out, alpha, 1.0, dtype, device)
+
+    def axpby(self, x: BufferLike, y: BufferLike, alpha: float, beta: float, out: Optional[BufferLike] = None,
+              dtype: Optional[str] = None, device: int = 0) -> None:
+        """out = alpha * x + beta * y (out None: into y). Floating dtypes."""
+        self._elementwise("bpl_axpby", x, y, y if out is None else out, alpha, beta, dtype, device)
+
+    def cast(self, src: BufferLike, dst: BufferLike, src_dtype: Optional[str] = None, dst_dtype: Optional[str] = None,
+             device: int = 0) -> None:
+        """dst = src converted to dst's dtype, rounding to nearest even (bf16 in 16-bit integers:
+        dst_dtype="bf16")."""
+        S = _Buffer(src, src_dtype, False, "src")
+        D = _Buffer(dst, dst_dtype, True, "dst")
+        if D.count != S.count:
+            raise ValueError("dst holds %d elements: expected %d, as src" % (D.count, S.count))
+        args = _CastArgs(ctypes.sizeof(_CastArgs), device, S.dtype, D.dtype, 0, S.count, S.address, D.address)
+        _check(_api().bpl_cast(self._live(), ctypes.byref(args)))
+
+    # -- programs --
+
+    def compile(self, source: Any, format: str = "torchscript", flags: Optional[str] = None,
+                entry: Optional[str] = None, device: int = 0) -> Program:
+        """Compiles `source` (str or bytes; a format of describe()["program_formats"]) through the compile
+        cache, for `entry` (None: "forward")."""
+        data = source.encode() if isinstance(source, str) else bytes(source)
+        options = _ProgramOptions(ctypes.sizeof(_ProgramOptions), format.encode(), flags.encode() if flags else None,
+                                  entry.encode() if entry else None, device, 0)
+        handle = ctypes.c_void_p()
+        _check(_api().bpl_program_compile(self._live(), data, len(data), ctypes.byref(options), ctypes.byref(handle)))
+        return self._adopt(Program(self, handle.value))
+
     def close(self) -> None:
-        """Destroys the communicators split from it that are still alive, then leaves the job
-        (bpl_finalize). The second call is a no-op."""
+        """Destroys the communicators split from it, the device memory and the programs it made that
+        are still alive, then leaves the job (bpl_finalize). The second call is a no-op."""
         if self._handle is None:
             return
         made, self._made = self._made, []
-        for comm in made:
-            comm.destroy()
+        for thing in made:
+            thing.destroy()
         handle, self._handle = self._handle, None
         self.world._handle = None
         _check(_api().bpl_finalize(handle))
@@ -536,6 +818,22 @@ class Runtime:
         if self._handle is None:
             raise ValueError("this Runtime was closed")
         return self._handle
+
+    def _adopt(self, thing):
+        """Keeps `thing` (a Comm, DeviceMemory or Program) for close(), forgetting those gone already."""
+        self._made[:] = [t for t in self._made if t._handle is not None] + [thing]
+        return thing
+
+    def _elementwise(self, function: str, x, y, out, alpha: float, beta: float, dtype: Optional[str], device: int):
+        X = _Buffer(x, dtype, out is None, "x")
+        Y = _Buffer(y, X.dtype_name, False, "y") if y is not None else None
+        O = X if out is None else _Buffer(out, X.dtype_name, True, "out")
+        for name, buf in (("y", Y), ("out", O)):
+            if buf is not None and buf.count != X.count:
+                raise ValueError("%s holds %d elements: expected %d, as x" % (name, buf.count, X.count))
+        args = _ElementwiseArgs(ctypes.sizeof(_ElementwiseArgs), device, X.dtype, X.count, alpha, beta, X.address,
+                                Y.address if Y else None, O.address)
+        _check(getattr(_api(), function)(self._live(), ctypes.byref(args)))
 
     def __enter__(self) -> "Runtime":
         return self

@@ -120,6 +120,73 @@ def variable_collectives(world):
     expect(gathered == [b"" if r == 1 else text(r) for r in range(size)], "allgather_bytes: %r" % [len(g) for g in gathered])
 
 
+def devices_kernels_and_programs(rt, world):
+    expect(rt.device_count() >= 1, "a device")
+    props = rt.device_properties(0)
+    expect(props["kind"] == "host" and props["index"] == 0 and props["name"], "device 0: %r" % props)
+    expect_error(lambda: rt.device_properties(rt.device_count()), "BPL_ERR_INVALID_ARGUMENT", "device", "a device out of range")
+    # device memory: filled from the host, allreduced in place, read back
+    values = array.array("f", [float(world.rank + 1)] * 16)
+    with rt.malloc(values.itemsize * len(values), dtype="f32") as memory:
+        rt.memcpy(memory, values)
+        world.allreduce(memory)
+        back = array.array("f", [0.0] * 16)
+        rt.memcpy(back, memory)
+        expect(list(back) == [float(world.size * (world.size + 1) // 2)] * 16, "allreduce of device memory: %r" % list(back))
+        # kernels on device memory and host buffers alike
+        rt.scale(memory, 0.5)
+        rt.add(memory, values, out=back)
+        expect(back[0] == world.size * (world.size + 1) / 4.0 + world.rank + 1, "scale, then add: %r" % back[0])
+    try:
+        world.allreduce(memory)
+        expect(False, "freed device memory must be refused")
+    except ValueError as e:
+        expect("freed" in str(e), str(e))
+    y = array.array("d", [1.0, 2.0, 3.0])
+    rt.axpby(array.array("d", [10.0, 20.0, 30.0]), y, alpha=0.5, beta=2.0)
+    expect(list(y) == [7.0, 14.0, 21.0], "axpby into y: %r" % list(y))
+    # gemm: [[1 2 3] [4 5 6]] @ [[1 0] [0 1] [1 1]] = [[4 5] [10 11]]; and a transposed a
+    a = array.array("f", [1, 2, 3, 4, 5, 6])
+    b = array.array("f", [1, 0, 0, 1, 1, 1])
+    c = array.array("f", [0.0] * 4)
+    rt.gemm(a, b, c, m=2, n=2, k=3)
+    expect(list(c) == [4.0, 5.0, 10.0, 11.0], "gemm: %r" % list(c))
+    rt.gemm(array.array("f", [1, 4, 2, 5, 3, 6]), b, c, m=2, n=2, k=3, trans_a=True, alpha=2.0, beta=-1.0)
+    expect(list(c) == [4.0, 5.0, 10.0, 11.0], "gemm with trans_a, alpha and beta: %r" % list(c))
+    try:
+        rt.gemm(a, b, c, m=2, n=2, k=4)
+        expect(False, "a matrix larger than its buffer must be refused")
+    except ValueError as e:
+        expect("a holds 6 elements: a 2 x 4 matrix with leading dimension 4 needs 8" in str(e), str(e))
+    expect_error(lambda: rt.gemm(a, b, c, m=-1, n=2, k=3), "BPL_ERR_INVALID_ARGUMENT", "m = -1", "a negative m")
+    # cast f32 -> bf16 (held in 16-bit integers), rounding to nearest even
+    halves = array.array("H", [0] * 2)
+    rt.cast(array.array("f", [1.0, 1.00390625]), halves, dst_dtype="bf16")
+    expect(list(halves) == [0x3F80, 0x3F80], "cast to bf16: %r" % [hex(h) for h in halves])
+    # a TorchScript program: a tuple from a named entry, and a bad output shape named
+    source = "def forward(self, x):\n    return x\ndef twice(self, x):\n    return x * 2.0, x.sum().reshape([1])\n"
+    with rt.compile(source, entry="twice") as program:
+        x = array.array("d", [1.0, 2.0, 3.0])
+        doubled, total = array.array("d", [0.0] * 3), array.array("d", [0.0])
+        program.run([(x, [3])], [(doubled, [3]), (total, [1])])
+        expect(list(doubled) == [2.0, 4.0, 6.0] and total[0] == 6.0, "program: %r %r" % (list(doubled), total[0]))
+        expect_error(lambda: program.run([(x, [3])], [(doubled, [3])]), "BPL_ERR_INVALID_ARGUMENT", "num_outputs",
+                     "too few outputs")
+        if numpy is not None:
+            matrix = numpy.arange(6, dtype=numpy.float64).reshape(2, 3)
+            out, sums = numpy.zeros((2, 3)), numpy.zeros(1)
+            program.run([matrix], [out, sums])
+            expect(numpy.array_equal(out, matrix * 2) and sums[0] == 15.0, "program on numpy arrays")
+    try:
+        rt.compile("def forward(self, x):\n    return x +\n")
+        expect(False, "a program that does not compile must raise")
+    except backplane.BackplaneError as e:
+        expect(e.status != 0 and "return x +" in e.message, "a syntax error: %s %s" % (e.status_name, e.message))
+    # left to the Runtime: closing frees and destroys them without a word
+    rt.malloc(64)
+    rt.compile(source)
+
+
 def timeouts_and_abort(world):
     group = world.split(color=0, key=world.rank)
     group.set_timeout(12345)
@@ -219,6 +286,7 @@ def main():
             expect("read-only" in str(e), str(e))
         point_to_point_and_requests(world)
         variable_collectives(world)
+        devices_kernels_and_programs(rt, world)
         timeouts_and_abort(world)
         world.barrier()
         # A split the program never destroys is the Runtime's to destroy: closing says nothing about it.
