@@ -88,13 +88,19 @@ int kill_mid_alltoallv() {
 // out, the failed world refuses the next operation at once, a communicator split off before (without
 // the stopped rank) keeps working, and on gloo the survivors then start a new job of their own. Rank
 // 0 starts that allreduce BPL_TEST_RANK0_LATE_MS late (default 0). Each survivor reports the CPU time
-// its failed allreduce used ("cpu_ms=N"): waiting for a stopped peer must not spin a core.
+// its failed allreduce used ("cpu_ms=N"): waiting for a stopped peer must not spin a core. With
+// BPL_TEST_OP=alltoallv the operation is an alltoallv of the same size instead (ABI 1.3: transfers
+// between each pair of ranks).
 int stop_mid_allreduce() {
   Rank r = join();
   const int stopped = faulty_rank();
   bpl_comm* survivors = nullptr;
   bpl_comm_split(r.world, r.rank == stopped ? BPL_COLOR_UNDEFINED : 0, r.rank, &survivors);
-  std::vector<float> data(256u << 10, 1.0f);
+  std::vector<float> data(256u << 10, 1.0f), received(data.size());
+  const auto ranks = static_cast<size_t>(r.size);
+  std::vector<int64_t> counts(ranks, static_cast<int64_t>(data.size() / ranks)), displs(ranks);
+  for (size_t q = 0; q < ranks; ++q) displs[q] = counts[q] * static_cast<int64_t>(q);
+  const bool alltoallv = env_text("BPL_TEST_OP") == "alltoallv";
   for (int iteration = 0; iteration < 20; ++iteration) {
     if (r.rank == stopped && iteration == 1) stop_self_until_killed(r.timeout_ms + 3000);
     if (r.rank == 0 && iteration == 1) {
@@ -102,7 +108,10 @@ int stop_mid_allreduce() {
     }
     const auto start = Clock::now();
     const int64_t cpu_before = cpu_ms();
-    bpl_status status = bpl_allreduce(r.world, data.data(), data.data(), data.size(), BPL_DTYPE_F32, BPL_OP_SUM, nullptr);
+    bpl_status status =
+        alltoallv ? bpl_alltoallv(r.world, data.data(), counts.data(), displs.data(), received.data(), counts.data(),
+                                  displs.data(), BPL_DTYPE_F32, nullptr)
+                  : bpl_allreduce(r.world, data.data(), data.data(), data.size(), BPL_DTYPE_F32, BPL_OP_SUM, nullptr);
     if (status == BPL_OK) continue;
     report(r, "failed", status, start, " cpu_ms=" + std::to_string(cpu_ms() - cpu_before));
     retry_fails_at_once(r);
@@ -591,7 +600,7 @@ void expect_stopped_rank_is_a_timeout_on_every_survivor(const std::string& backe
     const Event& failed = *job.event(rank, "failed");
     EXPECT_GE(failed.ms, kTimeoutMs / 2) << failed.message;
     EXPECT_LE(failed.ms, kTimeoutMs + 1000) << failed.message;
-    std::printf("%s: rank %d timed out %lld ms after the allreduce started: %s\n", backend.c_str(), rank,
+    std::printf("%s: rank %d timed out %lld ms after the operation started: %s\n", backend.c_str(), rank,
                 static_cast<long long>(failed.ms), failed.message.c_str());
     // A rank alone on its machine can only name the stopped rank if another survivor told it.
     const bool alone = backend == "gloo_machines" && rank == 2;
@@ -620,6 +629,11 @@ void expect_stopped_rank_is_a_timeout_on_every_survivor(const std::string& backe
 
 TEST_P(Fault, StoppedRankIsATimeoutOnEverySurvivor) {
   expect_stopped_rank_is_a_timeout_on_every_survivor(backend(), 1);
+}
+
+// The same in alltoallv (ABI 1.3), whose transfers wait on each pair of ranks.
+TEST_P(Fault, StoppedRankInAlltoallvIsATimeoutOnEverySurvivor) {
+  expect_stopped_rank_is_a_timeout_on_every_survivor(backend(), 1, {{"BPL_TEST_OP", "alltoallv"}});
 }
 
 // The store's host stopped: a survivor's report of the failure through the store, and its finalize,
