@@ -1,4 +1,7 @@
 // The C API of runtimes: init and finalize, what was chosen and why, backends and plugins.
+#include <unistd.h>
+
+#include <cstdint>
 #include <string>
 
 #include "backplane/backplane.h"
@@ -18,6 +21,42 @@ using namespace backplane;
 namespace {
 
 const bpl_init_options kDefaultInitOptions = BPL_INIT_OPTIONS_INIT;
+
+// An option that a plugin older than ABI 1.`minor` cannot honour is refused, naming the plugin.
+void require_plugin_abi(const bpl_runtime& runtime, bool given, int32_t minor, const char* option, const char* what) {
+  const bpl_plugin_api& api = runtime.api();
+  if (!given || api.abi_minor >= minor) return;
+  throw Error(BPL_ERR_UNSUPPORTED, std::string(option) + ", but the " + api.name + " plugin at " + runtime.plugin->path() +
+                                       " is ABI " + std::to_string(api.abi_major) + "." + std::to_string(api.abi_minor) +
+                                       ", older than 1." + std::to_string(minor) + ", and cannot " + what);
+}
+
+// The world made from a caller's communicator places this process: rank and size are the world's, and
+// the local ones those of its ranks on this machine, found by splitting the world by host name (a
+// collective over it, as bpl_init is).
+void place_in_native_world(bpl_runtime& runtime) {
+  LaunchInfo& launch = runtime.launch;
+  launch.rank = runtime.world->rank;
+  launch.world_size = runtime.world->size;
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  uint32_t color = 2166136261u;  // FNV-1a of the host name, as a non-negative color
+  for (const char* c = host; *c != '\0'; ++c) color = (color ^ static_cast<unsigned char>(*c)) * 16777619u;
+  const bpl_plugin_api& api = runtime.api();
+  bpl_plugin_comm* local = nullptr;
+  clear_last_error();
+  bpl_status status = api.comm_split != nullptr
+                          ? api.comm_split(runtime.world->impl, static_cast<int32_t>(color & 0x7fffffff), launch.rank, &local)
+                          : BPL_ERR_UNSUPPORTED;
+  if (status != BPL_OK) throw Error(status, "finding this machine's ranks of options->native_comm: " + last_error());
+  status = api.comm_rank_size(local, &launch.local_rank, &launch.local_world_size);
+  api.comm_destroy(local);
+  if (status != BPL_OK) throw Error(status, "comm_rank_size failed: " + last_error());
+  runtime.launch_c.rank = launch.rank;
+  runtime.launch_c.world_size = launch.world_size;
+  runtime.launch_c.local_rank = launch.local_rank;
+  runtime.launch_c.local_world_size = launch.local_world_size;
+}
 
 }  // namespace
 
@@ -42,17 +81,16 @@ bpl_status bpl_init(const bpl_init_options* options, bpl_runtime** out) {
       return plugin;
     });
 
-    const LaunchInfo& launch = runtime->launch;
-    runtime->trace = Trace::from_environment(env, launch.rank, launch.world_size, runtime->api().name);
-    runtime->launch_c = {sizeof(bpl_launch_info), launch.rank, launch.world_size, launch.local_rank,
-                         launch.local_world_size, launch.master_addr.c_str(), launch.launcher.c_str(),
-                         launch.master_port, 0, launch.timeout_ms, runtime->store.get()};
+    LaunchInfo& launch = runtime->launch;
+    const bool native = opts.native_comm != nullptr;
+    // Given a native communicator, the plugin learns the placement from it: the core's is unknown yet.
+    runtime->launch_c = {sizeof(bpl_launch_info), native ? -1 : launch.rank, native ? -1 : launch.world_size,
+                         native ? -1 : launch.local_rank, native ? -1 : launch.local_world_size,
+                         launch.master_addr.c_str(), launch.launcher.c_str(), launch.master_port, 0,
+                         launch.timeout_ms, runtime->store.get(), opts.native_comm};
     const bpl_plugin_api& api = runtime->api();
-    if (runtime->store != nullptr && api.abi_minor < 2) {
-      throw Error(BPL_ERR_UNSUPPORTED, std::string("options->store is given, but the ") + api.name + " plugin at " +
-                                           runtime->plugin->path() + " is ABI " + std::to_string(api.abi_major) + "." +
-                                           std::to_string(api.abi_minor) + ", older than 1.2, and cannot meet through a store");
-    }
+    require_plugin_abi(*runtime, runtime->store != nullptr, 2, "options->store is given", "meet through a store");
+    require_plugin_abi(*runtime, native, 4, "options->native_comm is given", "take a native communicator");
     clear_last_error();
     bpl_status status = api.runtime_create(&runtime->launch_c, &runtime->impl);
     if (status != BPL_OK) {
@@ -69,10 +107,15 @@ bpl_status bpl_init(const bpl_init_options* options, bpl_runtime** out) {
       status = api.comm_world(runtime->impl, &world);
       if (status != BPL_OK) throw Error(status, "comm_world failed: " + last_error());
       runtime->world = wrap_comm(runtime.get(), world, true, "world", launch.timeout_ms);
+      runtime->launch_c.native_comm = nullptr;  // the caller's, valid during runtime_create only
+      if (native) place_in_native_world(*runtime);
     } catch (...) {
+      delete runtime->world;  // the plugin's world is its runtime's
+      runtime->world = nullptr;
       api.runtime_destroy(runtime->impl);
       throw;
     }
+    runtime->trace = Trace::from_environment(env, launch.rank, launch.world_size, api.name);
     log(BPL_LOG_INFO, "core", std::string("rank ") + std::to_string(launch.rank) + "/" +
                                   std::to_string(launch.world_size) + " using backend " + api.name + " from " +
                                   runtime->plugin->path() + " (" + runtime->selection_reason + ")");

@@ -124,7 +124,17 @@ LaunchInfo resolve_launch(const bpl_init_options& options, const EnvLookup& env)
   LaunchInfo info;
   const LauncherVariables* source = nullptr;
 
-  if (options.rank >= 0 || options.world_size >= 0) {
+  if (options.native_comm != nullptr) {
+    // The communicator says where this process sits; the core reads it once the world exists.
+    if (options.rank >= 0 || options.world_size >= 0 || options.local_rank >= 0 || options.local_world_size >= 0) {
+      throw Error(BPL_ERR_INVALID_ARGUMENT,
+                  "options.native_comm is given, and with it rank and world size: expected options.rank, "
+                  "world_size, local_rank and local_world_size -1 (got " + std::to_string(options.rank) + ", " +
+                      std::to_string(options.world_size) + ", " + std::to_string(options.local_rank) + ", " +
+                      std::to_string(options.local_world_size) + ")");
+    }
+    info.launcher = "native communicator";
+  } else if (options.rank >= 0 || options.world_size >= 0) {
     if (options.rank < 0 || options.world_size <= 0) {
       throw Error(BPL_ERR_INVALID_ARGUMENT,
                   "options.rank = " + std::to_string(options.rank) + " and options.world_size = " +

@@ -42,11 +42,12 @@ struct LaunchInfo {
   std::string master_addr;  // options > MASTER_ADDR; "" if unknown
   int32_t master_port = -1; // options > MASTER_PORT; -1 if unknown
   int64_t timeout_ms = kDefaultTimeoutMs; // options > BPL_TIMEOUT_MS > default
-  std::string launcher = "none"; // "options", "torchrun", "openmpi", "slurm", "none"
+  std::string launcher = "none"; // "options", "torchrun", "openmpi", "slurm", "none", "native communicator"
 };
 
 // Throws Error(INVALID_ARGUMENT) naming the variable or option when a value is malformed, out of
-// range, or inconsistent (a rank without a world size, rank >= world size).
+// range, or inconsistent (a rank without a world size, rank >= world size). Given options.native_comm,
+// the placement is left to the communicator (bpl_init reads it from the world it makes).
 LaunchInfo resolve_launch(const bpl_init_options& options, const EnvLookup& env);
 
 // BPL_DEBUG: "detail" (any case) turns on the cross-rank check of every collective (fingerprint.h);

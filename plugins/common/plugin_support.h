@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <new>
 #include <stdexcept>
 #include <string>
@@ -31,6 +32,20 @@ inline std::chrono::steady_clock::time_point deadline_after(std::chrono::millise
   const auto now = std::chrono::steady_clock::now();
   const auto room = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::time_point::max() - now);
   return timeout >= room ? std::chrono::steady_clock::time_point::max() : now + timeout;
+}
+
+// The caller's own communicator for the world (ABI 1.4), or NULL, also from a core older than 1.4.
+inline const void* native_comm_of(const bpl_launch_info& launch) {
+  const bool has_field = launch.struct_size >= offsetof(bpl_launch_info, native_comm) + sizeof(launch.native_comm);
+  return has_field ? launch.native_comm : nullptr;
+}
+
+// What a plugin that makes its world only by joining the job does with a native communicator.
+inline void refuse_native_comm(const bpl_launch_info& launch, const char* plugin) {
+  if (native_comm_of(launch) == nullptr) return;
+  throw Error(BPL_ERR_INVALID_ARGUMENT, std::string("options->native_comm is given, but the ") + plugin +
+                                            " backend takes no native communicator (it is the mpi backend's "
+                                            "MPI_Comm): leave it NULL and launch the ranks as a job");
 }
 
 // Set by the plugin's bpl_plugin_open_v1; valid while the plugin is loaded.

@@ -49,6 +49,7 @@ void ignore_sigpipe_unless_handled() {
 
 bpl_status runtime_create(const bpl_launch_info* launch, bpl_plugin_runtime** out) {
   return guarded([&] {
+    plugin::refuse_native_comm(*launch, kName);
     ignore_sigpipe_unless_handled();
     auto runtime = std::make_unique<bpl_plugin_runtime>();
     Rendezvous joined = rendezvous(*launch);

@@ -109,6 +109,31 @@ void initialize_mpi(const bpl_launch_info& launch) {
   if (found && tag_ub != nullptr) s.process.tag_upper_bound = *tag_ub;
 }
 
+// The communicator the world duplicates: the caller's (ABI 1.4's native_comm, of an MPI the caller
+// initialised), else MPI_COMM_WORLD.
+MPI_Comm native_world(const bpl_launch_info& launch) {
+  const void* native = plugin::native_comm_of(launch);
+  if (native == nullptr) return MPI_COMM_WORLD;
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (!initialized || finalized) {
+    throw plugin::Error(BPL_ERR_INVALID_ARGUMENT, std::string("options->native_comm is given, but MPI is ") +
+                                                      (finalized ? "finalised" : "not initialised") +
+                                                      ": the program that hands over its MPI_Comm initialises MPI "
+                                                      "before bpl_init and finalizes it after bpl_finalize");
+  }
+  const MPI_Comm comm = *static_cast<const MPI_Comm*>(native);
+  int inter = 0;
+  if (comm == MPI_COMM_NULL || MPI_Comm_test_inter(comm, &inter) != MPI_SUCCESS || inter) {
+    throw plugin::Error(BPL_ERR_INVALID_ARGUMENT,
+                        std::string("options->native_comm is ") +
+                            (comm == MPI_COMM_NULL ? "MPI_COMM_NULL" : inter ? "an intercommunicator" : "not a communicator") +
+                            ": expected the address of an intracommunicator this process belongs to");
+  }
+  return comm;
+}
+
 std::string library_version() {
   char text[MPI_MAX_LIBRARY_VERSION_STRING] = {};
   int length = 0;
@@ -124,24 +149,29 @@ bpl_status runtime_create(const bpl_launch_info* launch, bpl_plugin_runtime** ou
   return guarded([&] {
     ProcessState& s = state();
     std::lock_guard<std::mutex> lock(s.mutex);
+    const MPI_Comm base = native_world(*launch);
     if (s.runtimes == 0) initialize_mpi(*launch);
-    int world_rank = 0, world_size = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &world_size);
-    if (world_size != launch->world_size || world_rank != launch->rank) {
-      throw plugin::Error(BPL_ERR_MISMATCH, "MPI says rank " + std::to_string(world_rank) + " of " +
-                                                std::to_string(world_size) + " but the launch environment (" +
-                                                launch->launcher + ") says rank " + std::to_string(launch->rank) +
-                                                " of " + std::to_string(launch->world_size));
+    if (base == MPI_COMM_WORLD) {
+      int world_rank = 0, world_size = 0;
+      MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+      MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+      if (world_size != launch->world_size || world_rank != launch->rank) {
+        throw plugin::Error(BPL_ERR_MISMATCH, "MPI says rank " + std::to_string(world_rank) + " of " +
+                                                  std::to_string(world_size) + " but the launch environment (" +
+                                                  launch->launcher + ") says rank " + std::to_string(launch->rank) +
+                                                  " of " + std::to_string(launch->world_size));
+      }
     }
     MPI_Comm world = MPI_COMM_NULL;
-    if (MPI_Comm_dup(MPI_COMM_WORLD, &world) != MPI_SUCCESS) {
-      throw plugin::Error(BPL_ERR_INTERNAL, "MPI_Comm_dup(MPI_COMM_WORLD) failed");
+    if (MPI_Comm_dup(base, &world) != MPI_SUCCESS) {
+      throw plugin::Error(BPL_ERR_INTERNAL, base == MPI_COMM_WORLD ? "MPI_Comm_dup(MPI_COMM_WORLD) failed"
+                                                                   : "MPI_Comm_dup(options->native_comm) failed");
     }
     auto runtime = std::make_unique<bpl_plugin_runtime>();
     runtime->world = std::make_unique<MpiComm>(s.process, world, std::chrono::milliseconds(launch->timeout_ms));
     runtime->details = "library=" + library_version() + "; thread_level=" + thread_level_name(s.process.thread_level) +
-                       (s.initialized_here ? "; initialised by backplane" : "; initialised by the program");
+                       (s.initialized_here ? "; initialised by backplane" : "; initialised by the program") +
+                       (base == MPI_COMM_WORLD ? "; world: MPI_COMM_WORLD" : "; world: the program's communicator");
     ++s.runtimes;
     *out = runtime.release();
     return BPL_OK;

@@ -90,6 +90,7 @@ int prepare_environment(const bpl_launch_info& launch, std::string& root) {
 
 bpl_status runtime_create(const bpl_launch_info* launch, bpl_plugin_runtime** out) {
   return guarded([&] {
+    plugin::refuse_native_comm(*launch, kName);
     ProcessState& s = state();
     std::lock_guard<std::mutex> lock(s.mutex);
     std::string root;

@@ -11,7 +11,7 @@
 
 TEST(AbiLayout, bpl_init_options) {
   EXPECT_EQ(offsetof(bpl_init_options, struct_size), 0u);
-  EXPECT_EQ(sizeof(bpl_init_options), 64u);
+  EXPECT_EQ(sizeof(bpl_init_options), 72u);
   EXPECT_EQ(offsetof(bpl_init_options, backend), 8u);
   EXPECT_EQ(offsetof(bpl_init_options, rank), 16u);
   EXPECT_EQ(offsetof(bpl_init_options, world_size), 20u);
@@ -22,7 +22,9 @@ TEST(AbiLayout, bpl_init_options) {
   EXPECT_EQ(offsetof(bpl_init_options, timeout_ms), 48u);
   // ABI 1.2
   EXPECT_EQ(offsetof(bpl_init_options, store), 56u);
-  EXPECT_NO_TRAILING_PADDING(bpl_init_options, store);
+  // ABI 1.4
+  EXPECT_EQ(offsetof(bpl_init_options, native_comm), 64u);
+  EXPECT_NO_TRAILING_PADDING(bpl_init_options, native_comm);
 }
 
 TEST(AbiLayout, bpl_store) {  // ABI 1.2
@@ -164,7 +166,7 @@ TEST(AbiLayout, bpl_tensor) {
 
 TEST(AbiLayout, bpl_launch_info) {
   EXPECT_EQ(offsetof(bpl_launch_info, struct_size), 0u);
-  EXPECT_EQ(sizeof(bpl_launch_info), 64u);
+  EXPECT_EQ(sizeof(bpl_launch_info), 72u);
   EXPECT_EQ(offsetof(bpl_launch_info, rank), 8u);
   EXPECT_EQ(offsetof(bpl_launch_info, world_size), 12u);
   EXPECT_EQ(offsetof(bpl_launch_info, local_rank), 16u);
@@ -176,7 +178,9 @@ TEST(AbiLayout, bpl_launch_info) {
   EXPECT_EQ(offsetof(bpl_launch_info, timeout_ms), 48u);
   // ABI 1.2
   EXPECT_EQ(offsetof(bpl_launch_info, store), 56u);
-  EXPECT_NO_TRAILING_PADDING(bpl_launch_info, store);
+  // ABI 1.4
+  EXPECT_EQ(offsetof(bpl_launch_info, native_comm), 64u);
+  EXPECT_NO_TRAILING_PADDING(bpl_launch_info, native_comm);
 }
 
 TEST(AbiLayout, bpl_host_api) {

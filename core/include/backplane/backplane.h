@@ -27,7 +27,7 @@ extern "C" {
 #endif
 
 #define BPL_ABI_MAJOR 1
-#define BPL_ABI_MINOR 3
+#define BPL_ABI_MINOR 4
 
 #if defined(__GNUC__)
 #define BPL_API __attribute__((visibility("default")))
@@ -181,9 +181,17 @@ typedef struct bpl_init_options {
   int32_t master_port;     /* -1: from the environment */
   int64_t timeout_ms;      /* -1: from the environment */
   const bpl_store* store;  /* ABI 1.2. NULL: meet at master_addr:master_port */
+  /* ABI 1.4. The world as a communicator the caller already has, of the backend's own library, instead
+   * of joining a job: for "mpi", the address of an MPI_Comm (for example a sub-communicator of
+   * MPI_COMM_WORLD) of an MPI the caller initialised and finalizes after bpl_finalize. Collective over
+   * that communicator; backplane works on a duplicate of it. Rank and world size are the
+   * communicator's (rank, world_size, local_rank and local_world_size stay -1; the local ones are
+   * found among its ranks on this machine). A backend that cannot take one refuses it with
+   * INVALID_ARGUMENT. NULL: join the job as above. */
+  const void* native_comm;
 } bpl_init_options;
 
-#define BPL_INIT_OPTIONS_INIT {sizeof(bpl_init_options), NULL, -1, -1, -1, -1, NULL, -1, -1, NULL}
+#define BPL_INIT_OPTIONS_INIT {sizeof(bpl_init_options), NULL, -1, -1, -1, -1, NULL, -1, -1, NULL, NULL}
 
 /* Loads the selected backend plugin and joins the job (for multi-rank backends this is a rendezvous
  * bounded by the timeout). `options` may be NULL (everything from the environment).

@@ -52,6 +52,11 @@ typedef struct bpl_launch_info {
   /* ABI 1.2 (read only when struct_size covers it): the caller's store (bpl_init_options.store), valid
    * until runtime_destroy returns; NULL: meet at master_addr:master_port. */
   const bpl_store* store;
+  /* ABI 1.4 (read only when struct_size covers it): the caller's own communicator for the world
+   * (bpl_init_options.native_comm), valid during runtime_create; NULL otherwise. Given one, rank,
+   * world_size, local_rank and local_world_size are -1 (the communicator's own are the world's), and a
+   * plugin that cannot take one fails with INVALID_ARGUMENT. */
+  const void* native_comm;
 } bpl_launch_info;
 
 /* What the core offers a plugin. Valid from bpl_plugin_open_v1 until the plugin is unloaded. */
