@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 
 SIZES = [4, 64, 1024]
 OPS = ["allreduce", "allgather", "reduce_scatter", "broadcast", "alltoall", "pingpong"]
@@ -24,6 +25,42 @@ def expect(condition, message):
 def expected_sizes(op):
     # f32 on 2 ranks: ops that split the buffer over ranks need at least one element per rank
     return [s for s in SIZES if op not in ("allgather", "reduce_scatter", "alltoall") or s >= 8]
+
+
+def load_processes():
+    """Pids of busy processes of bpl-bench-compare --load that are running (their marker in argv)."""
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"bpl-bench-load" in f.read().split(b"\0"):
+                    pids.append(int(pid))
+        except OSError:
+            pass
+    return pids
+
+
+def under_load():
+    """--load 2: the busy processes run during the run (seen from a rank's side: the machine's load
+    shows them) and none is left after it; the table says the run was under load."""
+    bin_dir = sys.argv[1]
+    with tempfile.TemporaryDirectory() as out:
+        command = [os.path.join(bin_dir, "bpl-bench-compare"), "--out", out, "--backends", "gloo", "--load", "2", "--",
+                   "--dtypes=f32", "--max-bytes=64", "--step-factor=16", "--repetitions=1", "--max-iterations=5",
+                   "--ops=allreduce"]
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        seen = 0
+        while process.poll() is None:
+            seen = max(seen, len(load_processes()))
+            time.sleep(0.05)
+        output = process.stdout.read()
+        expect(process.returncode == 0, f"--load 2 run failed ({process.returncode}): {output}")
+        expect(seen == 2, f"--load 2 ran {seen} busy processes")
+        expect(load_processes() == [], "busy processes were left running after --load")
+        with open(os.path.join(out, "collectives.md")) as f:
+            expect("Under load: 2 busy processes" in f.read(), "the table says the run was under load")
+    expect(subprocess.run([os.path.join(bin_dir, "bpl-bench-compare"), "--load", "-1"], capture_output=True).returncode
+           != 0, "--load -1 is refused")
 
 
 def main():
@@ -71,6 +108,8 @@ def main():
                     expect(len(numbers) == 4 * len(backends), f"row {op} {label} is complete: {row.group(0)}")
         with open(os.path.join(out, "collectives.png"), "rb") as f:
             expect(f.read(8) == b"\x89PNG\r\n\x1a\n", "collectives.png is a PNG")
+        expect("Under load" not in table, "an idle run says nothing of load")
+    under_load()
     if failures:
         sys.exit("FAILED:\n  " + "\n  ".join(failures))
     print(f"bench_compare_test: {', '.join(backends)}: every operation and size measured both ways; table and plot written")
