@@ -11,11 +11,13 @@
 // the fixed forms and with the raw library's own v-forms. Every (operation, dtype, size) runs a fixed number of
 // iterations decided from the size alone, so all ranks run the same counts without talking; rank 0
 // reports. Counters: algbw = bytes / time, busbw = algbw × nccl-tests' bus factor (GB/s). The console
-// adds "backplane/raw" after each pair: the abstraction's cost, measured in one run.
+// adds "backplane/raw" after each pair: the abstraction's cost, measured in one run. The op "copy" is
+// the machine's reference: every rank memcpy's each size from one buffer to another at the same time
+// ("copy/u8/<bytes>/memcpy"), the copy bandwidth that bench/README.md's model of shared memory divides by.
 //
 // Flags (before Google Benchmark's): --min-bytes=N (4), --max-bytes=N (64M), --step-factor=N (4),
 // --dtypes=f32,bf16, --ops=allreduce,allgather,reduce_scatter,broadcast,alltoall,pingpong,barrier,
-// gather,scatter,allgatherv,alltoallv,
+// gather,scatter,allgatherv,alltoallv,copy,
 // --repetitions=N (5), --max-iterations=N (1000), --buffer-offset=N (0: page-aligned buffers), --no-raw.
 // Sizes take K, M and G suffixes (powers of 1024).
 #include <benchmark/benchmark.h>
@@ -44,7 +46,7 @@ struct Settings {
   int64_t step_factor = 4;
   std::vector<std::string> dtypes = {"f32", "bf16"};
   std::vector<std::string> ops = {"allreduce", "allgather", "reduce_scatter", "broadcast", "alltoall", "pingpong",
-                                  "barrier", "gather", "scatter", "allgatherv", "alltoallv"};
+                                  "barrier", "gather", "scatter", "allgatherv", "alltoallv", "copy"};
   int repetitions = 5;
   int64_t max_iterations = 1000;
   // Where every buffer starts, in bytes past a page boundary. Page-aligned by default (as OSU's
@@ -244,6 +246,30 @@ int64_t iterations_for(int64_t bytes, int64_t max_iterations) {
                              max_iterations);
 }
 
+// Google Benchmark's settings shared by every benchmark of a size.
+void configure(benchmark::internal::Benchmark* b, int64_t iterations, const Settings& settings) {
+  b->Iterations(iterations)->Repetitions(settings.repetitions)->ReportAggregatesOnly(true)->UseRealTime()->Unit(
+      benchmark::kMicrosecond);
+}
+
+// The reference: a memcpy of `bytes` on every rank at once (each rank runs the same loop), as the ranks
+// of a collective in shared memory copy at once.
+void register_copy(int64_t bytes, const Settings& settings) {
+  benchmark::internal::Benchmark* b = benchmark::RegisterBenchmark(
+      ("copy/u8/" + std::to_string(bytes) + "/memcpy").c_str(), [=](benchmark::State& state) {
+        Buffers buffers(static_cast<size_t>(bytes), static_cast<size_t>(bytes), static_cast<size_t>(settings.buffer_offset));
+        for (auto _ : state) {
+          std::memcpy(buffers.recv.data(), buffers.send.data(), static_cast<size_t>(bytes));
+          benchmark::ClobberMemory();
+        }
+        state.counters["bytes"] = static_cast<double>(bytes);
+        for (const char* counter : {"algbw_GBps", "busbw_GBps"}) {
+          state.counters[counter] = benchmark::Counter(static_cast<double>(bytes) / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+        }
+      });
+  configure(b, iterations_for(bytes, settings.max_iterations), settings);
+}
+
 void register_pair(const std::string& op, const std::string& dtype_name, int64_t bytes, const Settings& settings) {
   const bpl_dtype dtype = dtype_name == "bf16" ? BPL_DTYPE_BF16 : BPL_DTYPE_F32;
   const OpShape s = shape_of(op, bytes, bpl_dtype_size(dtype), job.size);
@@ -260,20 +286,14 @@ void register_pair(const std::string& op, const std::string& dtype_name, int64_t
     state.counters["busbw_GBps"] =
         benchmark::Counter(moved * s.bus_factor / 1e9, benchmark::Counter::kIsIterationInvariantRate);
   };
-  auto configure = [&](benchmark::internal::Benchmark* b) {
-    b->Iterations(sized ? iterations_for(bytes, settings.max_iterations) : settings.max_iterations)
-        ->Repetitions(settings.repetitions)
-        ->ReportAggregatesOnly(true)
-        ->UseRealTime()
-        ->Unit(benchmark::kMicrosecond);
-  };
+  const int64_t iterations = sized ? iterations_for(bytes, settings.max_iterations) : settings.max_iterations;
   configure(benchmark::RegisterBenchmark((base + "/backplane").c_str(), [=](benchmark::State& state) {
     Buffers buffers(s.send_bytes, s.recv_bytes, static_cast<size_t>(settings.buffer_offset));
     for (auto _ : state) {
       if (run_backplane(op, buffers, s, dtype) != BPL_OK) fail(op + " through backplane: " + bpl_last_error());
     }
     set_counters(state);
-  }));
+  }), iterations, settings);
   if (!job.raw) return;
   configure(benchmark::RegisterBenchmark((base + "/raw").c_str(), [=](benchmark::State& state) {
     Buffers buffers(s.send_bytes, s.recv_bytes, static_cast<size_t>(settings.buffer_offset));
@@ -285,7 +305,7 @@ void register_pair(const std::string& op, const std::string& dtype_name, int64_t
       }
     }
     set_counters(state);
-  }));
+  }), iterations, settings);
 }
 
 /* ---- reporting ---- */
@@ -381,6 +401,12 @@ int main(int argc, char** argv) {
     if (op == "pingpong" && job.size < 2) continue;
     if (op == "barrier") {
       register_pair(op, "f32", 0, settings);
+      continue;
+    }
+    if (op == "copy") {
+      for (int64_t bytes = settings.min_bytes; bytes <= settings.max_bytes; bytes *= settings.step_factor) {
+        register_copy(bytes, settings);
+      }
       continue;
     }
     for (const std::string& dtype : settings.dtypes) {

@@ -105,10 +105,14 @@ def main():
                 if row:
                     cells = [c.strip() for c in row.group(1).split("|")[:-1]]
                     numbers = [c for c in cells if re.fullmatch(r"[0-9]+\.[0-9]+", c)]
-                    expect(len(numbers) == 4 * len(backends), f"row {op} {label} is complete: {row.group(0)}")
+                    # time, busbw, raw time, ratio, and the time against the copy model
+                    expect(len(numbers) == 5 * len(backends), f"row {op} {label} is complete: {row.group(0)}")
         with open(os.path.join(out, "collectives.png"), "rb") as f:
             expect(f.read(8) == b"\x89PNG\r\n\x1a\n", "collectives.png is a PNG")
         expect("Under load" not in table, "an idle run says nothing of load")
+        for backend in backends:
+            expect(re.search(rf"memcpy bandwidth \({backend} run, every rank at once\): 4 B [0-9.]+ GB/s", table),
+                   f"{backend}: the copy reference is reported")
     under_load()
     if failures:
         sys.exit("FAILED:\n  " + "\n  ".join(failures))
