@@ -201,6 +201,77 @@ void Request::complete(int mpi_error) {
   on_complete_ = nullptr;
 }
 
+int Request::post() {
+  if (rounds_.empty()) return post_(&request_);
+  return post_round();
+}
+
+int Request::post_round() {
+  for (; round_ < rounds_.size(); ++round_) {
+    const Round& round = rounds_[round_];
+    round_requests_.clear();
+    round_expected_.clear();
+    {
+      MpiLock lock(comm_->process());
+      for (const bool sends : {false, true}) {  // receives first: a message then finds its buffer posted
+        for (const Transfer& t : round.transfers) {
+          if (t.is_send != sends || t.bytes == 0) continue;
+          MPI_Request r = MPI_REQUEST_NULL;
+          const int n = static_cast<int>(t.bytes);
+          const int error = t.is_send ? MPI_Isend(t.buffer, n, MPI_BYTE, t.peer, schedule_tag_, comm_->agree_, &r)
+                                      : MPI_Irecv(t.buffer, n, MPI_BYTE, t.peer, schedule_tag_, comm_->agree_, &r);
+          if (error != MPI_SUCCESS) return error;
+          round_requests_.push_back(r);
+          round_expected_.push_back(t.is_send ? -1 : n);
+        }
+      }
+    }
+    if (!round_requests_.empty()) return MPI_SUCCESS;
+    if (round.then) round.then();  // nothing to move: its local work at once
+  }
+  complete(MPI_SUCCESS);
+  return MPI_SUCCESS;
+}
+
+void Request::poll_round() {
+  int flag = 0;
+  int error = MPI_SUCCESS;
+  round_statuses_.resize(round_requests_.size());
+  {
+    MpiLock lock(comm_->process());
+    error = MPI_Testall(static_cast<int>(round_requests_.size()), round_requests_.data(), &flag, round_statuses_.data());
+  }
+  if (error == MPI_SUCCESS && !flag) return;
+  if (error == MPI_ERR_IN_STATUS) {
+    for (const MPI_Status& status : round_statuses_) {
+      if (status.MPI_ERROR != MPI_SUCCESS && status.MPI_ERROR != MPI_ERR_PENDING) {
+        error = status.MPI_ERROR;
+        break;
+      }
+    }
+  }
+  if (error != MPI_SUCCESS) return complete(error);
+  for (size_t i = 0; i < round_requests_.size(); ++i) {
+    if (round_expected_[i] < 0) continue;
+    int arrived = 0;
+    MPI_Get_count(&round_statuses_[i], MPI_BYTE, &arrived);
+    if (arrived != round_expected_[i]) {
+      return fail(BPL_ERR_MISMATCH, std::string(op()) + ": rank " + std::to_string(round_statuses_[i].MPI_SOURCE) +
+                                        " sent " + std::to_string(arrived) + " bytes where this rank expects " +
+                                        std::to_string(round_expected_[i]) + ": the ranks disagree on the size");
+    }
+  }
+  if (rounds_[round_].then) rounds_[round_].then();
+  ++round_;
+  error = post_round();
+  if (error != MPI_SUCCESS) complete(error);
+}
+
+bool Request::in_flight() const {
+  return request_ != MPI_REQUEST_NULL ||
+         std::any_of(round_requests_.begin(), round_requests_.end(), [](MPI_Request r) { return r != MPI_REQUEST_NULL; });
+}
+
 void Request::poll() {
   pending_receives().match_all([](Request& r) { return r.comm_->match(r); });
   if (done()) return;  // its match failed
@@ -208,6 +279,7 @@ void Request::poll() {
     std::lock_guard<std::mutex> lock(pending_receives().mutex());  // a match moves a recv on under it
     if (phase_ == Phase::kProbing) return;
   }
+  if (!rounds_.empty() && phase_ == Phase::kRunning) return poll_round();
   int flag = 0;
   MPI_Status status;
   int error = MPI_SUCCESS;
@@ -223,8 +295,12 @@ void Request::poll() {
       const std::string report = compared(agreement_all_);
       if (!report.empty()) return fail(BPL_ERR_MISMATCH, report + " (found before any data moved)");
       phase_ = Phase::kRunning;
-      MpiLock lock(comm_->process());
-      error = post_(&request_);
+      if (rounds_.empty()) {
+        MpiLock lock(comm_->process());
+        error = post_(&request_);
+      } else {
+        error = post_round();  // takes the lock itself
+      }
       if (error != MPI_SUCCESS) complete(error);
       return;
     }
@@ -267,7 +343,7 @@ void Request::expire() {
     explained.second = comm_->explain_stall(fingerprint_).second;
   }
   std::string message = explained.first == BPL_ERR_MISMATCH ? explained.second : late + explained.second;
-  if (request_ != MPI_REQUEST_NULL) {
+  if (in_flight()) {
     expired(explained.first, std::move(message));  // MPI still owns it
   } else {
     finish(explained.first, std::move(message));
@@ -317,6 +393,11 @@ MpiComm::~MpiComm() {
   MpiLock lock(process_);
   MPI_Comm_free(&agree_);
   MPI_Comm_free(&comm_);
+}
+
+int MpiComm::next_schedule_tag() {
+  return static_cast<int>(schedules_.fetch_add(1, std::memory_order_relaxed) %
+                          (static_cast<uint32_t>(process_.tag_upper_bound) + 1));
 }
 
 void MpiComm::check(int code, const char* call) const {
@@ -371,9 +452,12 @@ void MpiComm::start(std::unique_ptr<Request> request, bpl_plugin_request** req) 
       check(MPI_Iallgather(r.agreement_mine_.data(), kFingerprintWords, MPI_INT64_T, r.agreement_all_.data(),
                            kFingerprintWords, MPI_INT64_T, agree_, &r.request_),
             "posting the size agreement");
-    } else {
+    } else if (r.rounds_.empty()) {
       check(r.post_(&r.request_), "posting the operation");
     }
+  }
+  if (r.phase_ == Request::Phase::kRunning && !r.rounds_.empty()) {
+    check(r.post_round(), "posting the operation");
   }
   if (req != nullptr) {
     *req = reinterpret_cast<bpl_plugin_request*>(request.release());
@@ -497,19 +581,31 @@ void MpiComm::allreduce(const void* send, void* recv, size_t count, bpl_dtype dt
   const int n = mpi_count(count);
   void* work = recv;
   const void* input = in_place_or(send, recv);
+  const size_t element = plugin::dtype_size(acc), bytes = count * element;
   auto request = std::make_unique<Request>(this, "allreduce", fingerprint(BPL_COLL_ALLREDUCE, dtype, count, -1, op),
-                                           count * plugin::dtype_size(acc), nullptr);
+                                           bytes, nullptr);
   if (acc != dtype) {
     std::vector<char>& staging = request->buffer(0);
-    staging.resize(count * plugin::dtype_size(acc));
+    staging.resize(bytes);
     plugin::convert(send, dtype, staging.data(), acc, count);
     work = staging.data();
     input = MPI_IN_PLACE;
   }
-  // The post may run later (after an agreement): it holds what it needs by value.
-  request->post_ = [input, work, n, acc, op, comm = comm_](MPI_Request* r) {
-    return MPI_Iallreduce(input, work, n, mpi_type(acc), mpi_op(op), comm, r);
-  };
+  if (size_ > 1 && bytes <= static_cast<size_t>(INT_MAX)) {
+    // The plugin's own schedule (schedules.h), in place in `work`.
+    if (input != MPI_IN_PLACE && bytes > 0) std::memcpy(work, send, bytes);
+    const bool ring = bytes > kRecursiveDoublingMaxBytes && count >= static_cast<size_t>(size_);
+    std::vector<char>& scratch = request->buffer(1);
+    scratch.resize(allreduce_scratch_bytes(count, element, size_, ring));
+    request->schedule(allreduce_rounds(static_cast<char*>(work), scratch.data(), count, element,
+                                       plugin::reduce_function(acc, op), rank_, size_, ring),
+                      next_schedule_tag());
+  } else {
+    // The post may run later (after an agreement): it holds what it needs by value.
+    request->post_ = [input, work, n, acc, op, comm = comm_](MPI_Request* r) {
+      return MPI_Iallreduce(input, work, n, mpi_type(acc), mpi_op(op), comm, r);
+    };
+  }
   if (op == BPL_OP_AVG || acc != dtype) {
     request->on_complete([=] { plugin::finish_reduction(work, acc, recv, dtype, count, op, size_); });
   }

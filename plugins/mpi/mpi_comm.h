@@ -37,6 +37,7 @@
 #include "fingerprint.h"
 #include "plugin_support.h"
 #include "polled_request.h"
+#include "schedules.h"
 
 namespace backplane::mpi_plugin {
 
@@ -66,6 +67,12 @@ class Request : public plugin::PolledRequest {
   std::vector<char>& buffer(size_t i) { return buffers_[i]; }  // staging owned by the request
   std::vector<int>& counts() { return counts_; }  // MPI's int counts and displacements, kept until it ends
   void on_complete(std::function<void()> fn) { on_complete_ = std::move(fn); }
+  // Runs the operation as the plugin's own `rounds` (schedules.h) instead of one MPI request, their
+  // transfers on the communicator's duplicate under `tag`.
+  void schedule(std::vector<Round> rounds, int tag) {
+    rounds_ = std::move(rounds);
+    schedule_tag_ = tag;
+  }
   // What a recv matches on.
   std::tuple<MpiComm*, int, int> match_key() const { return {comm_, peer_, tag_}; }
   // bpl_request_free: one MPI still owns stays with its communicator (MPI cannot cancel it).
@@ -84,6 +91,14 @@ class Request : public plugin::PolledRequest {
   std::string uncancellable() const override { return "MPI cannot cancel it, and keeps its buffers"; }
   void complete(int mpi_error);
   void fail(bpl_status status, const std::string& message);
+  // Posts the operation: its MPI request, or its schedule's first round.
+  int post();
+  // Posts round round_ of the schedule, or completes the operation after the last.
+  int post_round();
+  // Tests the round in flight; once it completed, checks what arrived, runs its local work, posts the next.
+  void poll_round();
+  // Whether MPI holds a request of the operation (its buffers must then stay).
+  bool in_flight() const;
 
   MpiComm* comm_;
   Fingerprint fingerprint_;
@@ -104,6 +119,13 @@ class Request : public plugin::PolledRequest {
   std::vector<char> buffers_[2];
   std::vector<int> counts_;
   std::function<void()> on_complete_;
+  // The plugin's own schedule (empty: one MPI request, request_).
+  std::vector<Round> rounds_;
+  size_t round_ = 0;
+  int schedule_tag_ = 0;
+  std::vector<MPI_Request> round_requests_;
+  std::vector<MPI_Status> round_statuses_;
+  std::vector<int> round_expected_;  // per request of the round: the bytes a receive expects, -1 for a send
 };
 
 class MpiComm {
@@ -164,6 +186,13 @@ class MpiComm {
   // Open MPI sends every message eagerly, copying at most what the receiver posted
   // (btl_vader_eager_limit, 4 KiB); above it a message may be read whole by the receiver (single copy).
   static constexpr size_t kEagerLimitBytes = 4096;
+  // Allreduces up to this size exchange whole buffers (recursive doubling); larger ones go round a
+  // ring of blocks, which moves 2(n-1)/n of the buffer per rank instead of log2(n) times it and keeps
+  // each message of a 4 KiB allreduce on 2 ranks below the eager limit.
+  static constexpr size_t kRecursiveDoublingMaxBytes = 2048;
+  // The tag of the next collective the plugin schedules itself: its ranks start them in the same
+  // order, so they agree on it; operations in flight together never share one.
+  int next_schedule_tag();
   // Starts `request`; with req == NULL waits for it here.
   void start(std::unique_ptr<Request> request, bpl_plugin_request** req);
   void require_usable() const;
@@ -191,6 +220,7 @@ class MpiComm {
   int rank_ = 0;
   int size_ = 1;
   std::atomic<bool> aborted_{false};
+  std::atomic<uint32_t> schedules_{0};
   mutable std::mutex mutex_;  // guards poisoned_, abandoned_, explanation_
   bpl_status poisoned_status_ = BPL_OK;
   std::string poisoned_;

@@ -1,0 +1,79 @@
+#include "schedules.h"
+
+namespace backplane::mpi_plugin {
+
+namespace {
+
+// The first element of block b of `count` elements split over `size` blocks (the first ones one larger).
+size_t block_begin(size_t count, int size, int b) {
+  const size_t n = static_cast<size_t>(size), i = static_cast<size_t>(b);
+  return count / n * i + std::min(i, count % n);
+}
+
+std::vector<Round> recursive_doubling(char* data, char* scratch, size_t count, size_t element, plugin::ReduceFn reduce,
+                                      int rank, int size) {
+  const size_t bytes = count * element;
+  auto fold_in = [=] { reduce(data, data, scratch, count); };
+  std::vector<Round> rounds;
+  int power = 1;
+  while (power * 2 <= size) power *= 2;
+  const int extra = size - power;  // ranks 0, 2, .., 2*extra-2 hand their data to the next odd rank
+  if (rank < 2 * extra) {
+    if (rank % 2 == 0) {
+      rounds.push_back({{{true, data, bytes, rank + 1}}, nullptr});
+      rounds.push_back({{{false, data, bytes, rank + 1}}, nullptr});  // the result, at the end
+      return rounds;
+    }
+    rounds.push_back({{{false, scratch, bytes, rank - 1}}, fold_in});
+  }
+  // Ranks of the power-of-two exchange: odd ranks below 2*extra, then every rank from 2*extra.
+  const int virtual_rank = rank < 2 * extra ? rank / 2 : rank - extra;
+  auto real_rank = [extra](int v) { return v < extra ? 2 * v + 1 : v + extra; };
+  for (int mask = 1; mask < power; mask *= 2) {
+    const int peer = real_rank(virtual_rank ^ mask);
+    rounds.push_back({{{false, scratch, bytes, peer}, {true, data, bytes, peer}}, fold_in});
+  }
+  if (rank < 2 * extra) rounds.push_back({{{true, data, bytes, rank - 1}}, nullptr});
+  return rounds;
+}
+
+std::vector<Round> ring(char* data, char* scratch, size_t count, size_t element, plugin::ReduceFn reduce, int rank,
+                        int size) {
+  const int next = (rank + 1) % size, prev = (rank + size - 1) % size;
+  auto block = [&](int b) {
+    b = ((b % size) + size) % size;
+    const size_t begin = block_begin(count, size, b), end = block_begin(count, size, b + 1);
+    return std::pair<char*, size_t>(data + begin * element, end - begin);
+  };
+  std::vector<Round> rounds;
+  // Reduce-scatter: in step s this rank sends block rank - s (its partial sum) and folds block
+  // rank - s - 1 from the previous rank into its own; after size - 1 steps it holds block rank + 1 whole.
+  for (int s = 0; s < size - 1; ++s) {
+    const auto [out, out_n] = block(rank - s);
+    const auto [in, in_n] = block(rank - s - 1);
+    rounds.push_back({{{false, scratch, in_n * element, prev}, {true, out, out_n * element, next}},
+                      [=, in = in, in_n = in_n] { reduce(in, in, scratch, in_n); }});
+  }
+  // Allgather: in step s this rank passes on block rank + 1 - s and receives block rank - s in place.
+  for (int s = 0; s < size - 1; ++s) {
+    const auto [out, out_n] = block(rank + 1 - s);
+    const auto [in, in_n] = block(rank - s);
+    rounds.push_back({{{false, in, in_n * element, prev}, {true, out, out_n * element, next}}, nullptr});
+  }
+  return rounds;
+}
+
+}  // namespace
+
+size_t allreduce_scratch_bytes(size_t count, size_t element, int size, bool ring) {
+  return ring ? (count / static_cast<size_t>(size) + 1) * element : count * element;
+}
+
+std::vector<Round> allreduce_rounds(char* data, char* scratch, size_t count, size_t element, plugin::ReduceFn reduce,
+                                    int rank, int size, bool ring_form) {
+  if (size == 1) return {};
+  return ring_form ? ring(data, scratch, count, element, reduce, rank, size)
+                   : recursive_doubling(data, scratch, count, element, reduce, rank, size);
+}
+
+}  // namespace backplane::mpi_plugin
