@@ -31,6 +31,8 @@ class Backoff {
   explicit Backoff(size_t bytes)
       : spin_until_(std::chrono::steady_clock::now() + std::chrono::milliseconds(2) +
                     std::chrono::nanoseconds(std::min<size_t>(bytes, size_t{1} << 40))) {}
+  // Whether the waits have begun to sleep between questions (each then reads the clock anyway).
+  bool sleeping() const { return pause_.count() != 0; }
   void pause() {
     if (pause_.count() == 0) {
       if ((++spins_ & 63) != 0) return;
@@ -76,14 +78,21 @@ class PolledRequest {
   bpl_status wait(std::chrono::milliseconds timeout, bool released_by_abort = true) {
     const auto give_up = deadline_after(timeout);
     Backoff backoff(bytes_);
-    for (;;) {
-      int32_t done = 0;
-      test(&done);
-      if (done) return BPL_OK;
+    for (unsigned polls = 0;; ++polls) {
+      if (!done_) poll();
+      // While it asks without pause, the clock is read every 64th question only: a read costs about
+      // what a question does, and a deadline is a matter of milliseconds.
+      const bool read_clock = (polls & 63) == 63 || backoff.sleeping();
+      const auto now = read_clock ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
+      if (!done_ && read_clock && now >= deadline_) expire();
+      if (done_) {
+        if (status_ != BPL_OK) throw Error(status_, message_);
+        return BPL_OK;
+      }
       if (released_by_abort && aborted()) {
         throw Error(BPL_ERR_ABORTED, std::string(op_) + " released by bpl_comm_abort; " + uncancellable());
       }
-      if (std::chrono::steady_clock::now() >= give_up) {
+      if (read_clock && now >= give_up) {
         throw Error(BPL_ERR_TIMEOUT, std::string(op_) + " has not completed after " + std::to_string(timeout.count()) +
                                          " ms; it is still in flight");
       }

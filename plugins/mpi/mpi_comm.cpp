@@ -201,6 +201,17 @@ void Request::complete(int mpi_error) {
   on_complete_ = nullptr;
 }
 
+void Request::schedule(std::vector<Round> rounds, plugin::ReduceFn reduce, int tag) {
+  rounds_ = std::move(rounds);
+  fold_ = reduce;
+  schedule_tag_ = tag;
+  size_t most = 0;
+  for (const Round& round : rounds_) most = std::max(most, round.transfers.size());
+  round_requests_.reserve(most);
+  round_expected_.reserve(most);
+  round_statuses_.reserve(most);
+}
+
 int Request::post() {
   if (rounds_.empty()) return post_(&request_);
   return post_round();
@@ -227,7 +238,7 @@ int Request::post_round() {
       }
     }
     if (!round_requests_.empty()) return MPI_SUCCESS;
-    if (round.then) round.then();  // nothing to move: its local work at once
+    if (round.then.count > 0) fold_(round.then.into, round.then.into, round.then.from, round.then.count);  // nothing to move
   }
   complete(MPI_SUCCESS);
   return MPI_SUCCESS;
@@ -261,7 +272,8 @@ void Request::poll_round() {
                                         std::to_string(round_expected_[i]) + ": the ranks disagree on the size");
     }
   }
-  if (rounds_[round_].then) rounds_[round_].then();
+  const Fold& then = rounds_[round_].then;
+  if (then.count > 0) fold_(then.into, then.into, then.from, then.count);
   ++round_;
   error = post_round();
   if (error != MPI_SUCCESS) complete(error);
@@ -597,9 +609,8 @@ void MpiComm::allreduce(const void* send, void* recv, size_t count, bpl_dtype dt
     const bool ring = bytes > kRecursiveDoublingMaxBytes && count >= static_cast<size_t>(size_);
     std::vector<char>& scratch = request->buffer(1);
     scratch.resize(allreduce_scratch_bytes(count, element, size_, ring));
-    request->schedule(allreduce_rounds(static_cast<char*>(work), scratch.data(), count, element,
-                                       plugin::reduce_function(acc, op), rank_, size_, ring),
-                      next_schedule_tag());
+    request->schedule(allreduce_rounds(static_cast<char*>(work), scratch.data(), count, element, rank_, size_, ring),
+                      plugin::reduce_function(acc, op), next_schedule_tag());
   } else {
     // The post may run later (after an agreement): it holds what it needs by value.
     request->post_ = [input, work, n, acc, op, comm = comm_](MPI_Request* r) {

@@ -68,11 +68,8 @@ class Request : public plugin::PolledRequest {
   std::vector<int>& counts() { return counts_; }  // MPI's int counts and displacements, kept until it ends
   void on_complete(std::function<void()> fn) { on_complete_ = std::move(fn); }
   // Runs the operation as the plugin's own `rounds` (schedules.h) instead of one MPI request, their
-  // transfers on the communicator's duplicate under `tag`.
-  void schedule(std::vector<Round> rounds, int tag) {
-    rounds_ = std::move(rounds);
-    schedule_tag_ = tag;
-  }
+  // transfers on the communicator's duplicate under `tag`, their folds with `reduce`.
+  void schedule(std::vector<Round> rounds, plugin::ReduceFn reduce, int tag);
   // What a recv matches on.
   std::tuple<MpiComm*, int, int> match_key() const { return {comm_, peer_, tag_}; }
   // bpl_request_free: one MPI still owns stays with its communicator (MPI cannot cancel it).
@@ -121,6 +118,7 @@ class Request : public plugin::PolledRequest {
   std::function<void()> on_complete_;
   // The plugin's own schedule (empty: one MPI request, request_).
   std::vector<Round> rounds_;
+  plugin::ReduceFn fold_ = nullptr;
   size_t round_ = 0;
   int schedule_tag_ = 0;
   std::vector<MPI_Request> round_requests_;

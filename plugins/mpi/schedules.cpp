@@ -1,5 +1,8 @@
 #include "schedules.h"
 
+#include <algorithm>
+#include <utility>
+
 namespace backplane::mpi_plugin {
 
 namespace {
@@ -10,18 +13,17 @@ size_t block_begin(size_t count, int size, int b) {
   return count / n * i + std::min(i, count % n);
 }
 
-std::vector<Round> recursive_doubling(char* data, char* scratch, size_t count, size_t element, plugin::ReduceFn reduce,
-                                      int rank, int size) {
+std::vector<Round> recursive_doubling(char* data, char* scratch, size_t count, size_t element, int rank, int size) {
   const size_t bytes = count * element;
-  auto fold_in = [=] { reduce(data, data, scratch, count); };
+  const Fold fold_in{data, scratch, count};
   std::vector<Round> rounds;
   int power = 1;
   while (power * 2 <= size) power *= 2;
   const int extra = size - power;  // ranks 0, 2, .., 2*extra-2 hand their data to the next odd rank
   if (rank < 2 * extra) {
     if (rank % 2 == 0) {
-      rounds.push_back({{{true, data, bytes, rank + 1}}, nullptr});
-      rounds.push_back({{{false, data, bytes, rank + 1}}, nullptr});  // the result, at the end
+      rounds.push_back({{{true, data, bytes, rank + 1}}, {}});
+      rounds.push_back({{{false, data, bytes, rank + 1}}, {}});  // the result, at the end
       return rounds;
     }
     rounds.push_back({{{false, scratch, bytes, rank - 1}}, fold_in});
@@ -33,12 +35,11 @@ std::vector<Round> recursive_doubling(char* data, char* scratch, size_t count, s
     const int peer = real_rank(virtual_rank ^ mask);
     rounds.push_back({{{false, scratch, bytes, peer}, {true, data, bytes, peer}}, fold_in});
   }
-  if (rank < 2 * extra) rounds.push_back({{{true, data, bytes, rank - 1}}, nullptr});
+  if (rank < 2 * extra) rounds.push_back({{{true, data, bytes, rank - 1}}, {}});
   return rounds;
 }
 
-std::vector<Round> ring(char* data, char* scratch, size_t count, size_t element, plugin::ReduceFn reduce, int rank,
-                        int size) {
+std::vector<Round> ring(char* data, char* scratch, size_t count, size_t element, int rank, int size) {
   const int next = (rank + 1) % size, prev = (rank + size - 1) % size;
   auto block = [&](int b) {
     b = ((b % size) + size) % size;
@@ -51,14 +52,13 @@ std::vector<Round> ring(char* data, char* scratch, size_t count, size_t element,
   for (int s = 0; s < size - 1; ++s) {
     const auto [out, out_n] = block(rank - s);
     const auto [in, in_n] = block(rank - s - 1);
-    rounds.push_back({{{false, scratch, in_n * element, prev}, {true, out, out_n * element, next}},
-                      [=, in = in, in_n = in_n] { reduce(in, in, scratch, in_n); }});
+    rounds.push_back({{{false, scratch, in_n * element, prev}, {true, out, out_n * element, next}}, {in, scratch, in_n}});
   }
   // Allgather: in step s this rank passes on block rank + 1 - s and receives block rank - s in place.
   for (int s = 0; s < size - 1; ++s) {
     const auto [out, out_n] = block(rank + 1 - s);
     const auto [in, in_n] = block(rank - s);
-    rounds.push_back({{{false, in, in_n * element, prev}, {true, out, out_n * element, next}}, nullptr});
+    rounds.push_back({{{false, in, in_n * element, prev}, {true, out, out_n * element, next}}, {}});
   }
   return rounds;
 }
@@ -69,11 +69,11 @@ size_t allreduce_scratch_bytes(size_t count, size_t element, int size, bool ring
   return ring ? (count / static_cast<size_t>(size) + 1) * element : count * element;
 }
 
-std::vector<Round> allreduce_rounds(char* data, char* scratch, size_t count, size_t element, plugin::ReduceFn reduce,
-                                    int rank, int size, bool ring_form) {
+std::vector<Round> allreduce_rounds(char* data, char* scratch, size_t count, size_t element, int rank, int size,
+                                    bool ring_form) {
   if (size == 1) return {};
-  return ring_form ? ring(data, scratch, count, element, reduce, rank, size)
-                   : recursive_doubling(data, scratch, count, element, reduce, rank, size);
+  return ring_form ? ring(data, scratch, count, element, rank, size)
+                   : recursive_doubling(data, scratch, count, element, rank, size);
 }
 
 }  // namespace backplane::mpi_plugin

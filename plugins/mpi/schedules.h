@@ -9,7 +9,6 @@
 #pragma once
 
 #include <cstddef>
-#include <functional>
 #include <vector>
 
 #include "dtypes.h"
@@ -23,19 +22,27 @@ struct Transfer {
   int peer;
 };
 
-struct Round {
-  std::vector<Transfer> transfers;
-  std::function<void()> then;  // may be empty
+// A round's local work once its transfers completed: into[i] = into[i] op from[i] for `count` elements
+// (none when count is 0), with the schedule's reduction.
+struct Fold {
+  char* into = nullptr;
+  const char* from = nullptr;
+  size_t count = 0;
 };
 
-// Allreduce of `count` elements of `element` bytes in `data` (in place) with `reduce`, on `size` ranks:
+struct Round {
+  std::vector<Transfer> transfers;
+  Fold then;
+};
+
+// Allreduce of `count` elements of `element` bytes in `data` (in place), on `size` ranks:
 // recursive doubling (whole buffers, log2(size) rounds, and one round before and after for the ranks
 // beyond the largest power of two) when `ring` is false, else a ring (a reduce-scatter then an
 // allgather of size blocks, 2(size-1) rounds). `scratch` holds what a round receives: the whole
 // buffer for recursive doubling, the largest block for the ring (allreduce_scratch_bytes). Every rank
 // computes the bit-identical result (the reductions pair the same operands on every rank).
-std::vector<Round> allreduce_rounds(char* data, char* scratch, size_t count, size_t element, plugin::ReduceFn reduce,
-                                    int rank, int size, bool ring);
+std::vector<Round> allreduce_rounds(char* data, char* scratch, size_t count, size_t element, int rank, int size,
+                                    bool ring);
 size_t allreduce_scratch_bytes(size_t count, size_t element, int size, bool ring);
 
 }  // namespace backplane::mpi_plugin
