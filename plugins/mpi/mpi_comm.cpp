@@ -226,7 +226,7 @@ int Request::post_round() {
       MpiLock lock(comm_->process());
       for (const bool sends : {false, true}) {  // receives first: a message then finds its buffer posted
         for (const Transfer& t : round.transfers) {
-          if (t.is_send != sends || t.bytes == 0) continue;
+          if (t.is_send != sends) continue;
           MPI_Request r = MPI_REQUEST_NULL;
           const int n = static_cast<int>(t.bytes);
           const int error = t.is_send ? MPI_Isend(t.buffer, n, MPI_BYTE, t.peer, schedule_tag_, comm_->agree_, &r)
@@ -407,9 +407,19 @@ MpiComm::~MpiComm() {
   MPI_Comm_free(&comm_);
 }
 
-int MpiComm::next_schedule_tag() {
-  return static_cast<int>(schedules_.fetch_add(1, std::memory_order_relaxed) %
-                          (static_cast<uint32_t>(process_.tag_upper_bound) + 1));
+int MpiComm::next_schedule_tag(const Fingerprint& f) {
+  const uint32_t sequence = schedules_.fetch_add(1, std::memory_order_relaxed);
+  if (process_.tag_upper_bound < 0x7fffffff) {
+    return static_cast<int>(sequence % (static_cast<uint32_t>(process_.tag_upper_bound) + 1));
+  }
+  uint64_t hash = 14695981039346656037ull;  // FNV-1a over the fingerprint's words
+  for (int64_t word : encode(f)) {
+    for (int byte = 0; byte < 8; ++byte) {
+      hash ^= (static_cast<uint64_t>(word) >> (8 * byte)) & 0xff;
+      hash *= 1099511628211ull;
+    }
+  }
+  return static_cast<int>(((sequence & 0x7fffu) << 16) | static_cast<uint32_t>(hash & 0xffffu));
 }
 
 void MpiComm::check(int code, const char* call) const {
@@ -610,7 +620,7 @@ void MpiComm::allreduce(const void* send, void* recv, size_t count, bpl_dtype dt
     std::vector<char>& scratch = request->buffer(1);
     scratch.resize(allreduce_scratch_bytes(count, element, size_, ring));
     request->schedule(allreduce_rounds(static_cast<char*>(work), scratch.data(), count, element, rank_, size_, ring),
-                      plugin::reduce_function(acc, op), next_schedule_tag());
+                      plugin::reduce_function(acc, op), next_schedule_tag(request->signature()));
   } else {
     // The post may run later (after an agreement): it holds what it needs by value.
     request->post_ = [input, work, n, acc, op, comm = comm_](MPI_Request* r) {

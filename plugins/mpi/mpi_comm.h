@@ -64,6 +64,7 @@ class Request : public plugin::PolledRequest {
   ~Request() override;
 
   MpiComm& comm() { return *comm_; }
+  const Fingerprint& signature() const { return fingerprint_; }  // what it runs
   std::vector<char>& buffer(size_t i) { return buffers_[i]; }  // staging owned by the request
   std::vector<int>& counts() { return counts_; }  // MPI's int counts and displacements, kept until it ends
   void on_complete(std::function<void()> fn) { on_complete_ = std::move(fn); }
@@ -188,9 +189,11 @@ class MpiComm {
   // ring of blocks, which moves 2(n-1)/n of the buffer per rank instead of log2(n) times it and keeps
   // each message of a 4 KiB allreduce on 2 ranks below the eager limit.
   static constexpr size_t kRecursiveDoublingMaxBytes = 2048;
-  // The tag of the next collective the plugin schedules itself: its ranks start them in the same
-  // order, so they agree on it; operations in flight together never share one.
-  int next_schedule_tag();
+  // The tag of the next collective the plugin schedules itself, `f`: its number on the communicator
+  // (its ranks start them in the same order, so operations in flight together never share a tag) and,
+  // where MPI's tags are wide enough, a hash of its fingerprint, so that ranks calling different
+  // collectives post messages that never match: they stall, and the explanation names what each calls.
+  int next_schedule_tag(const Fingerprint& f);
   // Starts `request`; with req == NULL waits for it here.
   void start(std::unique_ptr<Request> request, bpl_plugin_request** req);
   void require_usable() const;

@@ -804,15 +804,14 @@ TEST_P(Fault, MismatchedSizesWithoutDetailAreAnErrorOnEveryRankAndNeverCorruptMe
 }
 
 // 7. A small count mismatch (999 and 1000 elements) and a rank that skips a collective: no rank
-//    crashes, none writes out of bounds, and the job never ends with every rank reporting success;
-//    where the backend can tell (gloo, and MPI for the skip), every rank reports MISMATCH naming rank 1.
+//    crashes, none writes out of bounds, and every rank reports MISMATCH naming rank 1 (the ranks'
+//    messages never match: gloo's and the MPI plugin's schedules tag them with the call's fingerprint).
 TEST_P(Fault, SmallMismatchesAndSkippedCollectivesWithoutDetailAreErrors) {
   for (const std::string which : {"count", "skip"}) {
     SCOPED_TRACE(which);
     Job job = run_job(backend(), 3, "mismatched_collectives", {{"BPL_TEST_CASE", which}, {"BPL_TIMEOUT_MS", mismatch_timeout()}});
     EXPECT_EQ(job.output.find("AddressSanitizer"), std::string::npos) << job.output;
     EXPECT_FALSE(job.processes.front().timed_out) << job.output;
-    int errors = 0;
     for (int rank = 0; rank < 3; ++rank) {
       if (!is_mpi()) {
         EXPECT_EQ(job.processes[static_cast<size_t>(rank)].signal, 0) << job.output;
@@ -820,18 +819,14 @@ TEST_P(Fault, SmallMismatchesAndSkippedCollectivesWithoutDetailAreErrors) {
       EXPECT_EVENT(job, rank, "guard", "BPL_OK");
       const Event* mismatch = job.event(rank, "mismatch");
       ASSERT_NE(mismatch, nullptr) << job.output;
-      errors += mismatch->status != "BPL_OK";
       std::printf("%s %s: rank %d: %s after %lld ms: %s\n", backend().c_str(), which.c_str(), rank,
                   mismatch->status.c_str(), static_cast<long long>(mismatch->ms), mismatch->message.c_str());
-      if (!is_mpi() || which == "skip") {
-        EXPECT_EQ(mismatch->status, "BPL_ERR_MISMATCH") << mismatch->message;
-        // On machines of two ranks, ranks 0 and 1 find it in their segment: two ranks, no majority.
-        EXPECT_NE(mismatch->message.find(backend() == "gloo_machines" ? "rank 1 calls" : "rank 1 differs from the others"),
-                  std::string::npos)
-            << mismatch->message;
-      }
+      EXPECT_EQ(mismatch->status, "BPL_ERR_MISMATCH") << mismatch->message;
+      // On machines of two ranks, ranks 0 and 1 find it in their segment: two ranks, no majority.
+      EXPECT_NE(mismatch->message.find(backend() == "gloo_machines" ? "rank 1 calls" : "rank 1 differs from the others"),
+                std::string::npos)
+          << mismatch->message;
     }
-    EXPECT_GT(errors, 0) << job.output;
   }
 }
 
