@@ -1,8 +1,9 @@
 // A communicator of the MPI plugin: an MPI communicator (with MPI_ERRORS_RETURN) and a duplicate of it
 // on which the ranks compare what they call (fingerprint.h).
 //
-// Every bpl call is MPI's non-blocking call, tested here (blocking) or through its request until it
-// completes or the communicator's timeout passes. MPI progresses only inside its calls, so a wait keeps
+// Every bpl call is MPI's non-blocking call, or (allreduce) a schedule of the plugin's own of MPI's
+// non-blocking point-to-point calls (schedules.h), tested here (blocking) or through its request until
+// it completes or the communicator's timeout passes. MPI progresses only inside its calls, so a wait keeps
 // testing, without pause while the operation may be moving its bytes, then with growing pauses: a rank
 // waiting for a stopped or missing peer costs about one test a millisecond, not a core.
 //
