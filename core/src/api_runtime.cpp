@@ -83,6 +83,9 @@ bpl_status bpl_init(const bpl_init_options* options, bpl_runtime** out) {
 
     LaunchInfo& launch = runtime->launch;
     const bool native = opts.native_comm != nullptr;
+    // Before any connection, so that a bad setting is refused first; given a native communicator, once
+    // the world it makes tells this process's rank.
+    if (!native) runtime->trace = Trace::from_environment(env, launch.rank, launch.world_size, runtime->api().name);
     // Given a native communicator, the plugin learns the placement from it: the core's is unknown yet.
     runtime->launch_c = {sizeof(bpl_launch_info), native ? -1 : launch.rank, native ? -1 : launch.world_size,
                          native ? -1 : launch.local_rank, native ? -1 : launch.local_world_size,
@@ -108,14 +111,16 @@ bpl_status bpl_init(const bpl_init_options* options, bpl_runtime** out) {
       if (status != BPL_OK) throw Error(status, "comm_world failed: " + last_error());
       runtime->world = wrap_comm(runtime.get(), world, true, "world", launch.timeout_ms);
       runtime->launch_c.native_comm = nullptr;  // the caller's, valid during runtime_create only
-      if (native) place_in_native_world(*runtime);
+      if (native) {
+        place_in_native_world(*runtime);
+        runtime->trace = Trace::from_environment(env, launch.rank, launch.world_size, api.name);
+      }
     } catch (...) {
       delete runtime->world;  // the plugin's world is its runtime's
       runtime->world = nullptr;
       api.runtime_destroy(runtime->impl);
       throw;
     }
-    runtime->trace = Trace::from_environment(env, launch.rank, launch.world_size, api.name);
     log(BPL_LOG_INFO, "core", std::string("rank ") + std::to_string(launch.rank) + "/" +
                                   std::to_string(launch.world_size) + " using backend " + api.name + " from " +
                                   runtime->plugin->path() + " (" + runtime->selection_reason + ")");

@@ -212,11 +212,6 @@ void Request::schedule(std::vector<Round> rounds, plugin::ReduceFn reduce, int t
   round_statuses_.reserve(most);
 }
 
-int Request::post() {
-  if (rounds_.empty()) return post_(&request_);
-  return post_round();
-}
-
 int Request::post_round() {
   for (; round_ < rounds_.size(); ++round_) {
     const Round& round = rounds_[round_];

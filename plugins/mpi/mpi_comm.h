@@ -90,8 +90,6 @@ class Request : public plugin::PolledRequest {
   std::string uncancellable() const override { return "MPI cannot cancel it, and keeps its buffers"; }
   void complete(int mpi_error);
   void fail(bpl_status status, const std::string& message);
-  // Posts the operation: its MPI request, or its schedule's first round.
-  int post();
   // Posts round round_ of the schedule, or completes the operation after the last.
   int post_round();
   // Tests the round in flight; once it completed, checks what arrived, runs its local work, posts the next.
