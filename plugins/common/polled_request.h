@@ -12,6 +12,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <string>
@@ -22,12 +23,21 @@
 
 namespace backplane::plugin {
 
-// How a rank waits for a backend that progresses only when asked: it asks without pause (yielding the
-// core now and then: ranks may outnumber cores) for as long as the operation may be moving its bytes,
-// 2 ms plus 1 ns a byte (a transfer at 1 GB/s), then with pauses that double from 50 us to 1 ms. A peer
-// that is stopped, gone or far behind then costs this rank about one question a millisecond.
+// How a rank waits for a backend that progresses only when asked: it asks without pause for as long as
+// the operation may be moving its bytes, 2 ms plus 1 ns a byte (a transfer at 1 GB/s), then with pauses
+// that double from 50 us to 1 ms. A peer that is stopped, gone or far behind then costs this rank about
+// one question a millisecond. While it asks without pause it yields the core now and then only where
+// the job's ranks outnumber this machine's cores (the peer it waits for may need the core), as Open
+// MPI's progress loop does: a yield hands the core to whatever else runs here, and with a busy process
+// beside the ranks that costs a scheduler slice (milliseconds) per operation (bench/results/2026-11-25-mpi-load).
 class Backoff {
  public:
+  // Set once by a plugin that knows how its job sits on the machine (default: yield, the safe choice).
+  static std::atomic<bool>& yield_while_spinning() {
+    static std::atomic<bool> yield{true};
+    return yield;
+  }
+
   explicit Backoff(size_t bytes)
       : spin_until_(std::chrono::steady_clock::now() + std::chrono::milliseconds(2) +
                     std::chrono::nanoseconds(std::min<size_t>(bytes, size_t{1} << 40))) {}
@@ -37,7 +47,7 @@ class Backoff {
     if (pause_.count() == 0) {
       if ((++spins_ & 63) != 0) return;
       if (std::chrono::steady_clock::now() < spin_until_) {
-        sched_yield();
+        if (yield_while_spinning().load(std::memory_order_relaxed)) sched_yield();
         return;
       }
       pause_ = std::chrono::microseconds(50);

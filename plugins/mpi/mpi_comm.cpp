@@ -572,6 +572,10 @@ std::string MpiComm::stopped_peers_note(bool every_rank_answered) const {
                                "operation: it cannot be named from here)";
 }
 
+int MpiComm::local_ranks() const {
+  return 1 + static_cast<int>(std::count_if(local_pid_of_rank_.begin(), local_pid_of_rank_.end(), [](pid_t pid) { return pid != 0; }));
+}
+
 void MpiComm::learn_peers() {
   if (size_ == 1) return;
   // This rank's process space (machine and pid namespace) and pid, as two words.

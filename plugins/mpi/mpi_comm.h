@@ -135,6 +135,8 @@ class MpiComm {
   int rank() const { return rank_; }
   int size() const { return size_; }
   const MpiProcess& process() const { return process_; }
+  // How many of its ranks run on this machine (this one included).
+  int local_ranks() const;
   std::chrono::milliseconds timeout() const { return std::chrono::milliseconds(timeout_ms_.load(std::memory_order_relaxed)); }
   // Bounds the operations started from now on.
   void set_timeout(std::chrono::milliseconds timeout) { timeout_ms_.store(timeout.count(), std::memory_order_relaxed); }

@@ -2,7 +2,9 @@
 // MPI's process lifecycle, initialised only if the embedder has not, finalised only if initialised
 // here; the shared entries (plugin_entry.h) are the C boundary.
 #include <dlfcn.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -169,7 +171,14 @@ bpl_status runtime_create(const bpl_launch_info* launch, bpl_plugin_runtime** ou
     }
     auto runtime = std::make_unique<bpl_plugin_runtime>();
     runtime->world = std::make_unique<MpiComm>(s.process, world, std::chrono::milliseconds(launch->timeout_ms));
+    // Waits yield while they spin only where this machine's ranks outnumber its cores (polled_request.h;
+    // not this process's affinity: mpirun binds each rank to a core of its own).
+    const int cores = std::max(1, static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)));
+    const bool yield = runtime->world->local_ranks() > cores;
+    plugin::Backoff::yield_while_spinning().store(yield, std::memory_order_relaxed);
     runtime->details = "library=" + library_version() + "; thread_level=" + thread_level_name(s.process.thread_level) +
+                       "; " + std::to_string(runtime->world->local_ranks()) + " rank(s) on " + std::to_string(cores) +
+                       " core(s) here: waits " + (yield ? "yield" : "do not yield") + " while they spin" +
                        (s.initialized_here ? "; initialised by backplane" : "; initialised by the program") +
                        (base == MPI_COMM_WORLD ? "; world: MPI_COMM_WORLD" : "; world: the program's communicator");
     ++s.runtimes;
