@@ -351,9 +351,34 @@ class Request:
             _lib.bpl_request_free(self._handle)
 
 
-class Comm:
+class _Handle:
+    """What a Runtime makes and, if still alive, destroys when it closes (a Comm from split, DeviceMemory,
+    a Program): destroy() ends it, and so does leaving its `with` block; used after, it raises ValueError."""
+
+    _what = "handle"
+    _ended = "destroyed (destroy(), or its Runtime closed)"
+
+    def destroy(self) -> None:
+        raise NotImplementedError
+
+    def _live(self) -> ctypes.c_void_p:
+        if self._handle is None:
+            raise ValueError("this %s was %s" % (self._what, self._ended))
+        return self._handle
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self.destroy()
+        return False
+
+
+class Comm(_Handle):
     """A communicator. The world belongs to its Runtime; one from split() is destroyed by destroy(), on
     leaving its `with` block, or with its Runtime when that closes first."""
+
+    _what = "communicator"
 
     def __init__(self, handle: int, owned: bool, runtime: "Runtime"):
         self._handle = ctypes.c_void_p(handle)
@@ -380,13 +405,6 @@ class Comm:
         if self._owned and self._handle is not None:
             handle, self._handle = self._handle, None
             _check(_api().bpl_comm_destroy(handle))
-
-    def __enter__(self) -> "Comm":
-        return self
-
-    def __exit__(self, *exc) -> bool:
-        self.destroy()
-        return False
 
     def set_timeout(self, timeout_ms: int) -> None:
         """Bounds the operations started from now on (and is the default of Request.wait)."""
@@ -543,11 +561,6 @@ class Comm:
 
     # -- internals --
 
-    def _live(self) -> ctypes.c_void_p:
-        if self._handle is None:
-            raise ValueError("this communicator was destroyed (destroy(), or its Runtime closed)")
-        return self._handle
-
     @staticmethod
     def _v13(name: str):
         if not hasattr(_api(), name):
@@ -564,10 +577,13 @@ class Comm:
         return Request(handle, keep, what)
 
 
-class DeviceMemory:
+class DeviceMemory(_Handle):
     """`nbytes` of a device's memory from Runtime.malloc (bpl_malloc). It goes wherever a buffer goes
     (collectives, kernels, programs, memcpy), as elements of `dtype` (malloc's, or the call's dtype=).
     Freed by free(), on leaving its `with` block, or, if still held, when its Runtime closes."""
+
+    _what = "device memory"
+    _ended = "freed (free(), or its Runtime closed)"
 
     def __init__(self, runtime: "Runtime", address: int, nbytes: int, device: int, dtype: Optional[str]):
         self._runtime = runtime
@@ -581,18 +597,6 @@ class DeviceMemory:
             _check(_api().bpl_free(self._runtime._live(), handle))
 
     destroy = free
-
-    def _live(self) -> ctypes.c_void_p:
-        if self._handle is None:
-            raise ValueError("this device memory was freed (free(), or its Runtime closed)")
-        return self._handle
-
-    def __enter__(self) -> "DeviceMemory":
-        return self
-
-    def __exit__(self, *exc) -> bool:
-        self.free()
-        return False
 
 
 # A program's tensor: a numpy array, or (buffer, shape) / (buffer, shape, dtype) with any buffer or
@@ -623,9 +627,11 @@ def _tensor(spec: TensorLike, writable: bool, name: str) -> Tuple[_Tensor, _Buff
     return t, b
 
 
-class Program:
+class Program(_Handle):
     """A compiled program (Runtime.compile, bpl_program_compile). Destroyed by destroy(), on leaving its
     `with` block, or, if still held, when its Runtime closes."""
+
+    _what = "program"
 
     def __init__(self, runtime: "Runtime", handle: int):
         self._runtime = runtime
@@ -645,18 +651,6 @@ class Program:
         if self._handle is not None:
             handle, self._handle = self._handle, None
             _check(_api().bpl_program_destroy(handle))
-
-    def _live(self) -> ctypes.c_void_p:
-        if self._handle is None:
-            raise ValueError("this program was destroyed (destroy(), or its Runtime closed)")
-        return self._handle
-
-    def __enter__(self) -> "Program":
-        return self
-
-    def __exit__(self, *exc) -> bool:
-        self.destroy()
-        return False
 
 
 class Runtime:

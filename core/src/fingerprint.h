@@ -52,6 +52,11 @@ constexpr size_t kFingerprintWords = 8;
 using FingerprintWords = std::array<int64_t, kFingerprintWords>;
 
 FingerprintWords encode(const Fingerprint& fingerprint);
+
+// A hash of the call a fingerprint describes (every field but the rank's own pairing share): plugins
+// build message tags from it, so that ranks calling different collectives post messages that never
+// match (up to its collisions) and stall, where the fingerprints then say what each called.
+uint64_t call_hash(const Fingerprint& fingerprint);
 // Nothing when `words` were not made by encode (a peer running another version, or not checking).
 std::optional<Fingerprint> decode(const FingerprintWords& words);
 

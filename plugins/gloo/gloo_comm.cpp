@@ -536,15 +536,7 @@ void GlooComm::begin(bpl_collective op, bpl_dtype dtype, int64_t count, int root
 }
 
 uint32_t GlooComm::tag() const {
-  Fingerprint shared = current_;
-  shared.pairing = 0;  // each rank's own
-  uint64_t hash = 14695981039346656037ull;  // FNV-1a over the fingerprint's words
-  for (int64_t word : encode(shared)) {
-    for (int byte = 0; byte < 8; ++byte) {
-      hash ^= (static_cast<uint64_t>(word) >> (8 * byte)) & 0xff;
-      hash *= 1099511628211ull;
-    }
-  }
+  const uint64_t hash = call_hash(current_);
   return static_cast<uint32_t>(hash ^ (hash >> 32));
 }
 

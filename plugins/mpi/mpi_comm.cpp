@@ -407,14 +407,7 @@ int MpiComm::next_schedule_tag(const Fingerprint& f) {
   if (process_.tag_upper_bound < 0x7fffffff) {
     return static_cast<int>(sequence % (static_cast<uint32_t>(process_.tag_upper_bound) + 1));
   }
-  uint64_t hash = 14695981039346656037ull;  // FNV-1a over the fingerprint's words
-  for (int64_t word : encode(f)) {
-    for (int byte = 0; byte < 8; ++byte) {
-      hash ^= (static_cast<uint64_t>(word) >> (8 * byte)) & 0xff;
-      hash *= 1099511628211ull;
-    }
-  }
-  return static_cast<int>(((sequence & 0x7fffu) << 16) | static_cast<uint32_t>(hash & 0xffffu));
+  return static_cast<int>(((sequence & 0x7fffu) << 16) | static_cast<uint32_t>(call_hash(f) & 0xffffu));
 }
 
 void MpiComm::check(int code, const char* call) const {
