@@ -118,6 +118,13 @@ class PointToPointRequest : public Request {
   std::thread waiter_;
 };
 
+// Counts or displacements in elements of `element` bytes, in bytes.
+std::vector<size_t> in_bytes(const plugin::Counts& elements, size_t element) {
+  std::vector<size_t> bytes(elements.size());
+  for (size_t i = 0; i < elements.size(); ++i) bytes[i] = elements[i] * element;
+  return bytes;
+}
+
 }  // namespace
 
 GlooComm::GlooComm(std::shared_ptr<Shared> shared, std::string uid, int rank, int size,
@@ -797,18 +804,20 @@ Error GlooComm::point_to_point_failure(const std::exception& e, bool is_send, in
   return recorded_failure(status, message, record_defer(status, peers_note));
 }
 
-// Gather, scatter, allgatherv and alltoallv move each block straight from the rank that has it to the
-// rank that wants it: one transfer per pair of ranks, over the communicator's own connections (shared
-// memory's mailboxes, where the receiver reads the sender's buffer, within a machine; Gloo's pairs
-// otherwise), on every path alike. Their tags are negative, so that they never match the caller's
+// Across machines, gather, scatter, allgatherv and alltoallv move each block straight from the rank
+// that has it to the rank that wants it: one transfer per pair of ranks over Gloo's pairs (the
+// hierarchical path's ranks on one machine too). Within one machine they run in the segment like
+// allgather and alltoall (ShmGroup): the ranks' steps check that they call the same, and large blocks
+// stream through the segment faster than process_vm_readv reads them. Their tags are negative, so that they never match the caller's
 // sends and recvs (whose tags are >= 0), and carry the collective's number.
-void GlooComm::exchange(const std::vector<Transfer>& transfers) {
+void GlooComm::exchange(const std::vector<Transfer>& transfers, const std::function<void()>& meanwhile) {
   const int tag = -1 - static_cast<int>(collectives_ & 0x3fffffff);
   std::vector<std::function<void()>> receives, sends;
   for (const Transfer& t : transfers) {
     if (t.bytes == 0) continue;
     (t.is_send ? sends : receives).push_back(post_transfer(t.buffer, t.bytes, t.peer, tag, t.is_send, kCollectiveSlotPrefix));
   }
+  if (meanwhile) meanwhile();
   for (auto& received : receives) received();  // first: a send within the machine ends once its peer read it
   for (auto& sent : sends) sent();
 }
@@ -816,6 +825,7 @@ void GlooComm::exchange(const std::vector<Transfer>& transfers) {
 void GlooComm::run_gather(const void* send, void* recv, size_t count, bpl_dtype dtype, int root) {
   begin(BPL_COLL_GATHER, dtype, count, root);
   const size_t block = count * plugin::dtype_size(dtype);
+  if (shm_) return shm_->gather(send, recv, block, root, timeout());
   if (rank() != root) return exchange({{const_cast<void*>(send), block, root, true}});
   auto* out = static_cast<char*>(recv);
   std::vector<Transfer> transfers;
@@ -823,13 +833,15 @@ void GlooComm::run_gather(const void* send, void* recv, size_t count, bpl_dtype 
     if (q != root) transfers.push_back({out + block * static_cast<size_t>(q), block, q, false});
   }
   char* own = out + block * static_cast<size_t>(root);
-  if (own != send && block > 0) std::memcpy(own, send, block);
-  exchange(transfers);
+  exchange(transfers, [&] {
+    if (own != send && block > 0) std::memcpy(own, send, block);
+  });
 }
 
 void GlooComm::run_scatter(const void* send, void* recv, size_t count, bpl_dtype dtype, int root) {
   begin(BPL_COLL_SCATTER, dtype, count, root);
   const size_t block = count * plugin::dtype_size(dtype);
+  if (shm_) return shm_->scatter(send, recv, block, root, timeout());
   if (rank() != root) return exchange({{recv, block, root, false}});
   const auto* in = static_cast<const char*>(send);
   std::vector<Transfer> transfers;
@@ -837,8 +849,9 @@ void GlooComm::run_scatter(const void* send, void* recv, size_t count, bpl_dtype
     if (q != root) transfers.push_back({const_cast<char*>(in + block * static_cast<size_t>(q)), block, q, true});
   }
   const char* own = in + block * static_cast<size_t>(root);
-  if (own != recv && block > 0) std::memcpy(recv, own, block);
-  exchange(transfers);
+  exchange(transfers, [&] {
+    if (own != recv && block > 0) std::memcpy(recv, own, block);
+  });
 }
 
 void GlooComm::run_allgatherv(const void* send, size_t sendcount, void* recv, const plugin::Counts& recvcounts,
@@ -847,8 +860,13 @@ void GlooComm::run_allgatherv(const void* send, size_t sendcount, void* recv, co
   for (size_t c : recvcounts) total += c;
   const auto sent = [&](int) { return sendcount; };
   const auto received = [&](int q) { return recvcounts[static_cast<size_t>(q)]; };
-  begin(BPL_COLL_ALLGATHERV, dtype, static_cast<int64_t>(total), -1, -1, pairing_share(rank(), size(), sent, received));
+  const int64_t pairing = pairing_share(rank(), size(), sent, received);
+  begin(BPL_COLL_ALLGATHERV, dtype, static_cast<int64_t>(total), -1, -1, pairing);
   const size_t element = plugin::dtype_size(dtype);
+  if (shm_) {
+    return shm_->allgatherv(send, sendcount * element, recv, in_bytes(recvcounts, element), in_bytes(displs, element),
+                            pairing, timeout());
+  }
   auto* out = static_cast<char*>(recv);
   std::vector<Transfer> transfers;
   for (int q = 0; q < size(); ++q) {
@@ -857,29 +875,35 @@ void GlooComm::run_allgatherv(const void* send, size_t sendcount, void* recv, co
     transfers.push_back({out + displs[static_cast<size_t>(q)] * element, recvcounts[static_cast<size_t>(q)] * element, q, false});
   }
   char* own = out + displs[static_cast<size_t>(rank())] * element;
-  if (own != send && sendcount > 0) std::memcpy(own, send, sendcount * element);
-  exchange(transfers);
+  exchange(transfers, [&] {
+    if (own != send && sendcount > 0) std::memcpy(own, send, sendcount * element);
+  });
 }
 
 void GlooComm::run_alltoallv(const void* send, const plugin::Counts& sendcounts, const plugin::Counts& sdispls, void* recv,
                              const plugin::Counts& recvcounts, const plugin::Counts& rdispls, bpl_dtype dtype) {
   const auto sent = [&](int q) { return sendcounts[static_cast<size_t>(q)]; };
   const auto received = [&](int q) { return recvcounts[static_cast<size_t>(q)]; };
-  begin(BPL_COLL_ALLTOALLV, dtype, -1, -1, -1, pairing_share(rank(), size(), sent, received));
+  const int64_t pairing = pairing_share(rank(), size(), sent, received);
+  begin(BPL_COLL_ALLTOALLV, dtype, -1, -1, -1, pairing);
   const size_t element = plugin::dtype_size(dtype);
+  if (shm_) {
+    return shm_->alltoallv(send, in_bytes(sendcounts, element), in_bytes(sdispls, element), recv,
+                           in_bytes(recvcounts, element), in_bytes(rdispls, element), pairing, timeout());
+  }
   const auto* in = static_cast<const char*>(send);
   auto* out = static_cast<char*>(recv);
   std::vector<Transfer> transfers;
   for (int q = 0; q < size(); ++q) {
+    if (q == rank()) continue;
     const auto i = static_cast<size_t>(q);
-    if (q == rank()) {
-      if (sendcounts[i] > 0) std::memcpy(out + rdispls[i] * element, in + sdispls[i] * element, sendcounts[i] * element);
-      continue;
-    }
     transfers.push_back({const_cast<char*>(in + sdispls[i] * element), sendcounts[i] * element, q, true});
     transfers.push_back({out + rdispls[i] * element, recvcounts[i] * element, q, false});
   }
-  exchange(transfers);
+  const auto me = static_cast<size_t>(rank());
+  exchange(transfers, [&] {
+    if (sendcounts[me] > 0) std::memcpy(out + rdispls[me] * element, in + sdispls[me] * element, sendcounts[me] * element);
+  });
 }
 
 void GlooComm::send(const void* buf, size_t count, bpl_dtype dtype, int peer, int tag, bpl_plugin_request** req) {

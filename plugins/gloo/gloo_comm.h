@@ -187,8 +187,9 @@ class GlooComm {
     int peer;
     bool is_send;
   };
-  // Posts every transfer (those of no bytes are skipped), then waits for them, each within the timeout.
-  void exchange(const std::vector<Transfer>& transfers);
+  // Posts every transfer (those of no bytes are skipped), runs `meanwhile` (a rank's copy of its own
+  // block, while its peers read or write theirs), then waits for them, each within the timeout.
+  void exchange(const std::vector<Transfer>& transfers, const std::function<void()>& meanwhile = {});
   std::unique_ptr<GlooComm> run_split(int color, int key);
   // Numbers and fingerprints the collective about to run (fingerprint.h; sequence set here; -1: a
   // field it does not have).

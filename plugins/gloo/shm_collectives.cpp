@@ -92,16 +92,17 @@ void ShmGroup::allreduce(const void* send, void* recv, size_t count, bpl_dtype a
 void ShmGroup::broadcast(void* buf, size_t bytes, int root, std::chrono::milliseconds timeout) {
   const Deadline deadline(timeout);
   auto* data = static_cast<char*>(buf);
+  const uint32_t kind = with_root(kBroadcast, root);
   if (takes_single_copy(bytes, kSingleCopyBroadcastMaxBytes)) {
-    const uint32_t buffers = publish_buffers(kBroadcast, bytes, buf, buf, deadline);
+    const uint32_t buffers = publish_buffers(kind, bytes, buf, buf, deadline);
     if (rank_ != root) read_peer(root, data, progress_[root].send_address[buffers % 2], bytes);
-    return finish_single_copy(kBroadcast, bytes, deadline);
+    return finish_single_copy(kind, bytes, deadline);
   }
   for (size_t first = 0; first < bytes; first += kSlotBytes) {
     const size_t n = std::min(kSlotBytes, bytes - first);
     const uint32_t step = next_step();
     if (rank_ == root) copy_to_peers(slot(step, root), data + first, n);
-    publish(kBroadcast, bytes);
+    publish(kind, bytes);
     wait_for_all(step, deadline);
     if (rank_ != root) copy_bytes(data + first, slot(step, root), n);
   }
@@ -185,24 +186,210 @@ void ShmGroup::alltoall(const void* send, void* recv, size_t block_bytes, std::c
     }
     return finish_single_copy(kAlltoall, block_bytes, deadline);
   }
-  // Each step carries the same `n` bytes of every block, block q at q * n in the slot; every rank has
-  // copied that range of all its blocks in before any rank writes it out, so send may equal recv.
-  const uint32_t kind = single_copy_size ? kAlltoallInPlace : kAlltoall;
-  const size_t chunk = std::max<size_t>(1, kSlotBytes / ranks);
+  // Each step carries the same `n` bytes of every block a peer reads, packed in the slot in rank
+  // order; every rank has copied that range of all its blocks in before any rank writes it out. Not in
+  // place, this rank's own block goes straight from send to recv while the peers catch up, and the
+  // slot holds only the peers' blocks: fewer, larger steps. In place, the own block is staged too (a
+  // peer may call the other way only at its peril: the layouts differ, hence the kinds).
+  const bool in_place = send == recv;
+  const size_t own = block_bytes * static_cast<size_t>(rank_);
+  const size_t pieces = std::max<size_t>(1, in_place ? ranks : ranks - 1);
+  auto piece_for = [&](size_t reader, size_t writer) { return in_place || reader < writer ? reader : reader - 1; };
+  const size_t chunk = std::max<size_t>(1, kSlotBytes / pieces);
   for (size_t first = 0; first < block_bytes; first += chunk) {
     const size_t n = std::min(chunk, block_bytes - first);
     const uint32_t step = next_step();
     char* mine = slot(step, rank_);
+    const auto me = static_cast<size_t>(rank_);
     for (size_t q = 0; q < ranks; ++q) {
-      if (static_cast<int>(q) != rank_) copy_to_peers(mine + n * q, in + block_bytes * q + first, n);
-      else copy_bytes(mine + n * q, in + block_bytes * q + first, n);  // read by this rank only
+      if (q != me) copy_to_peers(mine + n * piece_for(q, me), in + block_bytes * q + first, n);
+      else if (in_place) copy_bytes(mine + n * q, in + own + first, n);  // read by this rank only
     }
-    publish(kind, block_bytes);
+    publish(in_place ? kAlltoallInPlace : kAlltoall, block_bytes);
+    if (!in_place) copy_bytes(out + own + first, in + own + first, n);
     wait_for_all(step, deadline);
     for (size_t q = 0; q < ranks; ++q) {
-      copy_bytes(out + block_bytes * q + first, slot(step, static_cast<int>(q)) + n * static_cast<size_t>(rank_), n);
+      if (q != me || in_place) copy_bytes(out + block_bytes * q + first, slot(step, static_cast<int>(q)) + n * piece_for(me, q), n);
     }
   }
+}
+
+void ShmGroup::gather(const void* send, void* recv, size_t block_bytes, int root, std::chrono::milliseconds timeout) {
+  const Deadline deadline(timeout);
+  const uint32_t kind = with_root(kGather, root);
+  const auto* in = static_cast<const char*>(send);
+  auto* out = static_cast<char*>(recv);  // NULL on the others, as may be `send` of a scatter
+  char* own = rank_ == root ? out + block_bytes * static_cast<size_t>(rank_) : nullptr;
+  if (takes_single_copy(block_bytes * static_cast<size_t>(size_))) {
+    const uint32_t buffers = publish_buffers(kind, block_bytes, send, recv, deadline);
+    if (rank_ == root) {
+      for (int q = 0; q < size_; ++q) {
+        if (q != rank_) read_peer(q, out + block_bytes * static_cast<size_t>(q), progress_[q].send_address[buffers % 2], block_bytes);
+      }
+      if (own != in) copy_bytes(own, in, block_bytes);
+    }
+    return finish_single_copy(kind, block_bytes, deadline);
+  }
+  // As allgather, only the root copying out.
+  for (size_t first = 0; first < block_bytes; first += kSlotBytes) {
+    const size_t n = std::min(kSlotBytes, block_bytes - first);
+    const uint32_t step = next_step();
+    if (rank_ != root) copy_to_peers(slot(step, rank_), in + first, n);
+    publish(kind, block_bytes);
+    if (rank_ == root && own != in) copy_bytes(own + first, in + first, n);  // while the peers catch up
+    wait_for_all(step, deadline);
+    if (rank_ != root) continue;
+    for (int q = 0; q < size_; ++q) {
+      if (q != rank_) copy_bytes(out + block_bytes * static_cast<size_t>(q) + first, slot(step, q), n);
+    }
+  }
+}
+
+void ShmGroup::scatter(const void* send, void* recv, size_t block_bytes, int root, std::chrono::milliseconds timeout) {
+  const Deadline deadline(timeout);
+  const uint32_t kind = with_root(kScatter, root);
+  const auto* in = static_cast<const char*>(send);
+  auto* out = static_cast<char*>(recv);
+  const auto me = static_cast<size_t>(rank_);
+  const char* own = rank_ == root ? in + block_bytes * me : nullptr;
+  if (takes_single_copy(block_bytes * static_cast<size_t>(size_))) {
+    const uint32_t buffers = publish_buffers(kind, block_bytes, send, recv, deadline);
+    if (rank_ != root) read_peer(root, out, progress_[root].send_address[buffers % 2] + block_bytes * me, block_bytes);
+    else if (own != out) copy_bytes(out, own, block_bytes);
+    return finish_single_copy(kind, block_bytes, deadline);
+  }
+  // The root's slot carries a piece of every other rank's block (at its index among them); the root
+  // copies its own block meanwhile.
+  const size_t pieces = std::max(1, size_ - 1);
+  const size_t chunk = kSlotBytes / pieces;
+  const auto root_index = static_cast<size_t>(root);
+  auto place = [&](size_t reader) { return chunk * (reader < root_index ? reader : reader - 1); };
+  for (size_t first = 0; first < block_bytes; first += chunk) {
+    const size_t n = std::min(chunk, block_bytes - first);
+    const uint32_t step = next_step();
+    if (rank_ == root) {
+      for (size_t q = 0; q < static_cast<size_t>(size_); ++q) {
+        if (q != me) copy_to_peers(slot(step, rank_) + place(q), in + block_bytes * q + first, n);
+      }
+    }
+    publish(kind, block_bytes);
+    if (rank_ == root && own != out) copy_bytes(out + first, own + first, n);  // while the peers catch up
+    wait_for_all(step, deadline);
+    if (rank_ != root) copy_bytes(out + first, slot(step, root) + place(me), n);
+  }
+}
+
+uint32_t ShmGroup::agree_on_counts(uint32_t kind, uint64_t bytes, int64_t pairing_share, size_t largest_sent,
+                                   const std::vector<uint64_t>& slot_words, const Deadline& deadline, size_t* largest) {
+  const uint32_t step = next_step();
+  Progress& mine = progress_[rank_];
+  mine.send_address[step % 2] = largest_sent;
+  mine.recv_address[step % 2] = static_cast<uint64_t>(pairing_share);
+  if (!slot_words.empty()) std::memcpy(slot(step, rank_), slot_words.data(), slot_words.size() * sizeof(uint64_t));
+  publish(kind, bytes);
+  wait_for_all(step, deadline);
+  uint64_t sum = 0;  // wraps, as the shares do
+  *largest = 0;
+  for (int q = 0; q < size_; ++q) {
+    sum += progress_[q].recv_address[step % 2];
+    *largest = std::max<size_t>(*largest, progress_[q].send_address[step % 2]);
+  }
+  if (sum != 0) {
+    throw plugin::Error(BPL_ERR_MISMATCH, std::string("shared memory: ranks disagree: the counts of ") + kind_name(kind) +
+                                              " do not pair up (what a rank sends to a peer is not what that peer "
+                                              "receives from it)");
+  }
+  return step;
+}
+
+void ShmGroup::allgatherv(const void* send, size_t send_bytes, void* recv, const std::vector<size_t>& bytes,
+                          const std::vector<size_t>& offsets, int64_t pairing_share, std::chrono::milliseconds timeout) {
+  const Deadline deadline(timeout);
+  const auto* in = static_cast<const char*>(send);
+  auto* out = static_cast<char*>(recv);
+  uint64_t total = 0;
+  for (size_t b : bytes) total += b;
+  size_t largest = 0;
+  agree_on_counts(kAllgatherv, total, pairing_share, size_ > 1 ? send_bytes : 0, {}, deadline, &largest);
+  char* own = out + offsets[static_cast<size_t>(rank_)];
+  if (takes_single_copy(largest * static_cast<size_t>(size_))) {
+    const uint32_t buffers = publish_buffers(kAllgatherv, total, send, recv, deadline);
+    for (int q = 0; q < size_; ++q) {
+      if (q != rank_) read_peer(q, out + offsets[static_cast<size_t>(q)], progress_[q].send_address[buffers % 2], bytes[static_cast<size_t>(q)]);
+    }
+    if (own != in) copy_bytes(own, in, send_bytes);
+    return finish_single_copy(kAllgatherv, total, deadline);
+  }
+  // Step by step as allgather, each rank's block as long as it lasts.
+  auto piece = [&](size_t block, size_t first) { return block > first ? std::min(kSlotBytes, block - first) : 0; };
+  for (size_t first = 0; first < largest; first += kSlotBytes) {
+    const uint32_t step = next_step();
+    const size_t n = piece(send_bytes, first);
+    if (n > 0) copy_to_peers(slot(step, rank_), in + first, n);
+    publish(kAllgatherv, total);
+    if (n > 0 && own != in) copy_bytes(own + first, in + first, n);  // while the peers catch up
+    wait_for_all(step, deadline);
+    for (int q = 0; q < size_; ++q) {
+      const size_t theirs = piece(bytes[static_cast<size_t>(q)], first);
+      if (q != rank_ && theirs > 0) copy_bytes(out + offsets[static_cast<size_t>(q)] + first, slot(step, q), theirs);
+    }
+  }
+  if (largest == 0 && own != in) copy_bytes(own, in, send_bytes);  // a world of one
+}
+
+void ShmGroup::alltoallv(const void* send, const std::vector<size_t>& send_bytes, const std::vector<size_t>& send_offsets,
+                         void* recv, const std::vector<size_t>& recv_bytes, const std::vector<size_t>& recv_offsets,
+                         int64_t pairing_share, std::chrono::milliseconds timeout) {
+  const Deadline deadline(timeout);
+  const auto* in = static_cast<const char*>(send);
+  auto* out = static_cast<char*>(recv);
+  const auto me = static_cast<size_t>(rank_);
+  const auto ranks = static_cast<size_t>(size_);
+  size_t largest_sent = 0;
+  for (size_t q = 0; q < ranks; ++q) {
+    if (q != me) largest_sent = std::max(largest_sent, send_bytes[q]);
+  }
+  // For single copy, each rank leaves in its slot where in its send buffer each peer's block starts.
+  std::vector<uint64_t> starts(ranks);
+  for (size_t q = 0; q < ranks; ++q) starts[q] = reinterpret_cast<uint64_t>(in + send_offsets[q]);
+  size_t largest = 0;
+  const uint32_t agreed = agree_on_counts(kAlltoallv, 0, pairing_share, largest_sent, starts, deadline, &largest);
+  auto copy_own = [&](size_t first, size_t n) { copy_bytes(out + recv_offsets[me] + first, in + send_offsets[me] + first, n); };
+  if (takes_single_copy(largest * ranks)) {
+    // The starts stay in the slots: the next step that writes that buffer comes after finish_single_copy.
+    publish_buffers(kAlltoallv, 0, send, recv, deadline);
+    for (size_t q = 0; q < ranks; ++q) {
+      if (q == me || recv_bytes[q] == 0) continue;
+      uint64_t start = 0;
+      std::memcpy(&start, slot(agreed, static_cast<int>(q)) + me * sizeof(uint64_t), sizeof(start));
+      read_peer(static_cast<int>(q), out + recv_offsets[q], start, recv_bytes[q]);
+    }
+    copy_own(0, send_bytes[me]);
+    return finish_single_copy(kAlltoallv, 0, deadline);
+  }
+  // Step by step as alltoall: the block for peer q at a fixed place in the slot (its index among this
+  // rank's peers), as long as it lasts.
+  const size_t chunk = ranks > 1 ? kSlotBytes / (ranks - 1) : kSlotBytes;
+  auto piece = [&](size_t block, size_t first) { return block > first ? std::min(chunk, block - first) : 0; };
+  auto place = [&](size_t reader, size_t writer) { return chunk * (reader < writer ? reader : reader - 1); };
+  for (size_t first = 0; first < largest; first += chunk) {
+    const uint32_t step = next_step();
+    char* mine = slot(step, rank_);
+    for (size_t q = 0; q < ranks; ++q) {
+      const size_t n = piece(send_bytes[q], first);
+      if (q != me && n > 0) copy_to_peers(mine + place(q, me), in + send_offsets[q] + first, n);
+    }
+    publish(kAlltoallv, 0);
+    copy_own(first, piece(send_bytes[me], first));
+    wait_for_all(step, deadline);
+    for (size_t q = 0; q < ranks; ++q) {
+      const size_t n = piece(recv_bytes[q], first);
+      if (q != me && n > 0) copy_bytes(out + recv_offsets[q] + first, slot(step, static_cast<int>(q)) + place(me, q), n);
+    }
+  }
+  // What is left of the own block (all of it in a world of one).
+  const size_t own_done = largest == 0 ? 0 : (largest + chunk - 1) / chunk * chunk;
+  if (send_bytes[me] > own_done) copy_own(own_done, send_bytes[me] - own_done);
 }
 
 void ShmGroup::barrier(std::chrono::milliseconds timeout) {

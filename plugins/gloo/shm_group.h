@@ -9,12 +9,13 @@
 // this rank may then write buffer (s+1) % 2 again: no other synchronisation guards a slot's reuse.
 //
 // Single copy: where the kernel lets the ranks read each other's memory (Linux cross-memory attach,
-// process_vm_readv, as Open MPI's shared-memory transport uses), allgather, alltoall and broadcast of
-// middling sizes (kSingleCopyMinBytes) skip the segment: each rank publishes its buffers' addresses
-// in a step and reads its peers' data straight from their buffers: one copy instead of two, and two
-// steps in all instead of one per slot's worth. Send and recv go that way too, through a mailbox per
-// pair of ranks (see post_send). Whether every rank may is settled once, collectively
-// (enable_single_copy).
+// process_vm_readv, as Open MPI's shared-memory transport uses), the collectives that only move data
+// (broadcast, allgather, alltoall, gather, scatter and the v-forms) skip the segment at middling sizes
+// (kSingleCopyMinBytes): each rank publishes its buffers' addresses in a step and reads its peers' data
+// straight from their buffers: one copy instead of two, and two steps in all instead of one per slot's
+// worth. Above kSingleCopyMaxBytes the segment is faster again (a copy into it streams; the kernel's
+// copy pins every page). Send and recv go that way at every size, through a mailbox per pair of ranks
+// (see post_send). Whether every rank may is settled once, collectively (enable_single_copy).
 //
 // Waiting: a short spin, then yields, then futex waits in slices; every slice checks the deadline (the
 // communicator's timeout), the failure record, and whether a peer's process has ended. A wait that
@@ -66,8 +67,9 @@ class ShmGroup {
   // On 2 ranks of an EPYC VM the two steps are faster from 8 KiB (8 KiB: 2.3-2.4 against 2.7-2.8 us;
   // 16 KiB: 3.3-3.4 against 3.9-4.3).
   static constexpr size_t kFlatAllreduceBytes = 4 * 1024;
-  // Where single copy is enabled, the sizes (of a rank's largest buffer) at which allgather, alltoall
-  // and broadcast take it. Allreduce and reduce_scatter never do: since the segment is written with
+  // Where single copy is enabled, the sizes (of a rank's largest buffer) at which allgather, alltoall,
+  // gather, scatter and the v-forms (the ranks' largest block times their number), and broadcast,
+  // take it. Allreduce and reduce_scatter never do: since the segment is written with
   // streaming stores (copy_to_peers), staging through it runs faster at every size (allreduce on 2
   // ranks of an EPYC VM, staged against single copy: 4 MiB 433 against 473-515 us, 16 MiB 2.0-2.2
   // against 2.8-5.5 ms, 64 MiB 9.5 against 16.6-39.6 ms). For the others, measured there on 2 ranks:
@@ -112,12 +114,8 @@ class ShmGroup {
   // How an operation `op` (BPL_COLL_*) whose largest buffer holds `bytes` moves here, for BPL_TRACE:
   // "shared memory" (through the segment) or "shared memory, single copy" (the peers' buffers read).
   const char* path_of(bpl_collective op, uint64_t bytes) const;
-  // The operations made of point-to-point transfers (send, recv, and gather, scatter, allgatherv and
-  // alltoallv, composed of them): through the mailboxes where single copy is enabled, else not here.
-  static bool through_mailboxes(bpl_collective op) {
-    return op == BPL_COLL_SEND || op == BPL_COLL_RECV || op == BPL_COLL_GATHER || op == BPL_COLL_SCATTER ||
-           op == BPL_COLL_ALLGATHERV || op == BPL_COLL_ALLTOALLV;
-  }
+  // Send and recv: through the mailboxes where single copy is enabled, else not here.
+  static bool through_mailboxes(bpl_collective op) { return op == BPL_COLL_SEND || op == BPL_COLL_RECV; }
 
   // Point to point, where single copy is enabled. A send announces its buffer in the mailbox of the
   // pair (this rank, peer) and is done once the peer has read it; a recv takes the oldest announcement
@@ -132,6 +130,8 @@ class ShmGroup {
   // takes 2.7 us for 8 bytes on a VM whose system calls cost 1 us; a 256 B ping-pong read directly
   // 7.2 us). The mailboxes, size * size of them, then take 33 KiB each: 2.1 MiB for 8 ranks.
   static constexpr size_t kInlineSendBytes = 1024;
+  // From this size a recv reads the sender's buffer with two threads (read_peer).
+  static constexpr size_t kTwoThreadReadBytes = 1024 * 1024;
   struct SendTicket {
     int peer;
     int tag;
@@ -157,6 +157,22 @@ class ShmGroup {
   // rank, in rank order. send may equal recv.
   void alltoall(const void* send, void* recv, size_t block_bytes, std::chrono::milliseconds timeout);
   void barrier(std::chrono::milliseconds timeout);
+  // ABI 1.3's gather and scatter, in blocks of `block_bytes`: recv on the root, send elsewhere, may be
+  // NULL (no in-place form).
+  void gather(const void* send, void* recv, size_t block_bytes, int root, std::chrono::milliseconds timeout);
+  void scatter(const void* send, void* recv, size_t block_bytes, int root, std::chrono::milliseconds timeout);
+  // ABI 1.3's variable-size collectives (no in-place form), in bytes: allgatherv sends this rank's
+  // `send_bytes` to every rank and receives block q (bytes[q] at offsets[q] of recv) from rank q;
+  // alltoallv sends send_bytes[q] at send_offsets[q] to rank q and receives recv_bytes[q] at
+  // recv_offsets[q] from it. `pairing_share` is this rank's share of fingerprint.h's pairing sum of the
+  // element counts. A first step checks that the counts pair up, before any data moves (MISMATCH on
+  // every rank), and learns the largest block any rank sends; then, like allgather and alltoall, single
+  // copy at its sizes or a slot's worth of every block per step.
+  void allgatherv(const void* send, size_t send_bytes, void* recv, const std::vector<size_t>& bytes,
+                  const std::vector<size_t>& offsets, int64_t pairing_share, std::chrono::milliseconds timeout);
+  void alltoallv(const void* send, const std::vector<size_t>& send_bytes, const std::vector<size_t>& send_offsets,
+                 void* recv, const std::vector<size_t>& recv_bytes, const std::vector<size_t>& recv_offsets,
+                 int64_t pairing_share, std::chrono::milliseconds timeout);
 
   // Marks the group failed by this rank with `status` and `reason` (the first record wins) and wakes
   // every waiter: every rank's waits then fail at once with the first record's status and reason (an
@@ -206,6 +222,12 @@ class ShmGroup {
                            const Deadline& deadline);
   // The second step of a single-copy collective, after which no peer reads this rank's buffers.
   void finish_single_copy(uint32_t kind, uint64_t bytes, const Deadline& deadline);
+  // The first step of a variable-size collective `kind` (whose ranks agree on `bytes`): fails with
+  // MISMATCH on every rank unless the ranks' pairing shares sum to zero; returns the step and, in
+  // *largest, the largest of the ranks' `largest_sent`. In that step's slot this rank leaves
+  // `slot_words` for its peers to read (an alltoallv's offsets, for single copy).
+  uint32_t agree_on_counts(uint32_t kind, uint64_t bytes, int64_t pairing_share, size_t largest_sent,
+                           const std::vector<uint64_t>& slot_words, const Deadline& deadline, size_t* largest);
   // This rank's operand at `own` of a reduction (in rank order) into `result`, or a copy of it where
   // the reduction would overwrite it before reading it.
   const char* own_operand(const char* own, const char* result, size_t bytes);
@@ -214,8 +236,14 @@ class ShmGroup {
     return single_copy_ && bytes >= kSingleCopyMinBytes && bytes <= max_bytes;
   }
   pid_t peer_pid(int peer) const;
-  // Copies `n` bytes at `address` in rank `peer`'s process to `to`; on failure, fails the group.
-  void read_peer(int peer, void* to, uint64_t address, size_t n);
+  // Copies `n` bytes at `address` in rank `peer`'s process to `to`; on failure, fails the group. With
+  // `two_threads`, from kTwoThreadReadBytes a second thread reads half: for a receive, whose sender
+  // waits meanwhile, not for a collective's reads, where every rank's thread is reading at once.
+  void read_peer(int peer, void* to, uint64_t address, size_t n, bool two_threads = false);
+  // process_vm_readv until all `n` bytes are read: 0, or errno (EIO when a read returned nothing).
+  static int read_all(pid_t pid, char* to, uint64_t address, size_t n);
+  class ReadHelper;
+  std::unique_ptr<ReadHelper> read_helper_;  // read_peer's second thread, once a read needed it
   // Group index `index` as messages name it: its rank in the communicator.
   int rank_name(int index) const {
     return communicator_ranks_.empty() ? index : communicator_ranks_[static_cast<size_t>(index)];

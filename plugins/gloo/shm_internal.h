@@ -15,7 +15,10 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <condition_variable>
+#include <mutex>
 #include <string>
+#include <thread>
 
 #include "local_process.h"
 #include "plugin_support.h"
@@ -24,7 +27,7 @@
 namespace backplane::gloo_plugin {
 namespace shm_detail {
 
-constexpr uint64_t kMagic = 0x62706c73686d3031;  // "bplshm01"
+constexpr uint64_t kMagic = 0x62706c73686d3032;  // "bplshm02": the layout's version
 constexpr size_t kLine = 64;                     // one cache line per counter: no false sharing
 constexpr auto kSpin = std::chrono::microseconds(20);  // a peer a step behind arrives within this
 constexpr int kYields = 200;  // then yields: with more ranks than cores, the peer needs this core
@@ -34,10 +37,19 @@ constexpr auto kLivenessInterval = std::chrono::milliseconds(10);
 static_assert(sizeof(std::atomic<uint32_t>) == 4 && std::atomic<uint32_t>::is_always_lock_free,
               "a futex word is a lock-free 32-bit atomic");
 
-// kAlltoallInPlace: an alltoall in place at a size where one not in place reads the peers' buffers,
-// so that ranks disagreeing on it (each must call the same way) find out instead of reading stale
-// addresses.
-enum Kind : uint32_t { kAllreduce = 1, kBroadcast, kAllgather, kReduceScatter, kAlltoall, kBarrier, kProbe, kAlltoallInPlace };
+// kAlltoallInPlace: an alltoall in place, which lays out its steps differently from one not in place
+// (and at single-copy sizes does not publish its buffers), so that ranks disagreeing on it (each must
+// call the same way) find out instead of reading the wrong bytes or stale addresses.
+enum Kind : uint32_t {
+  kAllreduce = 1, kBroadcast, kAllgather, kReduceScatter, kAlltoall, kBarrier, kProbe, kAlltoallInPlace, kAllgatherv,
+  kAlltoallv, kGather, kScatter
+};
+
+// What a rank publishes for a rooted collective: its kind, and above the low byte its root + 1, so
+// that ranks naming different roots disagree instead of waiting for or reading the wrong rank.
+inline uint32_t with_root(uint32_t kind, int root) { return kind | (static_cast<uint32_t>(root) + 1) << 8; }
+inline uint32_t kind_of(uint32_t published) { return published & 0xff; }
+inline int root_of(uint32_t published) { return static_cast<int>(published >> 8) - 1; }  // -1: none
 
 inline const char* kind_name(uint32_t kind) {
   switch (kind) {
@@ -49,6 +61,10 @@ inline const char* kind_name(uint32_t kind) {
     case kBarrier: return "barrier";
     case kProbe: return "the single-copy check";
     case kAlltoallInPlace: return "alltoall in place";
+    case kAllgatherv: return "allgatherv";
+    case kAlltoallv: return "alltoallv";
+    case kGather: return "gather";
+    case kScatter: return "scatter";
     default: return "?";
   }
 }
@@ -106,6 +122,7 @@ struct alignas(kLine) ShmGroup::Header {
   int32_t status;
   char reason[512];
   alignas(kLine) std::atomic<uint32_t> sleepers;  // waiters in futex_wait: publishers wake only then
+  alignas(kLine) std::atomic<uint32_t> readers;   // threads of the group in process_vm_readv (read_peer)
 };
 
 // A send announced in a mailbox: what rank `from` offers rank `to`, and what became of it.
@@ -142,6 +159,68 @@ struct ShmGroup::PendingRecv {
   bool done = false;  // under p2p_mutex_, as are the two below
   bpl_status status = BPL_OK;
   std::string error;
+};
+
+// A second thread for reading a peer's memory: one thread's process_vm_readv runs at about 6 GB/s on
+// a VM (pinning each page, then copying it), two reading halves at about 10, near what memcpy does
+// (bench/results/2026-11-25-gloo-shm-large). Started at the first large read, so that a group that
+// never makes one has no thread; a half is a system call that ends whatever the peer does, so the
+// reading thread waits for its helper without a deadline.
+class ShmGroup::ReadHelper {
+ public:
+  ReadHelper() : thread_([this] { run(); }) {}
+  ~ReadHelper() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+  // Starts copying `n` bytes at `address` in process `pid` to `to`.
+  void start(pid_t pid, char* to, uint64_t address, size_t n) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      job_ = {pid, to, address, n, 0, true};
+    }
+    wake_.notify_all();
+  }
+  // Waits for the copy started last; 0, or the errno of the read that failed (EIO: it read nothing).
+  int finish() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    done_.wait(lock, [&] { return !job_.pending; });
+    return job_.error;
+  }
+
+ private:
+  struct Job {
+    pid_t pid = 0;
+    char* to = nullptr;
+    uint64_t address = 0;
+    size_t n = 0;
+    int error = 0;
+    bool pending = false;
+  };
+  void run() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (;;) {
+      wake_.wait(lock, [&] { return stopping_ || job_.pending; });
+      if (!job_.pending) return;
+      Job job = job_;
+      lock.unlock();
+      job.error = read_all(job.pid, job.to, job.address, job.n);
+      lock.lock();
+      job_.error = job.error;
+      job_.pending = false;
+      done_.notify_all();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable wake_, done_;
+  Job job_;
+  bool stopping_ = false;
+  std::thread thread_;
 };
 
 // The one wait of the step protocol and the mailboxes (a template: its callers are in several files).

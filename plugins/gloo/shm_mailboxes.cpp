@@ -156,7 +156,7 @@ void ShmGroup::match_arrivals(int peer) {
     } else if (arrival.address == 0) {
       if (arrival.bytes > 0) std::memcpy(mine.buf, slot.data, arrival.bytes);
     } else {
-      read_peer(peer, mine.buf, arrival.address, arrival.bytes);
+      read_peer(peer, mine.buf, arrival.address, arrival.bytes, /*two_threads=*/true);
     }
     mine.done = true;
     slot.done.store(arrival.sequence + 1, std::memory_order_release);

@@ -46,6 +46,11 @@ void ShmPath::allgather(const void* send, void* recv, size_t block) {
 
 void ShmPath::reduce_scatter(const void* send, void* recv, size_t recvcount, bpl_dtype dtype, bpl_reduce_op op) {
   const bpl_dtype acc = plugin::accumulation_dtype(dtype, op);
+  if (acc == dtype) {  // straight from send to recv: a copy of the whole send first cost 4x the operation
+    comm_.shm_->reduce_scatter(send, recv, recvcount, acc, plugin::reduce_function(acc, op), comm_.timeout());
+    plugin::finish_reduction(recv, acc, recv, dtype, recvcount, op, comm_.size());
+    return;
+  }
   const size_t block = recvcount * plugin::dtype_size(acc);
   char* work = static_cast<char*>(accumulation_copy(send, dtype, acc, recvcount * static_cast<size_t>(comm_.size())));
   char* own = work + block * static_cast<size_t>(comm_.rank());

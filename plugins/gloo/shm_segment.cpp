@@ -239,8 +239,14 @@ std::string ShmGroup::disagreement_at(uint32_t step) const {
     auto reached = [&] { return static_cast<int32_t>(theirs.step.load(std::memory_order_acquire) - step) >= 0; };
     while (!reached() && std::chrono::steady_clock::now() < give_up) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     if (!reached()) continue;
-    calls.emplace_back(rank_name(r), std::string(kind_name(theirs.kind[step % 2])) + " of " +
-                                         std::to_string(theirs.bytes[step % 2]) + " bytes");
+    // An alltoallv's ranks have no size in common to compare (agree_on_counts checks its counts).
+    const uint32_t published = theirs.kind[step % 2];
+    const int root = root_of(published);
+    calls.emplace_back(rank_name(r), std::string(kind_name(kind_of(published))) +
+                                         (root >= 0 ? " with root " + std::to_string(rank_name(root)) : "") +
+                                         (kind_of(published) == kAlltoallv
+                                              ? ""
+                                              : " of " + std::to_string(theirs.bytes[step % 2]) + " bytes"));
   }
   return disagreement(calls);
 }

@@ -70,8 +70,9 @@ const char* ShmGroup::path_of(bpl_collective op, uint64_t bytes) const {
     direct = single_copy_ && bytes > kInlineSendBytes;  // a receiver reads a larger send from the sender's buffer
   } else if (op == BPL_COLL_BROADCAST) {
     direct = takes_single_copy(bytes, kSingleCopyBroadcastMaxBytes);
-  } else if (op == BPL_COLL_ALLGATHER || op == BPL_COLL_ALLTOALL) {
-    direct = takes_single_copy(bytes);
+  } else if (op == BPL_COLL_ALLGATHER || op == BPL_COLL_ALLTOALL || op == BPL_COLL_GATHER || op == BPL_COLL_SCATTER ||
+             op == BPL_COLL_ALLGATHERV || op == BPL_COLL_ALLTOALLV) {
+    direct = takes_single_copy(bytes);  // the v-forms: as this rank sees it (the ranks' largest block decides)
   }  // allreduce, reduce, reduce_scatter and barrier: always through the segment
   return direct ? "shared memory, single copy" : "shared memory";
 }
@@ -96,31 +97,55 @@ void ShmGroup::finish_single_copy(uint32_t kind, uint64_t bytes, const Deadline&
   wait_for_all(done, deadline);
 }
 
-void ShmGroup::read_peer(int peer, void* to, uint64_t address, size_t n) {
-  auto* into = static_cast<char*>(to);
+int ShmGroup::read_all(pid_t pid, char* to, uint64_t address, size_t n) {
   while (n > 0) {
-    iovec local{into, n};
+    iovec local{to, n};
     iovec remote{reinterpret_cast<void*>(address), n};
-    const ssize_t got = ::process_vm_readv(peer_pid(peer), &local, 1, &remote, 1, 0);
-    if (got <= 0) {
-      const int error = got < 0 ? errno : EIO;
-      // A peer that failed first (an abort, say) may have let its caller free the buffer: its record
-      // says what happened.
-      if (header_->failed_by.load(std::memory_order_acquire) != 0) throw_failure_record();
-      // ESRCH: the process is gone, or ending (its memory released before /proc shows it ended).
-      const pid_t pid = peer_pid(peer);
-      const std::string reason =
-          error == ESRCH || plugin::process_state(pid) == plugin::ProcessState::kEnded
-              ? "shared memory: " + plugin::local_peer_description(rank_name(peer), pid, plugin::ProcessState::kEnded)
-              : "shared memory: reading rank " + std::to_string(rank_name(peer)) + "'s buffer (process_vm_readv) failed: " +
-                    std::strerror(error);
-      fail(BPL_ERR_REMOTE, reason);
-      throw plugin::Error(BPL_ERR_REMOTE, reason);
-    }
-    into += got;
+    const ssize_t got = ::process_vm_readv(pid, &local, 1, &remote, 1, 0);
+    if (got <= 0) return got < 0 ? errno : EIO;
+    to += got;
     address += static_cast<uint64_t>(got);
     n -= static_cast<size_t>(got);
   }
+  return 0;
+}
+
+void ShmGroup::read_peer(int peer, void* to, uint64_t address, size_t n, bool two_threads) {
+  auto* into = static_cast<char*>(to);
+  const pid_t pid = peer_pid(peer);
+  static const long cores = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
+  // A second thread only where it finds a core idle: not while the peers read too (an allgatherv's
+  // ranks all read at once, and more threads than cores only take turns).
+  uint32_t threads = 1;
+  const uint32_t reading = header_->readers.fetch_add(1, std::memory_order_relaxed) + 1;
+  if (two_threads && n >= kTwoThreadReadBytes && reading < static_cast<uint32_t>(cores)) {
+    header_->readers.fetch_add(1, std::memory_order_relaxed);
+    threads = 2;
+  }
+  int error = 0;
+  if (threads == 2) {
+    if (!read_helper_) read_helper_ = std::make_unique<ReadHelper>();
+    const size_t first_half = n / 2 / kLine * kLine;
+    read_helper_->start(pid, into + first_half, address + first_half, n - first_half);
+    error = read_all(pid, into, address, first_half);
+    const int helper_error = read_helper_->finish();
+    if (error == 0) error = helper_error;
+  } else {
+    error = read_all(pid, into, address, n);
+  }
+  header_->readers.fetch_sub(threads, std::memory_order_relaxed);
+  if (error == 0) return;
+  // A peer that failed first (an abort, say) may have let its caller free the buffer: its record
+  // says what happened.
+  if (header_->failed_by.load(std::memory_order_acquire) != 0) throw_failure_record();
+  // ESRCH: the process is gone, or ending (its memory released before /proc shows it ended).
+  const std::string reason =
+      error == ESRCH || plugin::process_state(pid) == plugin::ProcessState::kEnded
+          ? "shared memory: " + plugin::local_peer_description(rank_name(peer), pid, plugin::ProcessState::kEnded)
+          : "shared memory: reading rank " + std::to_string(rank_name(peer)) + "'s buffer (process_vm_readv) failed: " +
+                std::strerror(error);
+  fail(BPL_ERR_REMOTE, reason);
+  throw plugin::Error(BPL_ERR_REMOTE, reason);
 }
 
 

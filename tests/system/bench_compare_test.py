@@ -63,8 +63,33 @@ def under_load():
            != 0, "--load -1 is refused")
 
 
+def copy_model():
+    """The "/copy" column: time / model(S) of bench/README.md, the bytes the busiest rank reads and
+    writes at the rate memcpy moves them (a copy of X reads X and writes X in X / B). An out-of-place
+    allgather of S on n ranks: each rank writes S, reading as much; a scatter: each rank copies S/n; an
+    allreduce: each rank reads S and writes S/n reducing its share, then copies the others' (n-1)/n S."""
+    import importlib.machinery
+    import importlib.util
+    loader = importlib.machinery.SourceFileLoader("bpl_bench_compare", os.path.join(sys.argv[1], "bpl-bench-compare"))
+    spec = importlib.util.spec_from_loader(loader.name, loader)
+    compare = importlib.util.module_from_spec(spec)
+    loader.exec_module(compare)
+    size, copy_gbps, time_s = 64 << 20, 10.0, 0.01
+    for n in (2, 4):
+        ring = (n - 1) / n
+        # (op, its busbw when it takes time_s, the model's time)
+        cases = [("allgather", ring * size / time_s / 1e9, size / (copy_gbps * 1e9)),
+                 ("scatter", ring * size / time_s / 1e9, size / n / (copy_gbps * 1e9)),
+                 ("allreduce", 2 * ring * size / time_s / 1e9, (3 - 1 / n) * size / (2 * copy_gbps * 1e9)),
+                 ("pingpong", 2 * size / time_s / 1e9, 2 * size / (copy_gbps * 1e9))]
+        for op, busbw, model in cases:
+            got = compare.copy_model_ratio(op, busbw, copy_gbps, n)
+            expect(abs(got - time_s / model) < 1e-9, f"{op} on {n} ranks: /copy {got}, expected {time_s / model}")
+
+
 def main():
     bin_dir = sys.argv[1]
+    copy_model()
     backends = ["gloo"]
     if os.path.exists(os.path.join(bin_dir, "..", "lib", "backplane", "plugins", "libbackplane-mpi.so")):
         backends.append("mpi")

@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
@@ -22,6 +23,7 @@
 #include <vector>
 
 #include "dtypes.h"
+#include "fingerprint.h"
 #include "plugin_support.h"
 #include "shm_group.h"
 
@@ -318,6 +320,159 @@ TEST_P(ShmGroupRanks, ManyCollectivesInARowReuseTheBuffersSafely) {
   });
 }
 
+// The bytes of the rooted and variable-size tests: rank `from`'s block for rank `to`, its i-th byte.
+char vbyte(size_t from, size_t to, size_t i) { return static_cast<char>((i * 31 + from * 7 + to * 3) % 251); }
+
+TEST_P(ShmGroupRanks, GatherAndScatterFromEveryRoot) {
+  const int size = this->size();
+  const auto ranks = static_cast<size_t>(size);
+  Segment segment(size);
+  auto groups = this->groups(segment);
+  const size_t slot = ShmGroup::kSlotBytes;
+  for (size_t block : {size_t{1}, size_t{3000}, slot / 2 + 1, slot + 5, 3 * slot + 17, ShmGroup::kSingleCopyMinBytes / ranks + 3,
+                       ShmGroup::kSingleCopyMaxBytes / ranks + 1}) {
+    for (int root = 0; root < size; ++root) {
+      run_threads(groups, [&](int rank, ShmGroup& group) {
+        const auto me = static_cast<size_t>(rank);
+        // gather: block q of the root's recv from rank q; the others pass no recv.
+        std::vector<char> mine(block), all(rank == root ? block * ranks : 0, 'x');
+        for (size_t i = 0; i < block; ++i) mine[i] = vbyte(me, static_cast<size_t>(root), i);
+        group.gather(mine.data(), rank == root ? all.data() : nullptr, block, root, kTimeout);
+        for (size_t i = 0; i < all.size(); ++i) {
+          if (all[i] != vbyte(i / block, static_cast<size_t>(root), i % block)) {
+            ADD_FAILURE() << "gather of " << block << " bytes to rank " << root << ": [" << i << "] wrong";
+            return;
+          }
+        }
+        // scatter: block q of the root's send to rank q; the others pass no send.
+        std::vector<char> blocks(rank == root ? block * ranks : 0), got(block, 'x');
+        for (size_t i = 0; i < blocks.size(); ++i) blocks[i] = vbyte(static_cast<size_t>(root), i / block, i % block);
+        group.scatter(rank == root ? blocks.data() : nullptr, got.data(), block, root, kTimeout);
+        for (size_t i = 0; i < block; ++i) {
+          if (got[i] != vbyte(static_cast<size_t>(root), me, i)) {
+            ADD_FAILURE() << "scatter of " << block << " bytes from rank " << root << ": rank " << rank << " [" << i << "] wrong";
+            return;
+          }
+        }
+      });
+    }
+  }
+}
+
+// Uneven blocks (empty ones among them) around the slot, single-copy and streaming sizes: rank q sends
+// rank r sizes[(q + 2 r + k) % n] bytes in round k, so that every rank's largest block differs.
+TEST_P(ShmGroupRanks, AllgathervAndAlltoallvWithUnevenBlocks) {
+  const int size = this->size();
+  const auto ranks = static_cast<size_t>(size);
+  Segment segment(size);
+  auto groups = this->groups(segment);
+  const size_t slot = ShmGroup::kSlotBytes, single = ShmGroup::kSingleCopyMinBytes / ranks;
+  const std::vector<size_t> sizes = {0, 1, 3000, slot - 1, slot + 5, 3 * slot + 17, single + 3, ShmGroup::kSingleCopyMaxBytes / ranks + 1};
+  for (size_t round = 0; round < sizes.size(); ++round) {
+    auto bytes_of = [&](size_t from, size_t to) { return sizes[(from + 2 * to + round) % sizes.size()]; };
+    run_threads(groups, [&](int rank, ShmGroup& group) {
+      const auto me = static_cast<size_t>(rank);
+      // allgatherv: this rank's block is bytes_of(me, me); blocks in recv in reverse rank order, a gap
+      // of 5 bytes between them (checked untouched).
+      std::vector<size_t> bytes(ranks), offsets(ranks);
+      size_t at = 0;
+      for (size_t q = ranks; q-- > 0;) {
+        bytes[q] = bytes_of(q, q);
+        offsets[q] = at;
+        at += bytes[q] + 5;
+      }
+      std::vector<char> send(bytes[me]), recv(at, 'x');
+      for (size_t i = 0; i < send.size(); ++i) send[i] = vbyte(me, me, i);
+      const int64_t share = backplane::pairing_share(rank, size, [&](int) { return bytes[me]; },
+                                                     [&](int q) { return bytes[static_cast<size_t>(q)]; });
+      group.allgatherv(send.data(), send.size(), recv.data(), bytes, offsets, share, kTimeout);
+      for (size_t q = 0; q < ranks; ++q) {
+        for (size_t i = 0; i < bytes[q] + 5 && offsets[q] + i < recv.size(); ++i) {
+          const char expected = i < bytes[q] ? vbyte(q, q, i) : 'x';
+          if (recv[offsets[q] + i] != expected) {
+            ADD_FAILURE() << "allgatherv, round " << round << ": rank " << rank << ", block " << q << " of " << bytes[q]
+                          << " bytes, [" << i << "] wrong";
+            return;
+          }
+        }
+      }
+      // alltoallv: blocks in send in rank order, in recv in reverse order.
+      std::vector<size_t> send_bytes(ranks), send_offsets(ranks), recv_bytes(ranks), recv_offsets(ranks);
+      size_t sent = 0, received = 0;
+      for (size_t q = 0; q < ranks; ++q) {
+        send_bytes[q] = bytes_of(me, q);
+        send_offsets[q] = sent;
+        sent += send_bytes[q];
+      }
+      for (size_t q = ranks; q-- > 0;) {
+        recv_bytes[q] = bytes_of(q, me);
+        recv_offsets[q] = received;
+        received += recv_bytes[q] + 5;
+      }
+      std::vector<char> out(sent), in(received, 'x');
+      for (size_t q = 0; q < ranks; ++q) {
+        for (size_t i = 0; i < send_bytes[q]; ++i) out[send_offsets[q] + i] = vbyte(me, q, i);
+      }
+      const int64_t pairing = backplane::pairing_share(rank, size, [&](int q) { return send_bytes[static_cast<size_t>(q)]; },
+                                                       [&](int q) { return recv_bytes[static_cast<size_t>(q)]; });
+      group.alltoallv(out.data(), send_bytes, send_offsets, in.data(), recv_bytes, recv_offsets, pairing, kTimeout);
+      for (size_t q = 0; q < ranks; ++q) {
+        for (size_t i = 0; i < recv_bytes[q] + 5 && recv_offsets[q] + i < in.size(); ++i) {
+          const char expected = i < recv_bytes[q] ? vbyte(q, me, i) : 'x';
+          if (in[recv_offsets[q] + i] != expected) {
+            ADD_FAILURE() << "alltoallv, round " << round << ": rank " << rank << ", from rank " << q << " ("
+                          << recv_bytes[q] << " bytes), [" << i << "] wrong";
+            return;
+          }
+        }
+      }
+    });
+  }
+}
+
+// Counts that do not pair up (rank 1 expects one byte more from rank 0 than rank 0 sends it) are
+// MISMATCH on every rank before any data moves, at a staged and a single-copy size.
+TEST_P(ShmGroupRanks, VariableSizeCountsThatDoNotPairUpAreAMismatchOnEveryRank) {
+  const int size = this->size();
+  const auto ranks = static_cast<size_t>(size);
+  Segment segment(size);
+  auto groups = this->groups(segment);
+  for (size_t block : {size_t{100}, ShmGroup::kSingleCopyMinBytes}) {
+    std::vector<std::string> errors(ranks * 2);
+    run_threads(groups, [&](int rank, ShmGroup& group) {
+      const auto me = static_cast<size_t>(rank);
+      std::vector<size_t> sends(ranks, block), recvs(ranks, block), offsets(ranks);
+      if (rank == 1) recvs[0] = block + 1;
+      for (size_t q = 0; q < ranks; ++q) offsets[q] = q * (block + 1);
+      std::vector<char> out(ranks * (block + 1), 'o'), in(ranks * (block + 1), 'x');
+      const int64_t pairing = backplane::pairing_share(rank, size, [&](int q) { return sends[static_cast<size_t>(q)]; },
+                                                       [&](int q) { return recvs[static_cast<size_t>(q)]; });
+      try {
+        group.alltoallv(out.data(), sends, offsets, in.data(), recvs, offsets, pairing, kTimeout);
+      } catch (const Error& e) {
+        errors[me] = e.status() == BPL_ERR_MISMATCH ? e.what() : "not a mismatch: " + std::string(e.what());
+      }
+      // allgatherv: rank 1 takes rank 0's block for one byte longer and its own for one shorter (the
+      // same total: the counts, not the sizes, differ).
+      if (rank == 1) recvs[1] = block - 1;
+      try {
+        group.allgatherv(out.data(), block, in.data(), recvs, offsets,
+                         backplane::pairing_share(rank, size, [&](int) { return block; },
+                                                  [&](int q) { return recvs[static_cast<size_t>(q)]; }),
+                         kTimeout);
+      } catch (const Error& e) {
+        errors[ranks + me] = e.status() == BPL_ERR_MISMATCH ? e.what() : "not a mismatch: " + std::string(e.what());
+      }
+      EXPECT_TRUE(std::all_of(in.begin(), in.end(), [](char c) { return c == 'x'; })) << "rank " << rank << " received data";
+    });
+    for (size_t i = 0; i < errors.size(); ++i) {
+      const std::string op = i < ranks ? "alltoallv" : "allgatherv";
+      EXPECT_NE(errors[i].find("the counts of " + op + " do not pair up"), std::string::npos)
+          << op << " of " << block << " bytes, rank " << i % ranks << ": " << errors[i];
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, ShmGroupRanks, ::testing::Combine(::testing::Values(2, 3), ::testing::Bool()),
                          [](const auto& info) {
                            return std::to_string(std::get<0>(info.param)) + "ranks" +
@@ -378,12 +533,41 @@ TEST(ShmGroupFailures, DifferentSizesOrCollectivesAreAMismatchOnEveryRank) {
   EXPECT_EQ(outcomes[1].status, BPL_ERR_MISMATCH) << outcomes[1].message;
 }
 
-TEST(ShmGroupFailures, AlltoallInPlaceOnOneRankOnlyIsAMismatchWhereTheOthersReadItsBuffer) {
-  // Above the single-copy size, a rank not in place reads its peers' send buffers, which a rank in
-  // place never publishes: both must fail, not read a stale address.
+// Ranks naming different roots of a broadcast, gather or scatter disagree at once (each would wait for
+// or read the wrong rank), at a staged and a single-copy size.
+TEST(ShmGroupFailures, DifferentRootsAreAMismatchOnEveryRank) {
+  for (const std::string op : {"broadcast", "gather", "scatter"}) {
+    for (size_t block : {size_t{64}, ShmGroup::kSingleCopyMinBytes}) {
+      Segment segment(3);
+      auto groups = segment.groups(true);
+      std::vector<Outcome> outcomes(3);
+      run_threads(groups, [&](int rank, ShmGroup& group) {
+        const int root = rank == 2 ? 1 : 0;  // rank 2 names rank 1
+        std::vector<char> big(3 * block), small(block);
+        outcomes[static_cast<size_t>(rank)] = outcome_of([&] {
+          if (op == "broadcast") group.broadcast(small.data(), block, root, kTimeout);
+          if (op == "gather") group.gather(small.data(), big.data(), block, root, kTimeout);
+          if (op == "scatter") group.scatter(big.data(), small.data(), block, root, kTimeout);
+        });
+      });
+      for (size_t rank = 0; rank < 3; ++rank) {
+        EXPECT_EQ(outcomes[rank].status, BPL_ERR_MISMATCH) << op << " " << block << ": " << outcomes[rank].message;
+        EXPECT_NE(outcomes[rank].message.find("rank 2 calls " + op + " with root 1"), std::string::npos)
+            << outcomes[rank].message;
+      }
+    }
+  }
+}
+
+class AlltoallInPlaceOnOneRankOnly : public ::testing::TestWithParam<size_t> {};
+
+TEST_P(AlltoallInPlaceOnOneRankOnly, IsAMismatch) {
+  // At single-copy sizes a rank not in place reads its peers' send buffers, which a rank in place never
+  // publishes; through the segment the two lay out their steps differently: both must fail, not read a
+  // stale address or the wrong bytes.
   Segment segment(2);
   auto groups = segment.groups(true);
-  const size_t block_bytes = ShmGroup::kSingleCopyMinBytes;
+  const size_t block_bytes = GetParam();
   std::vector<Outcome> outcomes(2);
   run_threads(groups, [&](int rank, ShmGroup& group) {
     std::vector<char> send(2 * block_bytes, static_cast<char>(rank)), recv(2 * block_bytes);
@@ -400,6 +584,10 @@ TEST(ShmGroupFailures, AlltoallInPlaceOnOneRankOnlyIsAMismatchWhereTheOthersRead
   EXPECT_NE(outcomes[1].message.find("rank 0 calls alltoall in place of " + bytes + " bytes"), std::string::npos)
       << outcomes[1].message;
 }
+
+INSTANTIATE_TEST_SUITE_P(ShmGroupFailures, AlltoallInPlaceOnOneRankOnly,
+                         ::testing::Values(size_t{1024}, ShmGroup::kSingleCopyMinBytes, 2 * ShmGroup::kSingleCopyMaxBytes),
+                         [](const ::testing::TestParamInfo<size_t>& info) { return std::to_string(info.param) + "_bytes"; });
 
 TEST(ShmGroupFailures, AnAbsentPeerIsATimeoutThatEveryRankThenSees) {
   Segment segment(2);
