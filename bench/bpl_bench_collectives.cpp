@@ -18,7 +18,8 @@
 // Flags (before Google Benchmark's): --min-bytes=N (4), --max-bytes=N (64M), --step-factor=N (4),
 // --dtypes=f32,bf16, --ops=allreduce,allgather,reduce_scatter,broadcast,alltoall,pingpong,barrier,
 // gather,scatter,allgatherv,alltoallv,copy,
-// --repetitions=N (5), --max-iterations=N (1000), --buffer-offset=N (0: page-aligned buffers), --no-raw.
+// --repetitions=N (5), --max-iterations=N (1000), --buffer-offset=N (0: page-aligned buffers), --no-raw,
+// --async (each operation posted with a request and waited for; the raw library's non-blocking form).
 // Sizes take K, M and G suffixes (powers of 1024).
 #include <benchmark/benchmark.h>
 #include <unistd.h>
@@ -54,6 +55,9 @@ struct Settings {
   // flag shows a backend's sensitivity to it.
   int64_t buffer_offset = 0;
   bool raw = true;
+  // Every operation posted with a request and waited for (bpl_request_wait), against the raw library's
+  // non-blocking call and MPI_Wait where it has one.
+  bool async = false;
 };
 
 struct Job {
@@ -124,6 +128,8 @@ Settings parse_settings(int& argc, char** argv) {
       }
     } else if (arg == "--no-raw") {
       settings.raw = false;
+    } else if (arg == "--async") {
+      settings.async = true;
     } else {
       argv[kept++] = argv[i];
     }
@@ -187,34 +193,45 @@ OpShape shape_of(const std::string& op, int64_t bytes, size_t element, int n) {
   return {1.0, static_cast<size_t>(bytes), static_cast<size_t>(bytes), static_cast<size_t>(bytes)};  // pingpong
 }
 
-bpl_status run_backplane(const std::string& op, Buffers& b, const OpShape& s, bpl_dtype dtype) {
+// Blocking, or (async) posted with a request and waited for: the request's wait and free are part
+// of what an asynchronous call costs.
+bpl_status run_backplane(const std::string& op, Buffers& b, const OpShape& s, bpl_dtype dtype, bool async) {
   void* send = b.send.data();
   void* recv = b.recv.data();
   const auto count = static_cast<int64_t>(s.count);
-  if (op == "allreduce") return bpl_allreduce(job.world, recv, recv, count, dtype, BPL_OP_SUM, nullptr);
-  if (op == "allgather") return bpl_allgather(job.world, send, recv, count, dtype, nullptr);
-  if (op == "reduce_scatter") return bpl_reduce_scatter(job.world, send, recv, count, dtype, BPL_OP_SUM, nullptr);
-  if (op == "broadcast") return bpl_broadcast(job.world, recv, count, dtype, 0, nullptr);
-  if (op == "alltoall") return bpl_alltoall(job.world, send, recv, count, dtype, nullptr);
-  if (op == "barrier") return bpl_barrier(job.world, nullptr);
-  if (op == "gather") return bpl_gather(job.world, send, recv, count, dtype, 0, nullptr);
-  if (op == "scatter") return bpl_scatter(job.world, send, recv, count, dtype, 0, nullptr);
+  bpl_request* request = nullptr;
+  bpl_request** req = async ? &request : nullptr;
+  auto waited = [&](bpl_status status) {
+    if (status != BPL_OK || request == nullptr) return status;
+    status = bpl_request_wait(request, BPL_TIMEOUT_DEFAULT);
+    const bpl_status freed = bpl_request_free(request);
+    request = nullptr;
+    return status != BPL_OK ? status : freed;
+  };
+  if (op == "allreduce") return waited(bpl_allreduce(job.world, recv, recv, count, dtype, BPL_OP_SUM, req));
+  if (op == "allgather") return waited(bpl_allgather(job.world, send, recv, count, dtype, req));
+  if (op == "reduce_scatter") return waited(bpl_reduce_scatter(job.world, send, recv, count, dtype, BPL_OP_SUM, req));
+  if (op == "broadcast") return waited(bpl_broadcast(job.world, recv, count, dtype, 0, req));
+  if (op == "alltoall") return waited(bpl_alltoall(job.world, send, recv, count, dtype, req));
+  if (op == "barrier") return waited(bpl_barrier(job.world, req));
+  if (op == "gather") return waited(bpl_gather(job.world, send, recv, count, dtype, 0, req));
+  if (op == "scatter") return waited(bpl_scatter(job.world, send, recv, count, dtype, 0, req));
   if (op == "allgatherv" || op == "alltoallv") {
     const std::vector<int64_t> counts(static_cast<size_t>(job.size), count);
     std::vector<int64_t> displs(counts.size());
     for (size_t r = 0; r < displs.size(); ++r) displs[r] = count * static_cast<int64_t>(r);
-    if (op == "allgatherv") return bpl_allgatherv(job.world, send, count, recv, counts.data(), displs.data(), dtype, nullptr);
-    return bpl_alltoallv(job.world, send, counts.data(), displs.data(), recv, counts.data(), displs.data(), dtype, nullptr);
+    if (op == "allgatherv") return waited(bpl_allgatherv(job.world, send, count, recv, counts.data(), displs.data(), dtype, req));
+    return waited(bpl_alltoallv(job.world, send, counts.data(), displs.data(), recv, counts.data(), displs.data(), dtype, req));
   }
   // pingpong between ranks 0 and 1; the others wait at the next collective
   const int64_t bytes = static_cast<int64_t>(s.send_bytes);
   if (job.rank == 0) {
-    bpl_status status = bpl_send(job.world, send, bytes, BPL_DTYPE_U8, 1, 0, nullptr);
-    return status != BPL_OK ? status : bpl_recv(job.world, recv, bytes, BPL_DTYPE_U8, 1, 0, nullptr);
+    bpl_status status = waited(bpl_send(job.world, send, bytes, BPL_DTYPE_U8, 1, 0, req));
+    return status != BPL_OK ? status : waited(bpl_recv(job.world, recv, bytes, BPL_DTYPE_U8, 1, 0, req));
   }
   if (job.rank == 1) {
-    bpl_status status = bpl_recv(job.world, recv, bytes, BPL_DTYPE_U8, 0, 0, nullptr);
-    return status != BPL_OK ? status : bpl_send(job.world, recv, bytes, BPL_DTYPE_U8, 0, 0, nullptr);
+    bpl_status status = waited(bpl_recv(job.world, recv, bytes, BPL_DTYPE_U8, 0, 0, req));
+    return status != BPL_OK ? status : waited(bpl_send(job.world, recv, bytes, BPL_DTYPE_U8, 0, 0, req));
   }
   return BPL_OK;
 }
@@ -290,7 +307,7 @@ void register_pair(const std::string& op, const std::string& dtype_name, int64_t
   configure(benchmark::RegisterBenchmark((base + "/backplane").c_str(), [=](benchmark::State& state) {
     Buffers buffers(s.send_bytes, s.recv_bytes, static_cast<size_t>(settings.buffer_offset));
     for (auto _ : state) {
-      if (run_backplane(op, buffers, s, dtype) != BPL_OK) fail(op + " through backplane: " + bpl_last_error());
+      if (run_backplane(op, buffers, s, dtype, settings.async) != BPL_OK) fail(op + " through backplane: " + bpl_last_error());
     }
     set_counters(state);
   }), iterations, settings);
@@ -386,13 +403,20 @@ int main(int argc, char** argv) {
       fail(std::string("opening the raw library: ") + e.what());
     }
   }
+  std::string raw_mode = "blocking calls";
+  if (settings.async) {
+    raw_mode = job.raw && job.raw->set_nonblocking() ? "non-blocking calls, each waited for at once"
+                                                     : "blocking calls (it has no non-blocking form)";
+  }
 
   char host[256] = {};
   gethostname(host, sizeof(host) - 1);
   benchmark::AddCustomContext("backend", backend + " " + info.plugin_version + " (" + info.details + ")");
   benchmark::AddCustomContext("ranks", std::to_string(job.size) + " (" + std::to_string(info.local_world_size) +
                                            " on this host)");
-  benchmark::AddCustomContext("raw_library", job.raw ? job.raw->description() : "none");
+  benchmark::AddCustomContext("raw_library", job.raw ? job.raw->description() + ", " + raw_mode : "none");
+  benchmark::AddCustomContext("backplane_calls", settings.async ? "asynchronous: a request, waited for at once"
+                                                                : "blocking");
   benchmark::AddCustomContext("host", std::string(host) + ", " + std::to_string(std::thread::hardware_concurrency()) +
                                           " hardware threads");
   benchmark::AddCustomContext("buffer_offset", std::to_string(settings.buffer_offset) + " bytes past a page boundary");

@@ -1,6 +1,7 @@
 // A collective library called directly, without backplane: the baseline each backplane backend is
 // measured against in the same run (raw Gloo for gloo, raw MPI for mpi). Every operation is a sum over
-// all ranks, blocking, on host buffers; f32 or bf16.
+// all ranks, on host buffers, f32 or bf16; blocking, or (set_nonblocking) the library's non-blocking
+// call waited for at once, where it has one.
 #pragma once
 
 #include <cstddef>
@@ -16,6 +17,9 @@ class RawLibrary {
   virtual ~RawLibrary() = default;
   // "gloo 0.0~git20220518" or MPI's library version line.
   virtual std::string description() const = 0;
+  // Runs every later operation as its non-blocking form and a wait for it (MPI_Iallreduce and
+  // MPI_Wait, ...). False where the library has none (Gloo's collectives only block).
+  virtual bool set_nonblocking() { return false; }
   virtual void allreduce(void* buf, size_t count, bpl_dtype dtype) = 0;
   virtual void allgather(const void* send, void* recv, size_t count, bpl_dtype dtype) = 0;
   // recv = this rank's block (recvcount elements) of the sum of send over ranks. `send` may be used as

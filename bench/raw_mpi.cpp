@@ -1,4 +1,5 @@
-// Raw MPI: the blocking calls a user of MPI makes, on MPI_COMM_WORLD's duplicate. bf16, which MPI lacks,
+// Raw MPI: the calls a user of MPI makes (blocking, or non-blocking and waited for), on MPI_COMM_WORLD's
+// duplicate. bf16, which MPI lacks,
 // travels as 16-bit words with a user-defined sum (what MPI users write for it).
 #include "raw_library.h"
 
@@ -45,51 +46,102 @@ class RawMpi : public RawLibrary {
     return text.substr(0, text.find_first_of(",\n"));
   }
 
+  bool set_nonblocking() override {
+    nonblocking_ = true;
+    return true;
+  }
+
   void allreduce(void* buf, size_t count, bpl_dtype dtype) override {
-    check(MPI_Allreduce(MPI_IN_PLACE, buf, static_cast<int>(count), type(dtype), sum(dtype), comm_), "MPI_Allreduce");
+    run("MPI_Allreduce", [&](MPI_Request* r) {
+      const int n = static_cast<int>(count);
+      return r ? MPI_Iallreduce(MPI_IN_PLACE, buf, n, type(dtype), sum(dtype), comm_, r)
+               : MPI_Allreduce(MPI_IN_PLACE, buf, n, type(dtype), sum(dtype), comm_);
+    });
   }
   void allgather(const void* send, void* recv, size_t count, bpl_dtype dtype) override {
-    check(MPI_Allgather(send, static_cast<int>(count), type(dtype), recv, static_cast<int>(count), type(dtype), comm_),
-          "MPI_Allgather");
+    run("MPI_Allgather", [&](MPI_Request* r) {
+      const int n = static_cast<int>(count);
+      return r ? MPI_Iallgather(send, n, type(dtype), recv, n, type(dtype), comm_, r)
+               : MPI_Allgather(send, n, type(dtype), recv, n, type(dtype), comm_);
+    });
   }
   void reduce_scatter(void* send, void* recv, size_t recvcount, bpl_dtype dtype) override {
-    check(MPI_Reduce_scatter_block(send, recv, static_cast<int>(recvcount), type(dtype), sum(dtype), comm_),
-          "MPI_Reduce_scatter_block");
+    run("MPI_Reduce_scatter_block", [&](MPI_Request* r) {
+      const int n = static_cast<int>(recvcount);
+      return r ? MPI_Ireduce_scatter_block(send, recv, n, type(dtype), sum(dtype), comm_, r)
+               : MPI_Reduce_scatter_block(send, recv, n, type(dtype), sum(dtype), comm_);
+    });
   }
   void broadcast(void* buf, size_t count, bpl_dtype dtype, int root) override {
-    check(MPI_Bcast(buf, static_cast<int>(count), type(dtype), root, comm_), "MPI_Bcast");
+    run("MPI_Bcast", [&](MPI_Request* r) {
+      const int n = static_cast<int>(count);
+      return r ? MPI_Ibcast(buf, n, type(dtype), root, comm_, r) : MPI_Bcast(buf, n, type(dtype), root, comm_);
+    });
   }
   void alltoall(const void* send, void* recv, size_t count, bpl_dtype dtype) override {
-    check(MPI_Alltoall(send, static_cast<int>(count), type(dtype), recv, static_cast<int>(count), type(dtype), comm_),
-          "MPI_Alltoall");
+    run("MPI_Alltoall", [&](MPI_Request* r) {
+      const int n = static_cast<int>(count);
+      return r ? MPI_Ialltoall(send, n, type(dtype), recv, n, type(dtype), comm_, r)
+               : MPI_Alltoall(send, n, type(dtype), recv, n, type(dtype), comm_);
+    });
   }
   void gather(const void* send, void* recv, size_t count, bpl_dtype dtype, int root) override {
-    check(MPI_Gather(send, static_cast<int>(count), type(dtype), recv, static_cast<int>(count), type(dtype), root, comm_),
-          "MPI_Gather");
+    run("MPI_Gather", [&](MPI_Request* r) {
+      const int n = static_cast<int>(count);
+      return r ? MPI_Igather(send, n, type(dtype), recv, n, type(dtype), root, comm_, r)
+               : MPI_Gather(send, n, type(dtype), recv, n, type(dtype), root, comm_);
+    });
   }
   void scatter(const void* send, void* recv, size_t count, bpl_dtype dtype, int root) override {
-    check(MPI_Scatter(send, static_cast<int>(count), type(dtype), recv, static_cast<int>(count), type(dtype), root, comm_),
-          "MPI_Scatter");
+    run("MPI_Scatter", [&](MPI_Request* r) {
+      const int n = static_cast<int>(count);
+      return r ? MPI_Iscatter(send, n, type(dtype), recv, n, type(dtype), root, comm_, r)
+               : MPI_Scatter(send, n, type(dtype), recv, n, type(dtype), root, comm_);
+    });
   }
   void allgatherv(const void* send, void* recv, size_t count, bpl_dtype dtype) override {
     const std::vector<int> counts(static_cast<size_t>(size()), static_cast<int>(count)), displs = prefix_sums(counts);
-    check(MPI_Allgatherv(send, static_cast<int>(count), type(dtype), recv, counts.data(), displs.data(), type(dtype), comm_),
-          "MPI_Allgatherv");
+    run("MPI_Allgatherv", [&](MPI_Request* r) {
+      const int n = static_cast<int>(count);
+      return r ? MPI_Iallgatherv(send, n, type(dtype), recv, counts.data(), displs.data(), type(dtype), comm_, r)
+               : MPI_Allgatherv(send, n, type(dtype), recv, counts.data(), displs.data(), type(dtype), comm_);
+    });
   }
   void alltoallv(const void* send, void* recv, size_t count, bpl_dtype dtype) override {
     const std::vector<int> counts(static_cast<size_t>(size()), static_cast<int>(count)), displs = prefix_sums(counts);
-    check(MPI_Alltoallv(send, counts.data(), displs.data(), type(dtype), recv, counts.data(), displs.data(), type(dtype), comm_),
-          "MPI_Alltoallv");
+    run("MPI_Alltoallv", [&](MPI_Request* r) {
+      return r ? MPI_Ialltoallv(send, counts.data(), displs.data(), type(dtype), recv, counts.data(), displs.data(),
+                                type(dtype), comm_, r)
+               : MPI_Alltoallv(send, counts.data(), displs.data(), type(dtype), recv, counts.data(), displs.data(),
+                               type(dtype), comm_);
+    });
   }
   void send(const void* buf, size_t bytes, int peer) override {
-    check(MPI_Send(buf, static_cast<int>(bytes), MPI_BYTE, peer, 0, comm_), "MPI_Send");
+    run("MPI_Send", [&](MPI_Request* r) {
+      const int n = static_cast<int>(bytes);
+      return r ? MPI_Isend(buf, n, MPI_BYTE, peer, 0, comm_, r) : MPI_Send(buf, n, MPI_BYTE, peer, 0, comm_);
+    });
   }
   void recv(void* buf, size_t bytes, int peer) override {
-    check(MPI_Recv(buf, static_cast<int>(bytes), MPI_BYTE, peer, 0, comm_, MPI_STATUS_IGNORE), "MPI_Recv");
+    run("MPI_Recv", [&](MPI_Request* r) {
+      const int n = static_cast<int>(bytes);
+      return r ? MPI_Irecv(buf, n, MPI_BYTE, peer, 0, comm_, r) : MPI_Recv(buf, n, MPI_BYTE, peer, 0, comm_, MPI_STATUS_IGNORE);
+    });
   }
-  void barrier() override { check(MPI_Barrier(comm_), "MPI_Barrier"); }
+  void barrier() override {
+    run("MPI_Barrier", [&](MPI_Request* r) { return r ? MPI_Ibarrier(comm_, r) : MPI_Barrier(comm_); });
+  }
 
  private:
+  // call(nullptr) makes the blocking call; call(&request) posts the non-blocking one, waited for here.
+  template <typename Call>
+  void run(const char* what, Call&& call) {
+    if (!nonblocking_) return check(call(nullptr), what);
+    MPI_Request request = MPI_REQUEST_NULL;
+    check(call(&request), what);
+    check(MPI_Wait(&request, MPI_STATUS_IGNORE), what);
+  }
+
   MPI_Datatype type(bpl_dtype dtype) const { return dtype == BPL_DTYPE_BF16 ? MPI_UINT16_T : MPI_FLOAT; }
   int size() const {
     int n = 1;
@@ -105,6 +157,7 @@ class RawMpi : public RawLibrary {
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   MPI_Op bf16_sum_op_ = MPI_OP_NULL;
+  bool nonblocking_ = false;
 };
 
 }  // namespace

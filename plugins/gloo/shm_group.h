@@ -243,7 +243,9 @@ class ShmGroup {
   // process_vm_readv until all `n` bytes are read: 0, or errno (EIO when a read returned nothing).
   static int read_all(pid_t pid, char* to, uint64_t address, size_t n);
   class ReadHelper;
-  std::unique_ptr<ReadHelper> read_helper_;  // read_peer's second thread, once a read needed it
+  // read_peer's second thread, once a read needed it; used by one receive at a time (they hold
+  // p2p_mutex_ while they read).
+  std::unique_ptr<ReadHelper> read_helper_;
   // Group index `index` as messages name it: its rank in the communicator.
   int rank_name(int index) const {
     return communicator_ranks_.empty() ? index : communicator_ranks_[static_cast<size_t>(index)];

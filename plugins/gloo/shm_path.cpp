@@ -46,7 +46,7 @@ void ShmPath::allgather(const void* send, void* recv, size_t block) {
 
 void ShmPath::reduce_scatter(const void* send, void* recv, size_t recvcount, bpl_dtype dtype, bpl_reduce_op op) {
   const bpl_dtype acc = plugin::accumulation_dtype(dtype, op);
-  if (acc == dtype) {  // straight from send to recv: a copy of the whole send first cost 4x the operation
+  if (acc == dtype) {  // straight from send to recv: a copy of the whole send first doubled its time
     comm_.shm_->reduce_scatter(send, recv, recvcount, acc, plugin::reduce_function(acc, op), comm_.timeout());
     plugin::finish_reduction(recv, acc, recv, dtype, recvcount, op, comm_.size());
     return;

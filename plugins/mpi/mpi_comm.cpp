@@ -158,6 +158,20 @@ std::string mpi_error_string(int code) {
   return std::string(text, static_cast<size_t>(length));
 }
 
+// `size` blocks of `block` bytes end to end.
+Blocks equal_blocks(size_t block, int size) {
+  Blocks blocks{std::vector<size_t>(static_cast<size_t>(size)), std::vector<size_t>(static_cast<size_t>(size), block)};
+  for (size_t q = 0; q < blocks.offsets.size(); ++q) blocks.offsets[q] = q * block;
+  return blocks;
+}
+
+// Counts or displacements in elements, in bytes.
+std::vector<size_t> in_bytes(const plugin::Counts& elements, size_t element) {
+  std::vector<size_t> bytes(elements.size());
+  for (size_t i = 0; i < elements.size(); ++i) bytes[i] = elements[i] * element;
+  return bytes;
+}
+
 /* ---- requests ---- */
 
 Request::Request(MpiComm* comm, const char* op, Fingerprint fingerprint, size_t bytes, std::function<int(MPI_Request*)> post)
@@ -605,7 +619,7 @@ void MpiComm::allreduce(const void* send, void* recv, size_t count, bpl_dtype dt
     work = staging.data();
     input = MPI_IN_PLACE;
   }
-  if (size_ > 1 && bytes <= static_cast<size_t>(INT_MAX)) {
+  if (schedulable(bytes)) {
     // The plugin's own schedule (schedules.h), in place in `work`.
     if (input != MPI_IN_PLACE && bytes > 0) std::memcpy(work, send, bytes);
     const bool ring = bytes > kRecursiveDoublingMaxBytes && count >= static_cast<size_t>(size_);
@@ -626,11 +640,17 @@ void MpiComm::allreduce(const void* send, void* recv, size_t count, bpl_dtype dt
 }
 
 void MpiComm::broadcast(void* buf, size_t count, bpl_dtype dtype, int root, bpl_plugin_request** req) {
-  const int n = mpi_count(count);
-  start(std::make_unique<Request>(this, "broadcast", fingerprint(BPL_COLL_BROADCAST, dtype, count, root),
-                                  count * plugin::dtype_size(dtype),
-                                  [=, comm = comm_](MPI_Request* r) { return MPI_Ibcast(buf, n, mpi_type(dtype), root, comm, r); }),
-        req);
+  const size_t bytes = count * plugin::dtype_size(dtype);
+  auto request = std::make_unique<Request>(this, "broadcast", fingerprint(BPL_COLL_BROADCAST, dtype, count, root), bytes,
+                                           nullptr);
+  if (schedulable(bytes)) {
+    request->schedule(broadcast_rounds(static_cast<char*>(buf), bytes, root, rank_, size_), nullptr,
+                      next_schedule_tag(request->signature()));
+  } else {
+    const int n = mpi_count(count);
+    request->post_ = [=, comm = comm_](MPI_Request* r) { return MPI_Ibcast(buf, n, mpi_type(dtype), root, comm, r); };
+  }
+  start(std::move(request), req);
 }
 
 void MpiComm::reduce(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_reduce_op op, int root,
@@ -659,16 +679,25 @@ void MpiComm::reduce(const void* send, void* recv, size_t count, bpl_dtype dtype
 }
 
 void MpiComm::allgather(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_plugin_request** req) {
-  const int n = mpi_count(count);
   const size_t block = count * plugin::dtype_size(dtype);
+  auto request = std::make_unique<Request>(this, "allgather", fingerprint(BPL_COLL_ALLGATHER, dtype, count),
+                                           block * static_cast<size_t>(size_), nullptr);
   // In place, the caller's block already sits at recv + rank*count: MPI_IN_PLACE means exactly that.
-  const void* input = send == static_cast<char*>(recv) + block * static_cast<size_t>(rank_) ? MPI_IN_PLACE : send;
-  start(std::make_unique<Request>(this, "allgather", fingerprint(BPL_COLL_ALLGATHER, dtype, count),
-                                  block * static_cast<size_t>(size_),
-                                  [=, comm = comm_](MPI_Request* r) {
-                                    return MPI_Iallgather(input, n, mpi_type(dtype), recv, n, mpi_type(dtype), comm, r);
-                                  }),
-        req);
+  char* own = static_cast<char*>(recv) + block * static_cast<size_t>(rank_);
+  const bool in_place = send == own;
+  if (schedulable(block)) {
+    if (!in_place && block > 0) std::memcpy(own, send, block);
+    request->schedule(allgather_rounds(static_cast<char*>(recv), static_cast<const char*>(send), equal_blocks(block, size_),
+                                       rank_, size_),
+                      nullptr, next_schedule_tag(request->signature()));
+  } else {
+    const int n = mpi_count(count);
+    const void* input = in_place ? MPI_IN_PLACE : send;
+    request->post_ = [=, comm = comm_](MPI_Request* r) {
+      return MPI_Iallgather(input, n, mpi_type(dtype), recv, n, mpi_type(dtype), comm, r);
+    };
+  }
+  start(std::move(request), req);
 }
 
 void MpiComm::reduce_scatter(const void* send, void* recv, size_t recvcount, bpl_dtype dtype, bpl_reduce_op op,
@@ -714,9 +743,18 @@ void MpiComm::alltoall(const void* send, void* recv, size_t count, bpl_dtype dty
                 static_cast<const char*>(send) + count * static_cast<size_t>(size_) * plugin::dtype_size(dtype));
     input = copy.data();
   }
-  request->post_ = [input, recv, n, dtype, comm = comm_](MPI_Request* r) {
-    return MPI_Ialltoall(input, n, mpi_type(dtype), recv, n, mpi_type(dtype), comm, r);
-  };
+  const size_t block = count * plugin::dtype_size(dtype);
+  if (schedulable(block)) {
+    const Blocks blocks = equal_blocks(block, size_);
+    const size_t own = block * static_cast<size_t>(rank_);
+    if (block > 0) std::memcpy(static_cast<char*>(recv) + own, static_cast<const char*>(input) + own, block);
+    request->schedule(alltoall_rounds(static_cast<const char*>(input), blocks, static_cast<char*>(recv), blocks, rank_, size_),
+                      nullptr, next_schedule_tag(request->signature()));
+  } else {
+    request->post_ = [input, recv, n, dtype, comm = comm_](MPI_Request* r) {
+      return MPI_Ialltoall(input, n, mpi_type(dtype), recv, n, mpi_type(dtype), comm, r);
+    };
+  }
   start(std::move(request), req);
 }
 
@@ -726,13 +764,20 @@ void MpiComm::gather(const void* send, void* recv, size_t count, bpl_dtype dtype
   const size_t block = count * plugin::dtype_size(dtype);
   // In place, the root's block already sits at recv + root*count: MPI_IN_PLACE means exactly that.
   const bool in_place = rank_ == root && send == static_cast<char*>(recv) + block * static_cast<size_t>(root);
-  const void* input = in_place ? MPI_IN_PLACE : send;
-  start(std::make_unique<Request>(this, "gather", fingerprint(BPL_COLL_GATHER, dtype, count, root),
-                                  block * static_cast<size_t>(size_),
-                                  [=, comm = comm_](MPI_Request* r) {
-                                    return MPI_Igather(input, n, mpi_type(dtype), recv, n, mpi_type(dtype), root, comm, r);
-                                  }),
-        req);
+  auto request = std::make_unique<Request>(this, "gather", fingerprint(BPL_COLL_GATHER, dtype, count, root),
+                                           block * static_cast<size_t>(size_), nullptr);
+  if (schedulable(block)) {
+    if (rank_ == root && !in_place && block > 0) std::memcpy(static_cast<char*>(recv) + block * static_cast<size_t>(root), send, block);
+    request->schedule(gather_rounds(static_cast<const char*>(send), static_cast<char*>(recv), equal_blocks(block, size_),
+                                    root, rank_, size_),
+                      nullptr, next_schedule_tag(request->signature()));
+  } else {
+    const void* input = in_place ? MPI_IN_PLACE : send;
+    request->post_ = [=, comm = comm_](MPI_Request* r) {
+      return MPI_Igather(input, n, mpi_type(dtype), recv, n, mpi_type(dtype), root, comm, r);
+    };
+  }
+  start(std::move(request), req);
 }
 
 void MpiComm::scatter(const void* send, void* recv, size_t count, bpl_dtype dtype, int root, bpl_plugin_request** req) {
@@ -740,13 +785,20 @@ void MpiComm::scatter(const void* send, void* recv, size_t count, bpl_dtype dtyp
   mpi_count(count * static_cast<size_t>(size_));
   const size_t block = count * plugin::dtype_size(dtype);
   const bool in_place = rank_ == root && recv == static_cast<const char*>(send) + block * static_cast<size_t>(root);
-  void* output = in_place ? MPI_IN_PLACE : recv;
-  start(std::make_unique<Request>(this, "scatter", fingerprint(BPL_COLL_SCATTER, dtype, count, root),
-                                  block * static_cast<size_t>(size_),
-                                  [=, comm = comm_](MPI_Request* r) {
-                                    return MPI_Iscatter(send, n, mpi_type(dtype), output, n, mpi_type(dtype), root, comm, r);
-                                  }),
-        req);
+  auto request = std::make_unique<Request>(this, "scatter", fingerprint(BPL_COLL_SCATTER, dtype, count, root),
+                                           block * static_cast<size_t>(size_), nullptr);
+  if (schedulable(block)) {
+    if (rank_ == root && !in_place && block > 0) std::memcpy(recv, static_cast<const char*>(send) + block * static_cast<size_t>(root), block);
+    request->schedule(scatter_rounds(static_cast<const char*>(send), static_cast<char*>(recv), equal_blocks(block, size_),
+                                     root, rank_, size_),
+                      nullptr, next_schedule_tag(request->signature()));
+  } else {
+    void* output = in_place ? MPI_IN_PLACE : recv;
+    request->post_ = [=, comm = comm_](MPI_Request* r) {
+      return MPI_Iscatter(send, n, mpi_type(dtype), output, n, mpi_type(dtype), root, comm, r);
+    };
+  }
+  start(std::move(request), req);
 }
 
 void MpiComm::allgatherv(const void* send, size_t sendcount, void* recv, plugin::Counts recvcounts, plugin::Counts displs,
@@ -758,6 +810,15 @@ void MpiComm::allgatherv(const void* send, size_t sendcount, void* recv, plugin:
   f.pairing = pairing_share(rank_, size_, [&](int) { return sendcount; },
                             [&](int q) { return recvcounts[static_cast<size_t>(q)]; });
   auto request = std::make_unique<Request>(this, "allgatherv", f, total * plugin::dtype_size(dtype), nullptr);
+  const size_t element = plugin::dtype_size(dtype);
+  if (schedulable(*std::max_element(recvcounts.begin(), recvcounts.end()) * element)) {
+    char* own = static_cast<char*>(recv) + displs[static_cast<size_t>(rank_)] * element;
+    if (own != send && sendcount > 0) std::memcpy(own, send, sendcount * element);
+    request->schedule(allgather_rounds(static_cast<char*>(recv), static_cast<const char*>(send),
+                                       {in_bytes(displs, element), in_bytes(recvcounts, element)}, rank_, size_),
+                      nullptr, next_schedule_tag(request->signature()));
+    return start(std::move(request), req);
+  }
   // MPI's arrays must live as long as the operation: the request keeps them.
   std::vector<int>& layout = request->counts();
   for (size_t c : recvcounts) layout.push_back(mpi_count(c));
@@ -780,6 +841,21 @@ void MpiComm::alltoallv(const void* send, plugin::Counts sendcounts, plugin::Cou
   f.pairing = pairing_share(rank_, size_, [&](int q) { return sendcounts[static_cast<size_t>(q)]; },
                             [&](int q) { return recvcounts[static_cast<size_t>(q)]; });
   auto request = std::make_unique<Request>(this, "alltoallv", f, moved, nullptr);
+  const size_t element = plugin::dtype_size(dtype);
+  const size_t largest = std::max(*std::max_element(sendcounts.begin(), sendcounts.end()),
+                                  *std::max_element(recvcounts.begin(), recvcounts.end())) * element;
+  if (schedulable(largest)) {
+    const auto me = static_cast<size_t>(rank_);
+    if (sendcounts[me] > 0) {
+      std::memcpy(static_cast<char*>(recv) + rdispls[me] * element, static_cast<const char*>(send) + sdispls[me] * element,
+                  sendcounts[me] * element);
+    }
+    request->schedule(alltoall_rounds(static_cast<const char*>(send), {in_bytes(sdispls, element), in_bytes(sendcounts, element)},
+                                      static_cast<char*>(recv), {in_bytes(rdispls, element), in_bytes(recvcounts, element)},
+                                      rank_, size_),
+                      nullptr, next_schedule_tag(request->signature()));
+    return start(std::move(request), req);
+  }
   std::vector<int>& layout = request->counts();
   for (const plugin::Counts* values : {&sendcounts, &sdispls, &recvcounts, &rdispls}) {
     for (size_t v : *values) layout.push_back(mpi_count(v));
@@ -794,9 +870,13 @@ void MpiComm::alltoallv(const void* send, plugin::Counts sendcounts, plugin::Cou
 }
 
 void MpiComm::barrier(bpl_plugin_request** req) {
-  start(std::make_unique<Request>(this, "barrier", fingerprint(BPL_COLL_BARRIER), 0,
-                                  [comm = comm_](MPI_Request* r) { return MPI_Ibarrier(comm, r); }),
-        req);
+  auto request = std::make_unique<Request>(this, "barrier", fingerprint(BPL_COLL_BARRIER), 0, nullptr);
+  if (schedulable(0)) {
+    request->schedule(barrier_rounds(rank_, size_), nullptr, next_schedule_tag(request->signature()));
+  } else {
+    request->post_ = [comm = comm_](MPI_Request* r) { return MPI_Ibarrier(comm, r); };
+  }
+  start(std::move(request), req);
 }
 
 void MpiComm::check_tag(int tag) const {

@@ -1,9 +1,11 @@
 // A communicator of the MPI plugin: an MPI communicator (with MPI_ERRORS_RETURN) and a duplicate of it
 // on which the ranks compare what they call (fingerprint.h).
 //
-// Every bpl call is MPI's non-blocking call, or (allreduce) a schedule of the plugin's own of MPI's
-// non-blocking point-to-point calls (schedules.h), tested here (blocking) or through its request until
-// it completes or the communicator's timeout passes. MPI progresses only inside its calls, so a wait keeps
+// Every bpl call is a schedule of the plugin's own of MPI's non-blocking point-to-point calls
+// (schedules.h: allreduce, broadcast, allgather(v), alltoall(v), gather, scatter, barrier), or MPI's
+// own non-blocking call (send, recv, reduce, reduce_scatter, and transfers beyond MPI's int counts),
+// tested here (blocking) or through its request until it completes or the communicator's timeout
+// passes. MPI progresses only inside its calls, so a wait keeps
 // testing, without pause while the operation may be moving its bytes, then with growing pauses: a rank
 // waiting for a stopped or missing peer costs about one test a millisecond, not a core.
 //
@@ -24,6 +26,7 @@
 #include <sys/types.h>
 
 #include <atomic>
+#include <climits>
 #include <chrono>
 #include <deque>
 #include <functional>
@@ -70,7 +73,8 @@ class Request : public plugin::PolledRequest {
   std::vector<int>& counts() { return counts_; }  // MPI's int counts and displacements, kept until it ends
   void on_complete(std::function<void()> fn) { on_complete_ = std::move(fn); }
   // Runs the operation as the plugin's own `rounds` (schedules.h) instead of one MPI request, their
-  // transfers on the communicator's duplicate under `tag`, their folds with `reduce`.
+  // transfers on the communicator's duplicate under `tag`, their folds with `reduce` (nullptr where no
+  // round folds).
   void schedule(std::vector<Round> rounds, plugin::ReduceFn reduce, int tag);
   // What a recv matches on.
   std::tuple<MpiComm*, int, int> match_key() const { return {comm_, peer_, tag_}; }
@@ -195,6 +199,10 @@ class MpiComm {
   // where MPI's tags are wide enough, a hash of its fingerprint, so that ranks calling different
   // collectives post messages that never match: they stall, and the explanation names what each calls.
   int next_schedule_tag(const Fingerprint& f);
+  // Whether a collective whose largest single transfer is `bytes` runs as the plugin's own schedule
+  // (schedules.h): on more than one rank, and where MPI's int counts of bytes reach (else MPI's own
+  // non-blocking collective, counting in elements).
+  bool schedulable(size_t bytes) const { return size_ > 1 && bytes <= static_cast<size_t>(INT_MAX); }
   // Starts `request`; with req == NULL waits for it here.
   void start(std::unique_ptr<Request> request, bpl_plugin_request** req);
   void require_usable() const;

@@ -76,4 +76,84 @@ std::vector<Round> allreduce_rounds(char* data, char* scratch, size_t count, siz
                    : recursive_doubling(data, scratch, count, element, rank, size);
 }
 
+std::vector<Round> allgather_rounds(char* data, const char* own, const Blocks& blocks, int rank, int size) {
+  const int next = (rank + 1) % size, prev = (rank + size - 1) % size;
+  std::vector<Round> rounds;
+  for (int s = 0; s < size - 1; ++s) {
+    const auto out = static_cast<size_t>((rank - s + size) % size), in = static_cast<size_t>((rank - s - 1 + size) % size);
+    char* from = s == 0 ? const_cast<char*>(own) : data + blocks.offsets[out];
+    rounds.push_back({{{false, data + blocks.offsets[in], blocks.bytes[in], prev}, {true, from, blocks.bytes[out], next}}, {}});
+  }
+  return rounds;
+}
+
+std::vector<Round> alltoall_rounds(const char* send, const Blocks& send_blocks, char* recv, const Blocks& recv_blocks,
+                                   int rank, int size) {
+  Round round;
+  for (int q = 0; q < size; ++q) {
+    if (q == rank) continue;
+    const auto i = static_cast<size_t>(q);
+    round.transfers.push_back({false, recv + recv_blocks.offsets[i], recv_blocks.bytes[i], q});
+    round.transfers.push_back({true, const_cast<char*>(send) + send_blocks.offsets[i], send_blocks.bytes[i], q});
+  }
+  std::vector<Round> rounds;
+  rounds.push_back(std::move(round));
+  return rounds;
+}
+
+std::vector<Round> gather_rounds(const char* send, char* recv, const Blocks& blocks, int root, int rank, int size) {
+  Round round;
+  if (rank != root) {
+    round.transfers.push_back({true, const_cast<char*>(send), blocks.bytes[static_cast<size_t>(rank)], root});
+  } else {
+    for (int q = 0; q < size; ++q) {
+      const auto i = static_cast<size_t>(q);
+      if (q != root) round.transfers.push_back({false, recv + blocks.offsets[i], blocks.bytes[i], q});
+    }
+  }
+  std::vector<Round> rounds;
+  rounds.push_back(std::move(round));
+  return rounds;
+}
+
+std::vector<Round> scatter_rounds(const char* send, char* recv, const Blocks& blocks, int root, int rank, int size) {
+  Round round;
+  if (rank != root) {
+    round.transfers.push_back({false, recv, blocks.bytes[static_cast<size_t>(rank)], root});
+  } else {
+    for (int q = 0; q < size; ++q) {
+      const auto i = static_cast<size_t>(q);
+      if (q != root) round.transfers.push_back({true, const_cast<char*>(send) + blocks.offsets[i], blocks.bytes[i], q});
+    }
+  }
+  std::vector<Round> rounds;
+  rounds.push_back(std::move(round));
+  return rounds;
+}
+
+std::vector<Round> broadcast_rounds(char* data, size_t bytes, int root, int rank, int size) {
+  // Ranks relative to the root: v's parent is v without its lowest set bit, its children v + 2^k for
+  // every 2^k below that bit (the root: below size).
+  const int v = (rank - root + size) % size;
+  auto real = [&](int relative) { return (relative + root) % size; };
+  std::vector<Round> rounds;
+  int low = 1;
+  while (low < size && (v & low) == 0) low *= 2;
+  if (v != 0) rounds.push_back({{{false, data, bytes, real(v - low)}}, {}});
+  Round children;  // the root's lowest set bit lies beyond every rank: all powers of two are its children
+  for (int k = low / 2; k >= 1; k /= 2) {
+    if (v + k < size) children.transfers.push_back({true, data, bytes, real(v + k)});
+  }
+  if (!children.transfers.empty()) rounds.push_back(std::move(children));
+  return rounds;
+}
+
+std::vector<Round> barrier_rounds(int rank, int size) {
+  std::vector<Round> rounds;
+  for (int distance = 1; distance < size; distance *= 2) {
+    rounds.push_back({{{false, nullptr, 0, (rank - distance + size) % size}, {true, nullptr, 0, (rank + distance) % size}}, {}});
+  }
+  return rounds;
+}
+
 }  // namespace backplane::mpi_plugin

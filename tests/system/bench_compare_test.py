@@ -87,6 +87,34 @@ def copy_model():
             expect(abs(got - time_s / model) < 1e-9, f"{op} on {n} ranks: /copy {got}, expected {time_s / model}")
 
 
+def asynchronous(backends):
+    """--async: backplane's calls post a request and wait for it; raw MPI runs its non-blocking calls
+    and MPI_Wait, raw Gloo (which has none) its blocking ones, and the table says which."""
+    bin_dir = sys.argv[1]
+    with tempfile.TemporaryDirectory() as out:
+        command = [os.path.join(bin_dir, "bpl-bench-compare"), "--out", out, "--backends", ",".join(backends), "--",
+                   "--dtypes=f32", "--max-bytes=64", "--step-factor=16", "--repetitions=2", "--max-iterations=5",
+                   "--async"]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        expect(result.returncode == 0, f"--async run failed ({result.returncode}): {result.stdout}\n{result.stderr}")
+        if result.returncode != 0:
+            return
+        for backend in backends:
+            with open(os.path.join(out, f"{backend}.json")) as f:
+                results = json.load(f)
+            context = results["context"]
+            expect(context.get("backplane_calls", "").startswith("asynchronous"), f"{backend}: the calls are asynchronous")
+            raw_mode = "non-blocking calls, each waited for at once" if backend == "mpi" else "it has no non-blocking form"
+            expect(raw_mode in context.get("raw_library", ""), f"{backend}: raw library's mode: {context.get('raw_library')}")
+            medians = {b["run_name"].split("/iterations")[0] for b in results["benchmarks"]
+                       if b.get("aggregate_name") == "median"}
+            for name in ("allreduce/f32/64/backplane", "allreduce/f32/64/raw", "pingpong/f32/64/backplane",
+                         "alltoall/f32/64/raw", "barrier/backplane", "barrier/raw"):
+                expect(name in medians, f"{backend} --async: no median for {name}")
+        with open(os.path.join(out, "collectives.md")) as f:
+            expect("backplane's calls: asynchronous" in f.read(), "the table says the calls were asynchronous")
+
+
 def main():
     bin_dir = sys.argv[1]
     copy_model()
@@ -130,8 +158,14 @@ def main():
                 if row:
                     cells = [c.strip() for c in row.group(1).split("|")[:-1]]
                     numbers = [c for c in cells if re.fullmatch(r"[0-9]+\.[0-9]+", c)]
-                    # time, busbw, raw time, ratio, and the time against the copy model
-                    expect(len(numbers) == 5 * len(backends), f"row {op} {label} is complete: {row.group(0)}")
+                    # time, busbw, raw time, ratio, and the time against the copy model; with both
+                    # backends, gloo's time against raw Open MPI's (the mpi run's raw time)
+                    both = len(backends) == 2
+                    expect(len(numbers) == 5 * len(backends) + both, f"row {op} {label} is complete: {row.group(0)}")
+                    if both and len(numbers) == 11:
+                        gloo_us, against_mpi, raw_mpi_us = (float(numbers[i]) for i in (0, 5, 8))
+                        expect(abs(against_mpi - gloo_us / raw_mpi_us) <= 0.15 * against_mpi + 0.01,
+                               f"row {op} {label}: gloo/raw mpi {against_mpi} is gloo's {gloo_us} over {raw_mpi_us}")
         with open(os.path.join(out, "collectives.png"), "rb") as f:
             expect(f.read(8) == b"\x89PNG\r\n\x1a\n", "collectives.png is a PNG")
         expect("Under load" not in table, "an idle run says nothing of load")
@@ -139,6 +173,7 @@ def main():
             expect(re.search(rf"memcpy bandwidth \({backend} run, every rank at once\): 4 B [0-9.]+ GB/s", table),
                    f"{backend}: the copy reference is reported")
     under_load()
+    asynchronous(backends)
     if failures:
         sys.exit("FAILED:\n  " + "\n  ".join(failures))
     print(f"bench_compare_test: {', '.join(backends)}: every operation and size measured both ways; table and plot written")
