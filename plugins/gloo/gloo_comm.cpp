@@ -256,6 +256,12 @@ std::string machine_partition() {
 
 }  // namespace
 
+int GlooComm::ranks_on_this_machine() const {
+  if (machine_of_rank_.empty()) return 1;
+  const int machine = machine_of_rank_[static_cast<size_t>(rank())];
+  return static_cast<int>(std::count(machine_of_rank_.begin(), machine_of_rank_.end(), machine));
+}
+
 // Ranks are grouped by machine (learn_peers). All on one: every collective goes through one segment.
 // Spanning machines with some sharing one: each machine's ranks share a segment, and one rank per
 // machine (its lowest) joins the leaders' Gloo mesh (hierarchical path). Otherwise: Gloo over TCP.

@@ -69,6 +69,8 @@ class GlooComm {
   // How its collectives travel: "shared memory (…)", "shared memory within each of N machines, …" or
   // "gloo over tcp (…)".
   const std::string& path() const { return path_name_; }
+  // How many of the communicator's ranks run on this machine (this one included).
+  int ranks_on_this_machine() const;
   // How operation `op` (BPL_COLL_*) of `bytes` travels, for BPL_TRACE: "shared memory" (", single
   // copy"), "hierarchical" (each machine's segment and a leaders' mesh), or "tcp" (Gloo's pairs).
   const char* path_of(bpl_collective op, uint64_t bytes) const;

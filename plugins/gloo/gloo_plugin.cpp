@@ -2,7 +2,9 @@
 // TCPStore, one host device. This file is the runtime's lifecycle; the shared entries (plugin_entry.h) are its C boundary.
 #include <gloo/config.h>
 #include <signal.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 
@@ -13,6 +15,7 @@
 #include "host_device.h"
 #include "plugin_entry.h"
 #include "plugin_support.h"
+#include "polled_request.h"
 #include "rendezvous.h"
 
 struct bpl_plugin_runtime {
@@ -58,9 +61,17 @@ bpl_status runtime_create(const bpl_launch_info* launch, bpl_plugin_runtime** ou
                launch->world_size > 1 ? std::make_shared<ConnectionWatch>() : nullptr});
     runtime->world = std::make_unique<GlooComm>(runtime->shared, "world", launch->rank, launch->world_size,
                                                 std::chrono::milliseconds(launch->timeout_ms));
+    // Waits in shared memory yield while they spin only where this machine's ranks outnumber its cores
+    // (shm_internal.h's wait_until), as the MPI plugin's do.
+    const int cores = std::max(1, static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)));
+    const int local = runtime->world->ranks_on_this_machine();
+    const bool yield = local > cores;
+    plugin::Backoff::yield_while_spinning().store(yield, std::memory_order_relaxed);
     runtime->details = "gloo=" + std::to_string(GLOO_VERSION_MAJOR) + "." + std::to_string(GLOO_VERSION_MINOR) + "." +
                        std::to_string(GLOO_VERSION_PATCH) + "; " + joined.description + "; collectives of world: " +
-                       runtime->world->path() + "; a split takes its path from where its own ranks run";
+                       runtime->world->path() + "; a split takes its path from where its own ranks run; " +
+                       std::to_string(local) + " rank(s) on " + std::to_string(cores) + " core(s) here: waits " +
+                       (yield ? "yield while they spin" : "spin without yielding, then sleep");
     *out = runtime.release();
     return BPL_OK;
   });

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <new>
+#include <numeric>
 #include <random>
 #include <thread>
 #include <vector>
@@ -40,7 +41,7 @@ const char* ShmGroup::own_operand(const char* own, const char* result, size_t by
 
 void ShmGroup::allreduce(const void* send, void* recv, size_t count, bpl_dtype acc, plugin::ReduceFn reduce,
                          std::chrono::milliseconds timeout) {
-  const Deadline deadline(timeout);
+  const Deadline deadline(timeout, count * plugin::dtype_size(acc));
   const size_t element = plugin::dtype_size(acc);
   const size_t total = count * element;
   const auto* in = static_cast<const char*>(send);
@@ -56,6 +57,7 @@ void ShmGroup::allreduce(const void* send, void* recv, size_t count, bpl_dtype a
     reduce_in_rank_order(out, inputs, count, reduce);
     return;
   }
+  const CopyFn copy_out = output_copy(total);
   // Chunks of one slot: step 1 copies in the peers' shares of the chunk; in step 2 each rank reduces its
   // share (its own operand read straight from `send`) into `recv` and copies the result into its slot of
   // the other buffer; then every rank copies the others' shares out.
@@ -84,13 +86,13 @@ void ShmGroup::allreduce(const void* send, void* recv, size_t count, bpl_dtype a
     wait_for_all(reduce_step, deadline);
     for (int q = 0; q < size_; ++q) {
       const size_t begin = share_begin(q), end = share_begin(q + 1);
-      if (q != rank_) copy_bytes(out + (first + begin) * element, slot(reduce_step, q) + begin * element, (end - begin) * element);
+      if (q != rank_) copy_out(out + (first + begin) * element, slot(reduce_step, q) + begin * element, (end - begin) * element);
     }
   }
 }
 
 void ShmGroup::broadcast(void* buf, size_t bytes, int root, std::chrono::milliseconds timeout) {
-  const Deadline deadline(timeout);
+  const Deadline deadline(timeout, bytes);
   auto* data = static_cast<char*>(buf);
   const uint32_t kind = with_root(kBroadcast, root);
   if (takes_single_copy(bytes, kSingleCopyBroadcastMaxBytes)) {
@@ -98,18 +100,19 @@ void ShmGroup::broadcast(void* buf, size_t bytes, int root, std::chrono::millise
     if (rank_ != root) read_peer(root, data, progress_[root].send_address[buffers % 2], bytes);
     return finish_single_copy(kind, bytes, deadline);
   }
+  const CopyFn copy_out = output_copy(bytes);
   for (size_t first = 0; first < bytes; first += kSlotBytes) {
     const size_t n = std::min(kSlotBytes, bytes - first);
     const uint32_t step = next_step();
     if (rank_ == root) copy_to_peers(slot(step, root), data + first, n);
     publish(kind, bytes);
     wait_for_all(step, deadline);
-    if (rank_ != root) copy_bytes(data + first, slot(step, root), n);
+    if (rank_ != root) copy_out(data + first, slot(step, root), n);
   }
 }
 
 void ShmGroup::allgather(const void* send, void* recv, size_t block_bytes, std::chrono::milliseconds timeout) {
-  const Deadline deadline(timeout);
+  const Deadline deadline(timeout, block_bytes * static_cast<size_t>(size_));
   const auto* in = static_cast<const char*>(send);
   auto* out = static_cast<char*>(recv);
   if (takes_single_copy(block_bytes * static_cast<size_t>(size_))) {
@@ -121,23 +124,24 @@ void ShmGroup::allgather(const void* send, void* recv, size_t block_bytes, std::
     }
     return finish_single_copy(kAllgather, block_bytes, deadline);
   }
+  const CopyFn copy_out = output_copy(block_bytes * static_cast<size_t>(size_));
   for (size_t first = 0; first < block_bytes; first += kSlotBytes) {
     const size_t n = std::min(kSlotBytes, block_bytes - first);
     const uint32_t step = next_step();
     copy_to_peers(slot(step, rank_), in + first, n);
     publish(kAllgather, block_bytes);
     char* own = out + block_bytes * static_cast<size_t>(rank_) + first;
-    if (own != in + first) copy_bytes(own, in + first, n);  // while the peers catch up
+    if (own != in + first) copy_out(own, in + first, n);  // while the peers catch up
     wait_for_all(step, deadline);
     for (int q = 0; q < size_; ++q) {
-      if (q != rank_) copy_bytes(out + block_bytes * static_cast<size_t>(q) + first, slot(step, q), n);
+      if (q != rank_) copy_out(out + block_bytes * static_cast<size_t>(q) + first, slot(step, q), n);
     }
   }
 }
 
 void ShmGroup::reduce_scatter(const void* send, void* recv, size_t count, bpl_dtype acc, plugin::ReduceFn reduce,
                               std::chrono::milliseconds timeout) {
-  const Deadline deadline(timeout);
+  const Deadline deadline(timeout, count * plugin::dtype_size(acc) * static_cast<size_t>(size_));
   const size_t element = plugin::dtype_size(acc);
   const auto* in = static_cast<const char*>(send);
   auto* out = static_cast<char*>(recv);
@@ -166,7 +170,7 @@ void ShmGroup::reduce_scatter(const void* send, void* recv, size_t count, bpl_dt
 }
 
 void ShmGroup::alltoall(const void* send, void* recv, size_t block_bytes, std::chrono::milliseconds timeout) {
-  const Deadline deadline(timeout);
+  const Deadline deadline(timeout, block_bytes * static_cast<size_t>(size_));
   const auto* in = static_cast<const char*>(send);
   auto* out = static_cast<char*>(recv);
   const auto ranks = static_cast<size_t>(size_);
@@ -196,6 +200,7 @@ void ShmGroup::alltoall(const void* send, void* recv, size_t block_bytes, std::c
   const size_t pieces = std::max<size_t>(1, in_place ? ranks : ranks - 1);
   auto piece_for = [&](size_t reader, size_t writer) { return in_place || reader < writer ? reader : reader - 1; };
   const size_t chunk = std::max<size_t>(1, kSlotBytes / pieces);
+  const CopyFn copy_out = output_copy(block_bytes * ranks);
   for (size_t first = 0; first < block_bytes; first += chunk) {
     const size_t n = std::min(chunk, block_bytes - first);
     const uint32_t step = next_step();
@@ -206,16 +211,16 @@ void ShmGroup::alltoall(const void* send, void* recv, size_t block_bytes, std::c
       else if (in_place) copy_bytes(mine + n * q, in + own + first, n);  // read by this rank only
     }
     publish(in_place ? kAlltoallInPlace : kAlltoall, block_bytes);
-    if (!in_place) copy_bytes(out + own + first, in + own + first, n);
+    if (!in_place) copy_out(out + own + first, in + own + first, n);
     wait_for_all(step, deadline);
     for (size_t q = 0; q < ranks; ++q) {
-      if (q != me || in_place) copy_bytes(out + block_bytes * q + first, slot(step, static_cast<int>(q)) + n * piece_for(me, q), n);
+      if (q != me || in_place) copy_out(out + block_bytes * q + first, slot(step, static_cast<int>(q)) + n * piece_for(me, q), n);
     }
   }
 }
 
 void ShmGroup::gather(const void* send, void* recv, size_t block_bytes, int root, std::chrono::milliseconds timeout) {
-  const Deadline deadline(timeout);
+  const Deadline deadline(timeout, block_bytes * static_cast<size_t>(size_));
   const uint32_t kind = with_root(kGather, root);
   const auto* in = static_cast<const char*>(send);
   auto* out = static_cast<char*>(recv);  // NULL on the others, as may be `send` of a scatter
@@ -231,22 +236,23 @@ void ShmGroup::gather(const void* send, void* recv, size_t block_bytes, int root
     return finish_single_copy(kind, block_bytes, deadline);
   }
   // As allgather, only the root copying out.
+  const CopyFn copy_out = output_copy(block_bytes * static_cast<size_t>(size_));
   for (size_t first = 0; first < block_bytes; first += kSlotBytes) {
     const size_t n = std::min(kSlotBytes, block_bytes - first);
     const uint32_t step = next_step();
     if (rank_ != root) copy_to_peers(slot(step, rank_), in + first, n);
     publish(kind, block_bytes);
-    if (rank_ == root && own != in) copy_bytes(own + first, in + first, n);  // while the peers catch up
+    if (rank_ == root && own != in) copy_out(own + first, in + first, n);  // while the peers catch up
     wait_for_all(step, deadline);
     if (rank_ != root) continue;
     for (int q = 0; q < size_; ++q) {
-      if (q != rank_) copy_bytes(out + block_bytes * static_cast<size_t>(q) + first, slot(step, q), n);
+      if (q != rank_) copy_out(out + block_bytes * static_cast<size_t>(q) + first, slot(step, q), n);
     }
   }
 }
 
 void ShmGroup::scatter(const void* send, void* recv, size_t block_bytes, int root, std::chrono::milliseconds timeout) {
-  const Deadline deadline(timeout);
+  const Deadline deadline(timeout, block_bytes * static_cast<size_t>(size_));
   const uint32_t kind = with_root(kScatter, root);
   const auto* in = static_cast<const char*>(send);
   auto* out = static_cast<char*>(recv);
@@ -264,6 +270,7 @@ void ShmGroup::scatter(const void* send, void* recv, size_t block_bytes, int roo
   const size_t chunk = kSlotBytes / pieces;
   const auto root_index = static_cast<size_t>(root);
   auto place = [&](size_t reader) { return chunk * (reader < root_index ? reader : reader - 1); };
+  const CopyFn copy_out = output_copy(block_bytes);
   for (size_t first = 0; first < block_bytes; first += chunk) {
     const size_t n = std::min(chunk, block_bytes - first);
     const uint32_t step = next_step();
@@ -273,9 +280,9 @@ void ShmGroup::scatter(const void* send, void* recv, size_t block_bytes, int roo
       }
     }
     publish(kind, block_bytes);
-    if (rank_ == root && own != out) copy_bytes(out + first, own + first, n);  // while the peers catch up
+    if (rank_ == root && own != out) copy_out(out + first, own + first, n);  // while the peers catch up
     wait_for_all(step, deadline);
-    if (rank_ != root) copy_bytes(out + first, slot(step, root) + place(me), n);
+    if (rank_ != root) copy_out(out + first, slot(step, root) + place(me), n);
   }
 }
 
@@ -304,7 +311,7 @@ uint32_t ShmGroup::agree_on_counts(uint32_t kind, uint64_t bytes, int64_t pairin
 
 void ShmGroup::allgatherv(const void* send, size_t send_bytes, void* recv, const std::vector<size_t>& bytes,
                           const std::vector<size_t>& offsets, int64_t pairing_share, std::chrono::milliseconds timeout) {
-  const Deadline deadline(timeout);
+  const Deadline deadline(timeout, send_bytes * static_cast<size_t>(size_));
   const auto* in = static_cast<const char*>(send);
   auto* out = static_cast<char*>(recv);
   uint64_t total = 0;
@@ -322,16 +329,17 @@ void ShmGroup::allgatherv(const void* send, size_t send_bytes, void* recv, const
   }
   // Step by step as allgather, each rank's block as long as it lasts.
   auto piece = [&](size_t block, size_t first) { return block > first ? std::min(kSlotBytes, block - first) : 0; };
+  const CopyFn copy_out = output_copy(total);
   for (size_t first = 0; first < largest; first += kSlotBytes) {
     const uint32_t step = next_step();
     const size_t n = piece(send_bytes, first);
     if (n > 0) copy_to_peers(slot(step, rank_), in + first, n);
     publish(kAllgatherv, total);
-    if (n > 0 && own != in) copy_bytes(own + first, in + first, n);  // while the peers catch up
+    if (n > 0 && own != in) copy_out(own + first, in + first, n);  // while the peers catch up
     wait_for_all(step, deadline);
     for (int q = 0; q < size_; ++q) {
       const size_t theirs = piece(bytes[static_cast<size_t>(q)], first);
-      if (q != rank_ && theirs > 0) copy_bytes(out + offsets[static_cast<size_t>(q)] + first, slot(step, q), theirs);
+      if (q != rank_ && theirs > 0) copy_out(out + offsets[static_cast<size_t>(q)] + first, slot(step, q), theirs);
     }
   }
   if (largest == 0 && own != in) copy_bytes(own, in, send_bytes);  // a world of one
@@ -340,7 +348,7 @@ void ShmGroup::allgatherv(const void* send, size_t send_bytes, void* recv, const
 void ShmGroup::alltoallv(const void* send, const std::vector<size_t>& send_bytes, const std::vector<size_t>& send_offsets,
                          void* recv, const std::vector<size_t>& recv_bytes, const std::vector<size_t>& recv_offsets,
                          int64_t pairing_share, std::chrono::milliseconds timeout) {
-  const Deadline deadline(timeout);
+  const Deadline deadline(timeout, std::accumulate(send_bytes.begin(), send_bytes.end(), size_t{0}));
   const auto* in = static_cast<const char*>(send);
   auto* out = static_cast<char*>(recv);
   const auto me = static_cast<size_t>(rank_);
@@ -354,7 +362,10 @@ void ShmGroup::alltoallv(const void* send, const std::vector<size_t>& send_bytes
   for (size_t q = 0; q < ranks; ++q) starts[q] = reinterpret_cast<uint64_t>(in + send_offsets[q]);
   size_t largest = 0;
   const uint32_t agreed = agree_on_counts(kAlltoallv, 0, pairing_share, largest_sent, starts, deadline, &largest);
-  auto copy_own = [&](size_t first, size_t n) { copy_bytes(out + recv_offsets[me] + first, in + send_offsets[me] + first, n); };
+  size_t received = 0;
+  for (size_t b : recv_bytes) received += b;
+  const CopyFn copy_out = output_copy(received);
+  auto copy_own = [&](size_t first, size_t n) { copy_out(out + recv_offsets[me] + first, in + send_offsets[me] + first, n); };
   if (takes_single_copy(largest * ranks)) {
     // The starts stay in the slots: the next step that writes that buffer comes after finish_single_copy.
     publish_buffers(kAlltoallv, 0, send, recv, deadline);
@@ -384,7 +395,7 @@ void ShmGroup::alltoallv(const void* send, const std::vector<size_t>& send_bytes
     wait_for_all(step, deadline);
     for (size_t q = 0; q < ranks; ++q) {
       const size_t n = piece(recv_bytes[q], first);
-      if (q != me && n > 0) copy_bytes(out + recv_offsets[q] + first, slot(step, static_cast<int>(q)) + place(me, q), n);
+      if (q != me && n > 0) copy_out(out + recv_offsets[q] + first, slot(step, static_cast<int>(q)) + place(me, q), n);
     }
   }
   // What is left of the own block (all of it in a world of one).

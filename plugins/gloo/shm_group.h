@@ -17,8 +17,9 @@
 // copy pins every page). Send and recv go that way at every size, through a mailbox per pair of ranks
 // (see post_send). Whether every rank may is settled once, collectively (enable_single_copy).
 //
-// Waiting: a short spin, then yields, then futex waits in slices; every slice checks the deadline (the
-// communicator's timeout), the failure record, and whether a peer's process has ended. A wait that
+// Waiting: a spin (20 us then yields where the machine's ranks outnumber its cores, else 1 ms without
+// yielding), then futex waits in slices; every slice checks the deadline (the communicator's
+// timeout), the failure record, and whether a peer's process has ended. A wait that
 // ends within its first spins reads no clock (a clock read costs about 30 ns on a virtual machine,
 // a tenth of a small collective's own time here).
 #pragma once
@@ -44,17 +45,20 @@ namespace backplane::gloo_plugin {
 
 // An operation's deadline: `timeout` from the first time one of its waits does not end at once, when
 // the clock is first read. Before that, every wait ended within its first spins, so the operation is
-// progressing.
+// progressing. `bytes` (the operation's size) sets how long its waits spin before they sleep where
+// they do not yield (shm_internal.h's wait_until): long for small operations, short for large ones.
 class Deadline {
  public:
-  explicit Deadline(std::chrono::milliseconds timeout) : timeout_(timeout) {}
+  explicit Deadline(std::chrono::milliseconds timeout, size_t bytes = 0) : timeout_(timeout), bytes_(bytes) {}
   std::chrono::steady_clock::time_point at() const {
     if (at_ == std::chrono::steady_clock::time_point{}) at_ = plugin::deadline_after(timeout_);
     return at_;
   }
+  size_t bytes() const { return bytes_; }
 
  private:
   std::chrono::milliseconds timeout_;
+  size_t bytes_;
   mutable std::chrono::steady_clock::time_point at_{};
 };
 

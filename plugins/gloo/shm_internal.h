@@ -22,6 +22,7 @@
 
 #include "local_process.h"
 #include "plugin_support.h"
+#include "polled_request.h"
 #include "shm_group.h"
 
 namespace backplane::gloo_plugin {
@@ -29,8 +30,17 @@ namespace shm_detail {
 
 constexpr uint64_t kMagic = 0x62706c73686d3032;  // "bplshm02": the layout's version
 constexpr size_t kLine = 64;                     // one cache line per counter: no false sharing
-constexpr auto kSpin = std::chrono::microseconds(20);  // a peer a step behind arrives within this
-constexpr int kYields = 200;  // then yields: with more ranks than cores, the peer needs this core
+// A wait spins, then sleeps in futex slices. Where this machine's ranks outnumber its cores
+// (Backoff::yield_while_spinning), the peer may need this very core: the spin is short and then yields
+// it. Elsewhere a yield only hands the core to whatever else runs here: beside a busy process the two
+// ranks then took turns on one core, a spin and a switch per step (4-byte allreduce 0.6 -> 24 us,
+// bench/results/2026-11-25-raw-speed). So a small operation's waits spin longer, without yielding,
+// and keep the ranks running side by side; a large one's steps are long anyway, and a peer that has
+// not come within a short spin has lost its core, which this rank's sleep gives back.
+constexpr auto kSpin = std::chrono::microseconds(20);         // a peer a step behind arrives within this
+constexpr int kYields = 200;                                  // oversubscribed: then yields, for the peer that needs this core
+constexpr auto kLongSpin = std::chrono::microseconds(1000);   // otherwise, operations up to kLongSpinMaxBytes
+constexpr size_t kLongSpinMaxBytes = 64 * 1024;
 constexpr auto kSleepSlice = std::chrono::milliseconds(5);
 constexpr auto kLivenessInterval = std::chrono::milliseconds(10);
 
@@ -98,6 +108,12 @@ inline std::string system_error(const std::string& what, const std::string& name
 void copy_bytes(void* to, const void* from, size_t n);
 // Copies data into this rank's part of the segment, for its peers to read (streaming stores when large).
 void copy_to_peers(void* to, const void* from, size_t n);
+// Copies with streaming (non-temporal) stores from 2 KiB: lines written, not read first, and not kept.
+void copy_streaming(void* to, const void* from, size_t n);
+// How an operation whose output (this rank's recv) holds `output_bytes` copies into it: copy_bytes, or
+// copy_streaming where the output is larger than the last-level cache (shm_copy.cpp).
+using CopyFn = void (*)(void* to, const void* from, size_t n);
+CopyFn output_copy(size_t output_bytes);
 
 }  // namespace shm_detail
 
@@ -228,6 +244,7 @@ template <typename Reached, typename Late>
 void ShmGroup::wait_until(int peer, std::atomic<uint32_t>& word, Reached reached,
                           const Deadline& deadline, Late late) {
   auto failed = [&] { return header_->failed_by.load(std::memory_order_acquire) != 0; };
+  const bool yielding = plugin::Backoff::yield_while_spinning().load(std::memory_order_relaxed);
   std::chrono::steady_clock::time_point spin_until{};  // the clock is first read after 63 spins
   for (uint32_t i = 1;; ++i) {
     if (reached()) return;
@@ -235,7 +252,8 @@ void ShmGroup::wait_until(int peer, std::atomic<uint32_t>& word, Reached reached
       if (failed()) throw_failure_record();
       const auto now = std::chrono::steady_clock::now();
       if (spin_until == std::chrono::steady_clock::time_point{}) {
-        spin_until = now + kSpin;
+        const bool long_spin = !yielding && deadline.bytes() <= kLongSpinMaxBytes;
+        spin_until = now + (long_spin ? std::chrono::microseconds(kLongSpin) : std::chrono::microseconds(kSpin));
         deadline.at();  // starts the operation's clock
       } else if (now >= spin_until) {
         break;
@@ -243,7 +261,7 @@ void ShmGroup::wait_until(int peer, std::atomic<uint32_t>& word, Reached reached
     }
     cpu_relax();
   }
-  for (int i = 0; i < kYields; ++i) {
+  for (int i = 0; yielding && i < kYields; ++i) {
     if (reached()) return;
     ::sched_yield();
   }

@@ -101,14 +101,19 @@ std::vector<Round> alltoall_rounds(const char* send, const Blocks& send_blocks, 
   return rounds;
 }
 
-std::vector<Round> gather_rounds(const char* send, char* recv, const Blocks& blocks, int root, int rank, int size) {
+namespace {
+
+// Gather (`to_root`) or scatter in one round: the root exchanges with every other rank its block of
+// `blocks` in `root_buffer`; the others send or receive `own`.
+std::vector<Round> rooted_round(char* root_buffer, char* own, const Blocks& blocks, int root, int rank, int size,
+                                bool to_root) {
   Round round;
   if (rank != root) {
-    round.transfers.push_back({true, const_cast<char*>(send), blocks.bytes[static_cast<size_t>(rank)], root});
+    round.transfers.push_back({to_root, own, blocks.bytes[static_cast<size_t>(rank)], root});
   } else {
     for (int q = 0; q < size; ++q) {
       const auto i = static_cast<size_t>(q);
-      if (q != root) round.transfers.push_back({false, recv + blocks.offsets[i], blocks.bytes[i], q});
+      if (q != root) round.transfers.push_back({!to_root, root_buffer + blocks.offsets[i], blocks.bytes[i], q});
     }
   }
   std::vector<Round> rounds;
@@ -116,19 +121,14 @@ std::vector<Round> gather_rounds(const char* send, char* recv, const Blocks& blo
   return rounds;
 }
 
+}  // namespace
+
+std::vector<Round> gather_rounds(const char* send, char* recv, const Blocks& blocks, int root, int rank, int size) {
+  return rooted_round(recv, const_cast<char*>(send), blocks, root, rank, size, /*to_root=*/true);
+}
+
 std::vector<Round> scatter_rounds(const char* send, char* recv, const Blocks& blocks, int root, int rank, int size) {
-  Round round;
-  if (rank != root) {
-    round.transfers.push_back({false, recv, blocks.bytes[static_cast<size_t>(rank)], root});
-  } else {
-    for (int q = 0; q < size; ++q) {
-      const auto i = static_cast<size_t>(q);
-      if (q != root) round.transfers.push_back({true, const_cast<char*>(send) + blocks.offsets[i], blocks.bytes[i], q});
-    }
-  }
-  std::vector<Round> rounds;
-  rounds.push_back(std::move(round));
-  return rounds;
+  return rooted_round(const_cast<char*>(send), recv, blocks, root, rank, size, /*to_root=*/false);
 }
 
 std::vector<Round> broadcast_rounds(char* data, size_t bytes, int root, int rank, int size) {

@@ -320,6 +320,30 @@ TEST_P(ShmGroupRanks, ManyCollectivesInARowReuseTheBuffersSafely) {
   });
 }
 
+// Outputs larger than the last-level cache are written with streaming stores (shm_copy.cpp's
+// output_copy): every collective that copies out still delivers every byte, 2 ranks, 40 MiB outputs.
+TEST(ShmGroupLargeOutputs, StreamedCopiesDeliverEveryByte) {
+  Segment segment(2);
+  auto groups = segment.groups(false);
+  const size_t block = size_t{20} << 20;  // a rank's block: outputs of 40 MiB
+  run_threads(groups, [&](int rank, ShmGroup& group) {
+    const auto me = static_cast<size_t>(rank);
+    auto byte = [](size_t from, size_t to, size_t i) { return static_cast<char>((i * 13 + from * 5 + to * 3) % 253); };
+    std::vector<char> send(2 * block), recv(2 * block, 'x');
+    for (size_t i = 0; i < send.size(); ++i) send[i] = byte(me, i / block, i % block);
+    group.alltoall(send.data(), recv.data(), block, kTimeout);
+    for (size_t i = 0; i < recv.size(); i += 4093) {
+      ASSERT_EQ(recv[i], byte(i / block, me, i % block)) << "alltoall, rank " << rank << " [" << i << "]";
+    }
+    ASSERT_EQ(recv.back(), byte(1, me, block - 1));
+    group.allgather(send.data(), recv.data(), block, kTimeout);  // rank q's first block, for rank 0
+    for (size_t i = 0; i < recv.size(); i += 4093) ASSERT_EQ(recv[i], byte(i / block, 0, i % block)) << "allgather [" << i << "]";
+    if (rank == 1) std::fill(recv.begin(), recv.end(), 'x');
+    group.broadcast(recv.data(), recv.size(), 0, kTimeout);
+    for (size_t i = 0; i < recv.size(); i += 4093) ASSERT_EQ(recv[i], byte(i / block, 0, i % block)) << "broadcast [" << i << "]";
+  });
+}
+
 // The bytes of the rooted and variable-size tests: rank `from`'s block for rank `to`, its i-th byte.
 char vbyte(size_t from, size_t to, size_t i) { return static_cast<char>((i * 31 + from * 7 + to * 3) % 251); }
 
