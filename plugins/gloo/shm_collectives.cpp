@@ -318,11 +318,12 @@ void ShmGroup::allgatherv(const void* send, size_t send_bytes, void* recv, const
   for (size_t b : bytes) total += b;
   size_t largest = 0;
   agree_on_counts(kAllgatherv, total, pairing_share, size_ > 1 ? send_bytes : 0, {}, deadline, &largest);
-  char* own = out + offsets[static_cast<size_t>(rank_)];
+  char* own = total == 0 ? out : out + offsets[static_cast<size_t>(rank_)];  // no output: `out` may be NULL
   if (takes_single_copy(largest * static_cast<size_t>(size_))) {
     const uint32_t buffers = publish_buffers(kAllgatherv, total, send, recv, deadline);
     for (int q = 0; q < size_; ++q) {
-      if (q != rank_) read_peer(q, out + offsets[static_cast<size_t>(q)], progress_[q].send_address[buffers % 2], bytes[static_cast<size_t>(q)]);
+      const auto i = static_cast<size_t>(q);
+      if (q != rank_) read_peer(q, out + offsets[i], progress_[q].send_address[buffers % 2], bytes[i]);
     }
     if (own != in) copy_bytes(own, in, send_bytes);
     return finish_single_copy(kAllgatherv, total, deadline);
@@ -359,13 +360,15 @@ void ShmGroup::alltoallv(const void* send, const std::vector<size_t>& send_bytes
   }
   // For single copy, each rank leaves in its slot where in its send buffer each peer's block starts.
   std::vector<uint64_t> starts(ranks);
-  for (size_t q = 0; q < ranks; ++q) starts[q] = reinterpret_cast<uint64_t>(in + send_offsets[q]);
+  for (size_t q = 0; q < ranks; ++q) starts[q] = reinterpret_cast<uint64_t>(in) + send_offsets[q];  // `in` may be NULL
   size_t largest = 0;
   const uint32_t agreed = agree_on_counts(kAlltoallv, 0, pairing_share, largest_sent, starts, deadline, &largest);
   size_t received = 0;
   for (size_t b : recv_bytes) received += b;
   const CopyFn copy_out = output_copy(received);
-  auto copy_own = [&](size_t first, size_t n) { copy_out(out + recv_offsets[me] + first, in + send_offsets[me] + first, n); };
+  auto copy_own = [&](size_t first, size_t n) {
+    if (n > 0) copy_out(out + recv_offsets[me] + first, in + send_offsets[me] + first, n);  // else buffers may be NULL
+  };
   if (takes_single_copy(largest * ranks)) {
     // The starts stay in the slots: the next step that writes that buffer comes after finish_single_copy.
     publish_buffers(kAlltoallv, 0, send, recv, deadline);
