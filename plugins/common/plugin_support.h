@@ -17,6 +17,13 @@ namespace backplane::plugin {
 // elements: the plugin's own copy of the caller's array.
 using Counts = std::vector<size_t>;
 
+// `elements` (counts or displacements) in bytes of elements of `element` bytes.
+inline std::vector<size_t> in_bytes(const Counts& elements, size_t element) {
+  std::vector<size_t> bytes(elements.size());
+  for (size_t i = 0; i < elements.size(); ++i) bytes[i] = elements[i] * element;
+  return bytes;
+}
+
 class Error : public std::runtime_error {
  public:
   Error(bpl_status status, const std::string& message) : std::runtime_error(message), status_(status) {}

@@ -118,13 +118,6 @@ class PointToPointRequest : public Request {
   std::thread waiter_;
 };
 
-// Counts or displacements in elements of `element` bytes, in bytes.
-std::vector<size_t> in_bytes(const plugin::Counts& elements, size_t element) {
-  std::vector<size_t> bytes(elements.size());
-  for (size_t i = 0; i < elements.size(); ++i) bytes[i] = elements[i] * element;
-  return bytes;
-}
-
 }  // namespace
 
 GlooComm::GlooComm(std::shared_ptr<Shared> shared, std::string uid, int rank, int size,
@@ -870,8 +863,8 @@ void GlooComm::run_allgatherv(const void* send, size_t sendcount, void* recv, co
   begin(BPL_COLL_ALLGATHERV, dtype, static_cast<int64_t>(total), -1, -1, pairing);
   const size_t element = plugin::dtype_size(dtype);
   if (shm_) {
-    return shm_->allgatherv(send, sendcount * element, recv, in_bytes(recvcounts, element), in_bytes(displs, element),
-                            pairing, timeout());
+    return shm_->allgatherv(send, sendcount * element, recv, plugin::in_bytes(recvcounts, element),
+                            plugin::in_bytes(displs, element), pairing, timeout());
   }
   auto* out = static_cast<char*>(recv);
   std::vector<Transfer> transfers;
@@ -894,8 +887,8 @@ void GlooComm::run_alltoallv(const void* send, const plugin::Counts& sendcounts,
   begin(BPL_COLL_ALLTOALLV, dtype, -1, -1, -1, pairing);
   const size_t element = plugin::dtype_size(dtype);
   if (shm_) {
-    return shm_->alltoallv(send, in_bytes(sendcounts, element), in_bytes(sdispls, element), recv,
-                           in_bytes(recvcounts, element), in_bytes(rdispls, element), pairing, timeout());
+    return shm_->alltoallv(send, plugin::in_bytes(sendcounts, element), plugin::in_bytes(sdispls, element), recv,
+                           plugin::in_bytes(recvcounts, element), plugin::in_bytes(rdispls, element), pairing, timeout());
   }
   const auto* in = static_cast<const char*>(send);
   auto* out = static_cast<char*>(recv);

@@ -165,13 +165,6 @@ Blocks equal_blocks(size_t block, int size) {
   return blocks;
 }
 
-// Counts or displacements in elements, in bytes.
-std::vector<size_t> in_bytes(const plugin::Counts& elements, size_t element) {
-  std::vector<size_t> bytes(elements.size());
-  for (size_t i = 0; i < elements.size(); ++i) bytes[i] = elements[i] * element;
-  return bytes;
-}
-
 /* ---- requests ---- */
 
 Request::Request(MpiComm* comm, const char* op, Fingerprint fingerprint, size_t bytes, std::function<int(MPI_Request*)> post)
@@ -815,7 +808,8 @@ void MpiComm::allgatherv(const void* send, size_t sendcount, void* recv, plugin:
     char* own = static_cast<char*>(recv) + displs[static_cast<size_t>(rank_)] * element;
     if (own != send && sendcount > 0) std::memcpy(own, send, sendcount * element);
     request->schedule(allgather_rounds(static_cast<char*>(recv), static_cast<const char*>(send),
-                                       {in_bytes(displs, element), in_bytes(recvcounts, element)}, rank_, size_),
+                                       {plugin::in_bytes(displs, element), plugin::in_bytes(recvcounts, element)}, rank_,
+                                       size_),
                       nullptr, next_schedule_tag(request->signature()));
     return start(std::move(request), req);
   }
@@ -850,9 +844,9 @@ void MpiComm::alltoallv(const void* send, plugin::Counts sendcounts, plugin::Cou
       std::memcpy(static_cast<char*>(recv) + rdispls[me] * element, static_cast<const char*>(send) + sdispls[me] * element,
                   sendcounts[me] * element);
     }
-    request->schedule(alltoall_rounds(static_cast<const char*>(send), {in_bytes(sdispls, element), in_bytes(sendcounts, element)},
-                                      static_cast<char*>(recv), {in_bytes(rdispls, element), in_bytes(recvcounts, element)},
-                                      rank_, size_),
+    const Blocks sent{plugin::in_bytes(sdispls, element), plugin::in_bytes(sendcounts, element)};
+    const Blocks received{plugin::in_bytes(rdispls, element), plugin::in_bytes(recvcounts, element)};
+    request->schedule(alltoall_rounds(static_cast<const char*>(send), sent, static_cast<char*>(recv), received, rank_, size_),
                       nullptr, next_schedule_tag(request->signature()));
     return start(std::move(request), req);
   }
