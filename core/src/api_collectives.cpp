@@ -185,8 +185,10 @@ bpl_status bpl_allgatherv(bpl_comm* comm, const void* send, int64_t sendcount, v
     int64_t total = 0;
     for (int32_t r = 0; r < c->size; ++r) total += recvcounts[r];
     Fingerprint fingerprint = fingerprint_of(BPL_COLL_ALLGATHERV, dtype, total);
-    fingerprint.pairing = pairing_share(c->rank, c->size, [&](int) { return sendcount; },
-                                        [&](int q) { return recvcounts[q]; });
+    if (c->runtime->debug_detail) {  // only BPL_DEBUG=detail compares them
+      fingerprint.pairing = pairing_share(c->rank, c->size, [&](int) { return sendcount; },
+                                          [&](int q) { return recvcounts[q]; });
+    }
     return run_operation("bpl_allgatherv", c, fingerprint,
                          Traced{BPL_COLL_ALLGATHERV, extent, dtype}, req,
                          [&](bpl_plugin_request** preq) {
@@ -207,11 +209,13 @@ bpl_status bpl_alltoallv(bpl_comm* comm, const void* send, const int64_t* sendco
     REQUIRE(sendcounts[c->rank] == recvcounts[c->rank],
             "sendcounts[" + std::to_string(c->rank) + "] = " + std::to_string(sendcounts[c->rank]) + " but recvcounts[" +
                 std::to_string(c->rank) + "] = " + std::to_string(recvcounts[c->rank]) + ": what a rank sends itself it receives");
-    // Each rank's counts differ from its peers': the fingerprint carries what they share and the
-    // rank's share of their pairing.
+    // Each rank's counts differ from its peers': the fingerprint carries what they share and, where
+    // BPL_DEBUG=detail compares them, the rank's share of their pairing.
     Fingerprint fingerprint = fingerprint_of(BPL_COLL_ALLTOALLV, dtype);
-    fingerprint.pairing = pairing_share(c->rank, c->size, [&](int q) { return sendcounts[q]; },
-                                        [&](int q) { return recvcounts[q]; });
+    if (c->runtime->debug_detail) {
+      fingerprint.pairing = pairing_share(c->rank, c->size, [&](int q) { return sendcounts[q]; },
+                                          [&](int q) { return recvcounts[q]; });
+    }
     return run_operation("bpl_alltoallv", c, fingerprint,
                          Traced{BPL_COLL_ALLTOALLV, sent, dtype}, req,
                          [&](bpl_plugin_request** preq) {

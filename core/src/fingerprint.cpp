@@ -32,17 +32,11 @@ FingerprintWords encode(const Fingerprint& f) {
   return {kFingerprintMagic, f.sequence, f.op, f.dtype, f.count, f.root, f.reduce_op, f.pairing};
 }
 
-uint64_t call_hash(const Fingerprint& fingerprint) {
-  Fingerprint call = fingerprint;
-  call.pairing = 0;  // each rank's own
-  uint64_t hash = 14695981039346656037ull;  // FNV-1a over the words
-  for (int64_t word : encode(call)) {
-    for (int byte = 0; byte < 8; ++byte) {
-      hash ^= (static_cast<uint64_t>(word) >> (8 * byte)) & 0xff;
-      hash *= 1099511628211ull;
-    }
-  }
-  return hash;
+uint64_t call_hash(const Fingerprint& f) {
+  // Word by word (a plugin hashes every call it schedules: a byte-wise hash cost 0.1 µs a call).
+  uint64_t hash = static_cast<uint64_t>(kFingerprintMagic);
+  for (int64_t word : {f.sequence, f.op, f.dtype, f.count, f.root, f.reduce_op}) hash = mix(hash ^ static_cast<uint64_t>(word));
+  return hash;  // not the pairing: each rank's own
 }
 
 std::optional<Fingerprint> decode(const FingerprintWords& words) {

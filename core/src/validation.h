@@ -121,31 +121,47 @@ inline bool overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes
 // each >= 0 and inside the address space; blocks of two ranks that overlap are refused, naming both.
 // Returns the layout's extent in bytes (the end of its last block), which `buffer` must hold.
 inline size_t check_layout(const int64_t* counts, const int64_t* displs, int32_t ranks, size_t element,
-                           const void* buffer, const std::string& counts_name, const std::string& displs_name,
-                           const char* buffer_name) {
-  REQUIRE(counts != nullptr, counts_name + " is NULL: expected " + std::to_string(ranks) + " counts, one per rank");
-  REQUIRE(displs != nullptr, displs_name + " is NULL: expected " + std::to_string(ranks) + " displacements, one per rank");
-  std::vector<int32_t> placed;  // ranks with a block, ordered by displacement below
+                           const void* buffer, const char* counts_name, const char* displs_name, const char* buffer_name) {
+  REQUIRE(counts != nullptr, std::string(counts_name) + " is NULL: expected " + std::to_string(ranks) + " counts, one per rank");
+  REQUIRE(displs != nullptr,
+          std::string(displs_name) + " is NULL: expected " + std::to_string(ranks) + " displacements, one per rank");
+  // Messages are built only for a value that fails: this runs on every call of a v-form.
+  auto at = [](const char* name, int32_t r) { return std::string(name) + "[" + std::to_string(r) + "]"; };
+  const auto limit = static_cast<int64_t>(kAddressSpaceBytes / element);
   size_t extent = 0;
+  bool in_order = true;  // the blocks lie in rank order (the usual layout): no sort needed to find overlaps
+  int32_t last = -1;     // the previous rank with a block
   for (int32_t r = 0; r < ranks; ++r) {
-    const std::string at = "[" + std::to_string(r) + "]";
-    check_count(counts[r], element, 1, (counts_name + at).c_str());
-    REQUIRE(displs[r] >= 0, displs_name + at + " = " + std::to_string(displs[r]) + ": expected >= 0");
-    const auto limit = static_cast<int64_t>(kAddressSpaceBytes / element);
-    REQUIRE(displs[r] <= limit - counts[r], displs_name + at + " = " + std::to_string(displs[r]) + " with " + counts_name +
-                                                at + " = " + std::to_string(counts[r]) + " runs past the address space");
+    if (counts[r] < 0 || counts[r] > limit) check_count(counts[r], element, 1, at(counts_name, r).c_str());
+    REQUIRE(displs[r] >= 0, at(displs_name, r) + " = " + std::to_string(displs[r]) + ": expected >= 0");
+    REQUIRE(displs[r] <= limit - counts[r], at(displs_name, r) + " = " + std::to_string(displs[r]) + " with " +
+                                                at(counts_name, r) + " = " + std::to_string(counts[r]) +
+                                                " runs past the address space");
     if (counts[r] == 0) continue;
     extent = std::max(extent, static_cast<size_t>(displs[r] + counts[r]) * element);
-    placed.push_back(r);
+    if (last >= 0 && displs[r] < displs[last]) in_order = false;
+    last = r;
   }
-  std::sort(placed.begin(), placed.end(), [&](int32_t a, int32_t b) { return displs[a] < displs[b]; });
-  for (size_t i = 1; i < placed.size(); ++i) {
-    const int32_t a = placed[i - 1], b = placed[i];
+  auto check_apart = [&](int32_t a, int32_t b) {  // a's block lies before b's
     REQUIRE(displs[a] + counts[a] <= displs[b],
             std::string("the blocks of ranks ") + std::to_string(a) + " and " + std::to_string(b) + " overlap in " +
-                buffer_name + " (" + displs_name + "[" + std::to_string(a) + "] = " + std::to_string(displs[a]) + ", " +
-                counts_name + "[" + std::to_string(a) + "] = " + std::to_string(counts[a]) + ", " + displs_name + "[" +
-                std::to_string(b) + "] = " + std::to_string(displs[b]) + ")");
+                buffer_name + " (" + at(displs_name, a) + " = " + std::to_string(displs[a]) + ", " +
+                at(counts_name, a) + " = " + std::to_string(counts[a]) + ", " + at(displs_name, b) + " = " +
+                std::to_string(displs[b]) + ")");
+  };
+  if (in_order) {
+    for (int32_t r = 0, previous = -1; r < ranks; ++r) {
+      if (counts[r] == 0) continue;
+      if (previous >= 0) check_apart(previous, r);
+      previous = r;
+    }
+  } else {
+    std::vector<int32_t> placed;  // ranks with a block, ordered by displacement
+    for (int32_t r = 0; r < ranks; ++r) {
+      if (counts[r] != 0) placed.push_back(r);
+    }
+    std::sort(placed.begin(), placed.end(), [&](int32_t a, int32_t b) { return displs[a] < displs[b]; });
+    for (size_t i = 1; i < placed.size(); ++i) check_apart(placed[i - 1], placed[i]);
   }
   check_buffer(buffer, extent, buffer_name);
   return extent;

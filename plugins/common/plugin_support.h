@@ -17,11 +17,10 @@ namespace backplane::plugin {
 // elements: the plugin's own copy of the caller's array.
 using Counts = std::vector<size_t>;
 
-// `elements` (counts or displacements) in bytes of elements of `element` bytes.
-inline std::vector<size_t> in_bytes(const Counts& elements, size_t element) {
-  std::vector<size_t> bytes(elements.size());
-  for (size_t i = 0; i < elements.size(); ++i) bytes[i] = elements[i] * element;
-  return bytes;
+// `elements` (counts or displacements) in bytes of elements of `element` bytes (in place when moved in).
+inline Counts in_bytes(Counts elements, size_t element) {
+  for (size_t& e : elements) e *= element;
+  return elements;
 }
 
 class Error : public std::runtime_error {
@@ -33,12 +32,15 @@ class Error : public std::runtime_error {
   bpl_status status_;
 };
 
-// `timeout` from now, or the latest time the clock can hold when that is further away (a caller's
+// `timeout` from `now` (the clock's, unless given), or the latest time the clock can hold when that is further away (a caller's
 // INT64_MAX milliseconds must not wrap into the past). Every deadline of a plugin is computed here.
-inline std::chrono::steady_clock::time_point deadline_after(std::chrono::milliseconds timeout) {
-  const auto now = std::chrono::steady_clock::now();
+inline std::chrono::steady_clock::time_point deadline_after(std::chrono::milliseconds timeout,
+                                                            std::chrono::steady_clock::time_point now) {
   const auto room = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::time_point::max() - now);
   return timeout >= room ? std::chrono::steady_clock::time_point::max() : now + timeout;
+}
+inline std::chrono::steady_clock::time_point deadline_after(std::chrono::milliseconds timeout) {
+  return deadline_after(timeout, std::chrono::steady_clock::now());
 }
 
 // The caller's own communicator for the world (ABI 1.4), or NULL, also from a core older than 1.4.

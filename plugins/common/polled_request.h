@@ -38,15 +38,18 @@ class Backoff {
     return yield;
   }
 
+  // The clock is first read at the 64th pause (a wait that ends sooner never reads it: a read costs
+  // about what a question does).
   explicit Backoff(size_t bytes)
-      : spin_until_(std::chrono::steady_clock::now() + std::chrono::milliseconds(2) +
-                    std::chrono::nanoseconds(std::min<size_t>(bytes, size_t{1} << 40))) {}
+      : spin_for_(std::chrono::milliseconds(2) + std::chrono::nanoseconds(std::min<size_t>(bytes, size_t{1} << 40))) {}
   // Whether the waits have begun to sleep between questions (each then reads the clock anyway).
   bool sleeping() const { return pause_.count() != 0; }
   void pause() {
     if (pause_.count() == 0) {
       if ((++spins_ & 63) != 0) return;
-      if (std::chrono::steady_clock::now() < spin_until_) {
+      const auto now = std::chrono::steady_clock::now();
+      if (spins_ == 64) spin_until_ = now + spin_for_;
+      if (now < spin_until_) {
         if (yield_while_spinning().load(std::memory_order_relaxed)) sched_yield();
         return;
       }
@@ -57,6 +60,7 @@ class Backoff {
   }
 
  private:
+  std::chrono::nanoseconds spin_for_;
   std::chrono::steady_clock::time_point spin_until_;
   std::chrono::microseconds pause_{0};
   unsigned spins_ = 0;
@@ -86,7 +90,7 @@ class PolledRequest {
   // Tests until done or `timeout` passes (BPL_ERR_TIMEOUT; the request stays in flight), or, when
   // `released_by_abort`, until the communicator is aborted (BPL_ERR_ABORTED; likewise).
   bpl_status wait(std::chrono::milliseconds timeout, bool released_by_abort = true) {
-    const auto give_up = deadline_after(timeout);
+    std::chrono::steady_clock::time_point give_up{};  // from the clock's first read
     Backoff backoff(bytes_);
     for (unsigned polls = 0;; ++polls) {
       if (!done_) poll();
@@ -94,6 +98,7 @@ class PolledRequest {
       // what a question does, and a deadline is a matter of milliseconds.
       const bool read_clock = (polls & 63) == 63 || backoff.sleeping();
       const auto now = read_clock ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
+      if (read_clock && give_up == std::chrono::steady_clock::time_point{}) give_up = deadline_after(timeout, now);
       if (!done_ && read_clock && now >= deadline_) expire();
       if (done_) {
         if (status_ != BPL_OK) throw Error(status_, message_);

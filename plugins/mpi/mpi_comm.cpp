@@ -168,7 +168,12 @@ Blocks equal_blocks(size_t block, int size) {
 /* ---- requests ---- */
 
 Request::Request(MpiComm* comm, const char* op, Fingerprint fingerprint, size_t bytes, std::function<int(MPI_Request*)> post)
-    : PolledRequest(op, comm->timeout(), bytes), comm_(comm), fingerprint_(fingerprint), bytes_(bytes), post_(std::move(post)) {}
+    : PolledRequest(op, comm->timeout(), bytes),
+      comm_(comm),
+      fingerprint_(fingerprint),
+      bytes_(bytes),
+      post_(std::move(post)),
+      state_(comm->take_state()) {}
 
 Request::Request(MpiComm* comm, void* buf, int count, MPI_Datatype type, size_t bytes, int peer, int tag)
     : PolledRequest("recv", comm->timeout(), bytes),
@@ -181,10 +186,12 @@ Request::Request(MpiComm* comm, void* buf, int count, MPI_Datatype type, size_t 
       recv_count_(count),
       recv_type_(type),
       peer_(peer),
-      tag_(tag) {}
+      tag_(tag),
+      state_(comm->take_state()) {}
 
 Request::~Request() {
   if (receive_) pending_receives().forget(this);
+  comm_->keep_state(std::move(state_));
 }
 
 void Request::fail(bpl_status status, const std::string& message) {
@@ -208,55 +215,113 @@ void Request::complete(int mpi_error) {
   on_complete_ = nullptr;
 }
 
-void Request::schedule(std::vector<Round> rounds, plugin::ReduceFn reduce, int tag) {
-  rounds_ = std::move(rounds);
+void Request::run_schedule(plugin::ReduceFn reduce) {
+  scheduled_ = true;
   fold_ = reduce;
-  schedule_tag_ = tag;
-  size_t most = 0;
-  for (const Round& round : rounds_) most = std::max(most, round.transfers.size());
-  round_requests_.reserve(most);
-  round_expected_.reserve(most);
-  round_statuses_.reserve(most);
+  probed_ = bytes_ > MpiComm::kEagerLimitBytes || comm_->probes_all();
+  schedule_tag_ = comm_->next_schedule_tag(fingerprint_, probed_);
 }
 
+namespace {
+
+void run_fold(plugin::ReduceFn fold, const Fold& then) {
+  if (then.count > 0) fold(then.into, then.first_operand(), then.from, then.count);
+}
+
+}  // namespace
+
 int Request::post_round() {
-  for (; round_ < rounds_.size(); ++round_) {
-    const Round& round = rounds_[round_];
-    round_requests_.clear();
-    round_expected_.clear();
+  RunState& state = *state_;
+  const Schedule& schedule = state.schedule;
+  for (; round_ < schedule.rounds(); ++round_) {
+    state.requests.clear();
+    state.transfers.clear();
+    state.expected.clear();
+    round_unmatched_ = 0;
     {
       MpiLock lock(comm_->process());
       for (const bool sends : {false, true}) {  // receives first: a message then finds its buffer posted
-        for (const Transfer& t : round.transfers) {
-          if (t.is_send != sends) continue;
+        for (const Transfer* t = schedule.begin(round_); t != schedule.end(round_); ++t) {
+          if (t->is_send != sends) continue;
           MPI_Request r = MPI_REQUEST_NULL;
-          const int n = static_cast<int>(t.bytes);
-          const int error = t.is_send ? MPI_Isend(t.buffer, n, MPI_BYTE, t.peer, schedule_tag_, comm_->agree_, &r)
-                                      : MPI_Irecv(t.buffer, n, MPI_BYTE, t.peer, schedule_tag_, comm_->agree_, &r);
+          const int n = static_cast<int>(t->bytes);
+          int error = MPI_SUCCESS;
+          if (t->is_send) {
+            error = MPI_Isend(t->buffer, n, MPI_BYTE, t->peer, schedule_tag_, comm_->agree_, &r);
+          } else if (probed_) {
+            ++round_unmatched_;  // match_round receives it once it arrived and its size is known
+          } else {
+            error = MPI_Irecv(t->buffer, n, MPI_BYTE, t->peer, schedule_tag_, comm_->agree_, &r);
+          }
           if (error != MPI_SUCCESS) return error;
-          round_requests_.push_back(r);
-          round_expected_.push_back(t.is_send ? -1 : n);
+          state.requests.push_back(r);
+          state.transfers.push_back(t);
+          state.expected.push_back(t->is_send ? -1 : n);
         }
       }
     }
-    if (!round_requests_.empty()) return MPI_SUCCESS;
-    if (round.then.count > 0) fold_(round.then.into, round.then.into, round.then.from, round.then.count);  // nothing to move
+    state.statuses.resize(state.requests.size());
+    if (!state.requests.empty()) return MPI_SUCCESS;
+    run_fold(fold_, schedule.then(round_));  // nothing to move
   }
   complete(MPI_SUCCESS);
   return MPI_SUCCESS;
 }
 
+bool Request::match_round() {
+  int error = MPI_SUCCESS;
+  std::string mismatch;
+  {
+    RunState& state = *state_;
+    MpiLock lock(comm_->process());
+    for (size_t i = 0; i < state.requests.size() && round_unmatched_ > 0; ++i) {
+      const Transfer& t = *state.transfers[i];
+      if (t.is_send || state.expected[i] < 0) continue;
+      int flag = 0;
+      MPI_Message message = MPI_MESSAGE_NULL;
+      MPI_Status status;
+      error = MPI_Improbe(t.peer, schedule_tag_, comm_->agree_, &flag, &message, &status);
+      if (error != MPI_SUCCESS) break;
+      if (!flag) continue;
+      int arrived = 0;
+      MPI_Get_count(&status, MPI_BYTE, &arrived);
+      if (arrived != state.expected[i]) {
+        // Left unreceived: MPI would write all of it. Its sender learns of the mismatch from this
+        // rank's fingerprint when its own wait times out.
+        mismatch = std::string(op()) + ": rank " + std::to_string(t.peer) + " sends " + std::to_string(arrived) +
+                   " bytes where this rank expects " + std::to_string(state.expected[i]) +
+                   ": the ranks disagree on the size (found before it was received)";
+        break;
+      }
+      error = MPI_Imrecv(t.buffer, arrived, MPI_BYTE, &message, &state.requests[i]);
+      if (error != MPI_SUCCESS) break;
+      state.expected[i] = -1;  // its size is checked
+      --round_unmatched_;
+    }
+  }
+  if (!mismatch.empty()) {
+    fail(BPL_ERR_MISMATCH, mismatch);
+    return false;
+  }
+  if (error != MPI_SUCCESS) {
+    complete(error);
+    return false;
+  }
+  return round_unmatched_ == 0;
+}
+
 void Request::poll_round() {
+  if (round_unmatched_ > 0 && !match_round()) return;
+  RunState& state = *state_;
   int flag = 0;
   int error = MPI_SUCCESS;
-  round_statuses_.resize(round_requests_.size());
   {
     MpiLock lock(comm_->process());
-    error = MPI_Testall(static_cast<int>(round_requests_.size()), round_requests_.data(), &flag, round_statuses_.data());
+    error = MPI_Testall(static_cast<int>(state.requests.size()), state.requests.data(), &flag, state.statuses.data());
   }
   if (error == MPI_SUCCESS && !flag) return;
   if (error == MPI_ERR_IN_STATUS) {
-    for (const MPI_Status& status : round_statuses_) {
+    for (const MPI_Status& status : state.statuses) {
       if (status.MPI_ERROR != MPI_SUCCESS && status.MPI_ERROR != MPI_ERR_PENDING) {
         error = status.MPI_ERROR;
         break;
@@ -264,26 +329,25 @@ void Request::poll_round() {
     }
   }
   if (error != MPI_SUCCESS) return complete(error);
-  for (size_t i = 0; i < round_requests_.size(); ++i) {
-    if (round_expected_[i] < 0) continue;
+  for (size_t i = 0; i < state.requests.size(); ++i) {
+    if (state.expected[i] < 0) continue;
     int arrived = 0;
-    MPI_Get_count(&round_statuses_[i], MPI_BYTE, &arrived);
-    if (arrived != round_expected_[i]) {
-      return fail(BPL_ERR_MISMATCH, std::string(op()) + ": rank " + std::to_string(round_statuses_[i].MPI_SOURCE) +
+    MPI_Get_count(&state.statuses[i], MPI_BYTE, &arrived);
+    if (arrived != state.expected[i]) {
+      return fail(BPL_ERR_MISMATCH, std::string(op()) + ": rank " + std::to_string(state.statuses[i].MPI_SOURCE) +
                                         " sent " + std::to_string(arrived) + " bytes where this rank expects " +
-                                        std::to_string(round_expected_[i]) + ": the ranks disagree on the size");
+                                        std::to_string(state.expected[i]) + ": the ranks disagree on the size");
     }
   }
-  const Fold& then = rounds_[round_].then;
-  if (then.count > 0) fold_(then.into, then.into, then.from, then.count);
+  run_fold(fold_, state.schedule.then(round_));
   ++round_;
   error = post_round();
   if (error != MPI_SUCCESS) complete(error);
 }
 
 bool Request::in_flight() const {
-  return request_ != MPI_REQUEST_NULL ||
-         std::any_of(round_requests_.begin(), round_requests_.end(), [](MPI_Request r) { return r != MPI_REQUEST_NULL; });
+  return request_ != MPI_REQUEST_NULL || std::any_of(state_->requests.begin(), state_->requests.end(),
+                                                      [](MPI_Request r) { return r != MPI_REQUEST_NULL; });
 }
 
 void Request::poll() {
@@ -293,7 +357,7 @@ void Request::poll() {
     std::lock_guard<std::mutex> lock(pending_receives().mutex());  // a match moves a recv on under it
     if (phase_ == Phase::kProbing) return;
   }
-  if (!rounds_.empty() && phase_ == Phase::kRunning) return poll_round();
+  if (scheduled_ && phase_ == Phase::kRunning) return poll_round();
   int flag = 0;
   MPI_Status status;
   int error = MPI_SUCCESS;
@@ -309,7 +373,7 @@ void Request::poll() {
       const std::string report = compared(agreement_all_);
       if (!report.empty()) return fail(BPL_ERR_MISMATCH, report + " (found before any data moved)");
       phase_ = Phase::kRunning;
-      if (rounds_.empty()) {
+      if (!scheduled_) {
         MpiLock lock(comm_->process());
         error = post_(&request_);
       } else {
@@ -404,17 +468,21 @@ MpiComm::~MpiComm() {
   // Requests MPI still owns cannot be freed safely; after a failure the job is ending anyway.
   for (auto& request : abandoned_) (void)request.release();
   if (explanation_) (void)explanation_.release();  // MPI may still own its buffers
+  delete spare_state_.exchange(nullptr);
   MpiLock lock(process_);
   MPI_Comm_free(&agree_);
   MPI_Comm_free(&comm_);
 }
 
-int MpiComm::next_schedule_tag(const Fingerprint& f) {
+int MpiComm::next_schedule_tag(const Fingerprint& f, bool probed) {
   const uint32_t sequence = schedules_.fetch_add(1, std::memory_order_relaxed);
-  if (process_.tag_upper_bound < 0x7fffffff) {
-    return static_cast<int>(sequence % (static_cast<uint32_t>(process_.tag_upper_bound) + 1));
-  }
-  return static_cast<int>(((sequence & 0x7fffu) << 16) | static_cast<uint32_t>(call_hash(f) & 0xffffu));
+  if (probes_all()) return static_cast<int>(sequence % (static_cast<uint32_t>(process_.tag_upper_bound) + 1));
+  // Bit 30: probed; bits 16-29: the sequence; bits 0-15: the call's hash, without its count where
+  // the probe checks every message's size: ranks disagreeing on the size then learn it at once.
+  Fingerprint call = f;
+  if (probed) call.count = -1;
+  return static_cast<int>((probed ? 1u << 30 : 0u) | ((sequence & 0x3fffu) << 16) |
+                          static_cast<uint32_t>(call_hash(call) & 0xffffu));
 }
 
 void MpiComm::check(int code, const char* call) const {
@@ -438,6 +506,24 @@ void MpiComm::abandon(std::unique_ptr<Request> request) {
   process_.communicator_failed = true;  // MPI_Finalize with an operation MPI still owns is erroneous
 }
 
+std::unique_ptr<RunState> MpiComm::take_state() {
+  std::unique_ptr<RunState> state(spare_state_.exchange(nullptr, std::memory_order_acquire));
+  return state ? std::move(state) : std::make_unique<RunState>();
+}
+
+void MpiComm::keep_state(std::unique_ptr<RunState> state) {
+  if (!state) return;
+  // Staging above this is given back to the allocator: a communicator does not hold on to a large
+  // operation's memory (and allocating it again costs little beside moving it).
+  constexpr size_t kKeptBytes = size_t{4} << 20;
+  state->schedule.clear();
+  for (std::vector<char>& buffer : state->buffers) {
+    if (buffer.capacity() > kKeptBytes) std::vector<char>().swap(buffer);
+  }
+  state->counts.clear();
+  delete spare_state_.exchange(state.release(), std::memory_order_acq_rel);  // one kept is enough
+}
+
 void MpiComm::abort() {
   aborted_.store(true, std::memory_order_release);
   poison(BPL_ERR_ABORTED, "the communicator was aborted (bpl_comm_abort) on this rank");
@@ -459,9 +545,9 @@ void MpiComm::start(std::unique_ptr<Request> request, bpl_plugin_request** req) 
     r.poll();
   } else if (r.request_ == MPI_REQUEST_NULL) {
     MpiLock lock(process_);
-    // An alltoallv's bytes differ from rank to rank: its ranks could not decide alike by size, so they
-    // always agree first.
-    const bool agree = r.bytes_ > kEagerLimitBytes || r.fingerprint_.op == BPL_COLL_ALLTOALLV;
+    // MPI's own collective: an alltoallv's bytes differ from rank to rank, so its ranks could not
+    // decide alike by size: they always agree first.
+    const bool agree = !r.scheduled_ && (r.bytes_ > kEagerLimitBytes || r.fingerprint_.op == BPL_COLL_ALLTOALLV);
     if (size_ > 1 && agree && is_collective(r.fingerprint_)) {
       r.phase_ = Request::Phase::kAgreeing;
       r.agreement_mine_ = encode(r.fingerprint_);
@@ -469,11 +555,11 @@ void MpiComm::start(std::unique_ptr<Request> request, bpl_plugin_request** req) 
       check(MPI_Iallgather(r.agreement_mine_.data(), kFingerprintWords, MPI_INT64_T, r.agreement_all_.data(),
                            kFingerprintWords, MPI_INT64_T, agree_, &r.request_),
             "posting the size agreement");
-    } else if (r.rounds_.empty()) {
+    } else if (!r.scheduled_ && r.post_) {
       check(r.post_(&r.request_), "posting the operation");
     }
   }
-  if (r.phase_ == Request::Phase::kRunning && !r.rounds_.empty()) {
+  if (r.phase_ == Request::Phase::kRunning && r.scheduled_) {
     check(r.post_round(), "posting the operation");
   }
   if (req != nullptr) {
@@ -509,9 +595,8 @@ bool MpiComm::match(Request& r) {
     error = MPI_Imrecv(r.recv_buf_, r.recv_count_, r.recv_type_, &message, &r.request_);
     r.phase_ = Request::Phase::kRunning;
   } else if (error == MPI_SUCCESS) {
-    r.buffers_[0].resize(static_cast<size_t>(arrived));
     r.arrived_bytes_ = arrived;
-    error = MPI_Imrecv(r.buffers_[0].data(), arrived, MPI_BYTE, &message, &r.request_);
+    error = MPI_Imrecv(r.staging(0, static_cast<size_t>(arrived)), arrived, MPI_BYTE, &message, &r.request_);
     r.phase_ = Request::Phase::kDraining;
   }
   if (error != MPI_SUCCESS) {
@@ -606,20 +691,17 @@ void MpiComm::allreduce(const void* send, void* recv, size_t count, bpl_dtype dt
   auto request = std::make_unique<Request>(this, "allreduce", fingerprint(BPL_COLL_ALLREDUCE, dtype, count, -1, op),
                                            bytes, nullptr);
   if (acc != dtype) {
-    std::vector<char>& staging = request->buffer(0);
-    staging.resize(bytes);
-    plugin::convert(send, dtype, staging.data(), acc, count);
-    work = staging.data();
+    work = request->staging(0, bytes);
+    plugin::convert(send, dtype, work, acc, count);
     input = MPI_IN_PLACE;
   }
   if (schedulable(bytes)) {
     // The plugin's own schedule (schedules.h), in place in `work`.
     if (input != MPI_IN_PLACE && bytes > 0) std::memcpy(work, send, bytes);
     const bool ring = bytes > kRecursiveDoublingMaxBytes && count >= static_cast<size_t>(size_);
-    std::vector<char>& scratch = request->buffer(1);
-    scratch.resize(allreduce_scratch_bytes(count, element, size_, ring));
-    request->schedule(allreduce_rounds(static_cast<char*>(work), scratch.data(), count, element, rank_, size_, ring),
-                      plugin::reduce_function(acc, op), next_schedule_tag(request->signature()));
+    char* scratch = request->staging(1, allreduce_scratch_bytes(count, element, size_, ring));
+    allreduce_rounds(request->schedule(), static_cast<char*>(work), scratch, count, element, rank_, size_, ring);
+    request->run_schedule(plugin::reduce_function(acc, op));
   } else {
     // The post may run later (after an agreement): it holds what it needs by value.
     request->post_ = [input, work, n, acc, op, comm = comm_](MPI_Request* r) {
@@ -637,8 +719,8 @@ void MpiComm::broadcast(void* buf, size_t count, bpl_dtype dtype, int root, bpl_
   auto request = std::make_unique<Request>(this, "broadcast", fingerprint(BPL_COLL_BROADCAST, dtype, count, root), bytes,
                                            nullptr);
   if (schedulable(bytes)) {
-    request->schedule(broadcast_rounds(static_cast<char*>(buf), bytes, root, rank_, size_), nullptr,
-                      next_schedule_tag(request->signature()));
+    broadcast_rounds(request->schedule(), static_cast<char*>(buf), bytes, root, rank_, size_);
+    request->run_schedule();
   } else {
     const int n = mpi_count(count);
     request->post_ = [=, comm = comm_](MPI_Request* r) { return MPI_Ibcast(buf, n, mpi_type(dtype), root, comm, r); };
@@ -650,21 +732,29 @@ void MpiComm::reduce(const void* send, void* recv, size_t count, bpl_dtype dtype
                      bpl_plugin_request** req) {
   const bpl_dtype acc = plugin::accumulation_dtype(dtype, op);
   const bool is_root = rank_ == root;
-  const int n = mpi_count(count);
-  auto request = std::make_unique<Request>(this, "reduce", fingerprint(BPL_COLL_REDUCE, dtype, count, root, op),
-                                           count * plugin::dtype_size(acc), nullptr);
-  const void* input = is_root ? in_place_or(send, recv) : send;
+  const size_t element = plugin::dtype_size(acc), bytes = count * element;
+  auto request = std::make_unique<Request>(this, "reduce", fingerprint(BPL_COLL_REDUCE, dtype, count, root, op), bytes,
+                                           nullptr);
+  const void* input = send;
   void* output = is_root ? recv : nullptr;
-  if (acc != dtype) {
-    std::vector<char>& staging = request->buffer(0);
-    staging.resize(count * plugin::dtype_size(acc));
-    plugin::convert(send, dtype, staging.data(), acc, count);
-    input = is_root ? MPI_IN_PLACE : staging.data();
-    output = is_root ? staging.data() : nullptr;
+  if (acc != dtype) {  // widened: reduced in the request's copy, the root's result narrowed from it
+    char* staging = request->staging(0, bytes);
+    plugin::convert(send, dtype, staging, acc, count);
+    input = staging;
+    if (is_root) output = staging;
   }
-  request->post_ = [input, output, n, acc, op, root, comm = comm_](MPI_Request* r) {
-    return MPI_Ireduce(input, output, n, mpi_type(acc), mpi_op(op), root, comm, r);
-  };
+  if (schedulable(bytes)) {
+    char* work = is_root ? nullptr : request->staging(1, bytes);  // a rank with children folds into it
+    reduce_rounds(request->schedule(), static_cast<const char*>(input), static_cast<char*>(output), work,
+                  request->staging(2, bytes), count, element, root, rank_, size_);
+    request->run_schedule(plugin::reduce_function(acc, op));
+  } else {
+    const int n = mpi_count(count);
+    const void* mpi_input = is_root && input == output ? MPI_IN_PLACE : input;
+    request->post_ = [mpi_input, output, n, acc, op, root, comm = comm_](MPI_Request* r) {
+      return MPI_Ireduce(mpi_input, output, n, mpi_type(acc), mpi_op(op), root, comm, r);
+    };
+  }
   if (is_root && (op == BPL_OP_AVG || acc != dtype)) {
     request->on_complete([=] { plugin::finish_reduction(output, acc, recv, dtype, count, op, size_); });
   }
@@ -680,9 +770,9 @@ void MpiComm::allgather(const void* send, void* recv, size_t count, bpl_dtype dt
   const bool in_place = send == own;
   if (schedulable(block)) {
     if (!in_place && block > 0) std::memcpy(own, send, block);
-    request->schedule(allgather_rounds(static_cast<char*>(recv), static_cast<const char*>(send), equal_blocks(block, size_),
-                                       rank_, size_),
-                      nullptr, next_schedule_tag(request->signature()));
+    allgather_rounds(request->schedule(), static_cast<char*>(recv), static_cast<const char*>(send),
+                     equal_blocks(block, size_), rank_, size_);
+    request->run_schedule();
   } else {
     const int n = mpi_count(count);
     const void* input = in_place ? MPI_IN_PLACE : send;
@@ -696,31 +786,37 @@ void MpiComm::allgather(const void* send, void* recv, size_t count, bpl_dtype dt
 void MpiComm::reduce_scatter(const void* send, void* recv, size_t recvcount, bpl_dtype dtype, bpl_reduce_op op,
                              bpl_plugin_request** req) {
   const bpl_dtype acc = plugin::accumulation_dtype(dtype, op);
-  const int n = mpi_count(recvcount);
-  mpi_count(recvcount * static_cast<size_t>(size_));
+  const size_t total = recvcount * static_cast<size_t>(size_), element = plugin::dtype_size(acc);
   auto request = std::make_unique<Request>(this, "reduce_scatter",
                                            fingerprint(BPL_COLL_REDUCE_SCATTER, dtype, recvcount, -1, op),
-                                           recvcount * static_cast<size_t>(size_) * plugin::dtype_size(acc), nullptr);
+                                           total * element, nullptr);
   const void* input = send;
-  if (acc != dtype) {
-    std::vector<char>& staging = request->buffer(0);
-    staging.resize(recvcount * static_cast<size_t>(size_) * plugin::dtype_size(acc));
-    plugin::convert(send, dtype, staging.data(), acc, recvcount * static_cast<size_t>(size_));
-    input = staging.data();
-  }
-  // MPI's in-place form leaves the result at the start of the buffer, ours at the rank's block, and
-  // a widened result must be narrowed: either way the result lands in the request's buffer first.
   void* output = recv;
-  if (acc != dtype || op == BPL_OP_AVG || recv == static_cast<const char*>(send) +
-                                                         recvcount * plugin::dtype_size(dtype) * static_cast<size_t>(rank_)) {
-    std::vector<char>& result = request->buffer(1);
-    result.resize(recvcount * plugin::dtype_size(acc));
-    output = result.data();
+  if (acc != dtype) {  // widened: reduced from the request's copy into its buffer, then narrowed
+    char* staging = request->staging(0, total * element);
+    plugin::convert(send, dtype, staging, acc, total);
+    input = staging;
+    output = request->staging(1, recvcount * element);
+  }
+  if (schedulable(recvcount * element)) {
+    reduce_scatter_rounds(request->schedule(), static_cast<const char*>(input), static_cast<char*>(output),
+                          request->staging(2, 2 * recvcount * element), recvcount, element, rank_, size_);
+    request->run_schedule(plugin::reduce_function(acc, op));
+  } else {
+    const int n = mpi_count(recvcount);
+    mpi_count(total);
+    // MPI's in-place form leaves the result at the start of the buffer, ours at the rank's block:
+    // the result lands in the request's buffer first.
+    if (output == static_cast<const char*>(input) + recvcount * element * static_cast<size_t>(rank_)) {
+      output = request->staging(1, recvcount * element);
+    }
+    request->post_ = [input, output, n, acc, op, comm = comm_](MPI_Request* r) {
+      return MPI_Ireduce_scatter_block(input, output, n, mpi_type(acc), mpi_op(op), comm, r);
+    };
+  }
+  if (output != recv || op == BPL_OP_AVG) {
     request->on_complete([=] { plugin::finish_reduction(output, acc, recv, dtype, recvcount, op, size_); });
   }
-  request->post_ = [input, output, n, acc, op, comm = comm_](MPI_Request* r) {
-    return MPI_Ireduce_scatter_block(input, output, n, mpi_type(acc), mpi_op(op), comm, r);
-  };
   start(std::move(request), req);
 }
 
@@ -729,21 +825,31 @@ void MpiComm::alltoall(const void* send, void* recv, size_t count, bpl_dtype dty
   mpi_count(count * static_cast<size_t>(size_));
   auto request = std::make_unique<Request>(this, "alltoall", fingerprint(BPL_COLL_ALLTOALL, dtype, count),
                                            count * static_cast<size_t>(size_) * plugin::dtype_size(dtype), nullptr);
-  const void* input = send;
-  if (send == recv) {  // MPI's non-blocking alltoall has no in-place form everywhere: copy the input
-    std::vector<char>& copy = request->buffer(0);
-    copy.assign(static_cast<const char*>(send),
-                static_cast<const char*>(send) + count * static_cast<size_t>(size_) * plugin::dtype_size(dtype));
-    input = copy.data();
-  }
-  const size_t block = count * plugin::dtype_size(dtype);
+  const size_t block = count * plugin::dtype_size(dtype), bytes = block * static_cast<size_t>(size_);
+  const bool in_place = send == recv;
   if (schedulable(block)) {
+    // In place, the blocks go out from the caller's buffer and arrive in the request's, copied over
+    // the caller's once every send completed (the own block stays where it is).
     const Blocks blocks = equal_blocks(block, size_);
+    char* arrivals = in_place ? request->staging(0, bytes) : static_cast<char*>(recv);
     const size_t own = block * static_cast<size_t>(rank_);
-    if (block > 0) std::memcpy(static_cast<char*>(recv) + own, static_cast<const char*>(input) + own, block);
-    request->schedule(alltoall_rounds(static_cast<const char*>(input), blocks, static_cast<char*>(recv), blocks, rank_, size_),
-                      nullptr, next_schedule_tag(request->signature()));
+    if (!in_place && block > 0) std::memcpy(arrivals + own, static_cast<const char*>(send) + own, block);
+    alltoall_rounds(request->schedule(), static_cast<const char*>(send), blocks, arrivals, blocks, rank_, size_);
+    request->run_schedule();
+    if (in_place && size_ > 1) {
+      request->on_complete([=] {
+        auto* out = static_cast<char*>(recv);
+        if (own > 0) std::memcpy(out, arrivals, own);
+        if (own + block < bytes) std::memcpy(out + own + block, arrivals + own + block, bytes - own - block);
+      });
+    }
   } else {
+    const void* input = send;
+    if (in_place) {  // MPI's non-blocking alltoall has no in-place form everywhere: copy the input
+      char* copy = request->staging(0, bytes);
+      std::memcpy(copy, send, bytes);
+      input = copy;
+    }
     request->post_ = [input, recv, n, dtype, comm = comm_](MPI_Request* r) {
       return MPI_Ialltoall(input, n, mpi_type(dtype), recv, n, mpi_type(dtype), comm, r);
     };
@@ -761,9 +867,9 @@ void MpiComm::gather(const void* send, void* recv, size_t count, bpl_dtype dtype
                                            block * static_cast<size_t>(size_), nullptr);
   if (schedulable(block)) {
     if (rank_ == root && !in_place && block > 0) std::memcpy(static_cast<char*>(recv) + block * static_cast<size_t>(root), send, block);
-    request->schedule(gather_rounds(static_cast<const char*>(send), static_cast<char*>(recv), equal_blocks(block, size_),
-                                    root, rank_, size_),
-                      nullptr, next_schedule_tag(request->signature()));
+    gather_rounds(request->schedule(), static_cast<const char*>(send), static_cast<char*>(recv),
+                  equal_blocks(block, size_), root, rank_, size_);
+    request->run_schedule();
   } else {
     const void* input = in_place ? MPI_IN_PLACE : send;
     request->post_ = [=, comm = comm_](MPI_Request* r) {
@@ -782,9 +888,9 @@ void MpiComm::scatter(const void* send, void* recv, size_t count, bpl_dtype dtyp
                                            block * static_cast<size_t>(size_), nullptr);
   if (schedulable(block)) {
     if (rank_ == root && !in_place && block > 0) std::memcpy(recv, static_cast<const char*>(send) + block * static_cast<size_t>(root), block);
-    request->schedule(scatter_rounds(static_cast<const char*>(send), static_cast<char*>(recv), equal_blocks(block, size_),
-                                     root, rank_, size_),
-                      nullptr, next_schedule_tag(request->signature()));
+    scatter_rounds(request->schedule(), static_cast<const char*>(send), static_cast<char*>(recv),
+                   equal_blocks(block, size_), root, rank_, size_);
+    request->run_schedule();
   } else {
     void* output = in_place ? MPI_IN_PLACE : recv;
     request->post_ = [=, comm = comm_](MPI_Request* r) {
@@ -807,10 +913,9 @@ void MpiComm::allgatherv(const void* send, size_t sendcount, void* recv, plugin:
   if (schedulable(*std::max_element(recvcounts.begin(), recvcounts.end()) * element)) {
     char* own = static_cast<char*>(recv) + displs[static_cast<size_t>(rank_)] * element;
     if (own != send && sendcount > 0) std::memcpy(own, send, sendcount * element);
-    request->schedule(allgather_rounds(static_cast<char*>(recv), static_cast<const char*>(send),
-                                       {plugin::in_bytes(displs, element), plugin::in_bytes(recvcounts, element)}, rank_,
-                                       size_),
-                      nullptr, next_schedule_tag(request->signature()));
+    const Blocks blocks{plugin::in_bytes(std::move(displs), element), plugin::in_bytes(std::move(recvcounts), element)};
+    allgather_rounds(request->schedule(), static_cast<char*>(recv), static_cast<const char*>(send), blocks, rank_, size_);
+    request->run_schedule();
     return start(std::move(request), req);
   }
   // MPI's arrays must live as long as the operation: the request keeps them.
@@ -844,10 +949,11 @@ void MpiComm::alltoallv(const void* send, plugin::Counts sendcounts, plugin::Cou
       std::memcpy(static_cast<char*>(recv) + rdispls[me] * element, static_cast<const char*>(send) + sdispls[me] * element,
                   sendcounts[me] * element);
     }
-    const Blocks sent{plugin::in_bytes(sdispls, element), plugin::in_bytes(sendcounts, element)};
-    const Blocks received{plugin::in_bytes(rdispls, element), plugin::in_bytes(recvcounts, element)};
-    request->schedule(alltoall_rounds(static_cast<const char*>(send), sent, static_cast<char*>(recv), received, rank_, size_),
-                      nullptr, next_schedule_tag(request->signature()));
+    const Blocks sent{plugin::in_bytes(std::move(sdispls), element), plugin::in_bytes(std::move(sendcounts), element)};
+    const Blocks received{plugin::in_bytes(std::move(rdispls), element), plugin::in_bytes(std::move(recvcounts), element)};
+    alltoall_rounds(request->schedule(), static_cast<const char*>(send), sent, static_cast<char*>(recv), received, rank_,
+                    size_);
+    request->run_schedule();
     return start(std::move(request), req);
   }
   std::vector<int>& layout = request->counts();
@@ -866,7 +972,8 @@ void MpiComm::alltoallv(const void* send, plugin::Counts sendcounts, plugin::Cou
 void MpiComm::barrier(bpl_plugin_request** req) {
   auto request = std::make_unique<Request>(this, "barrier", fingerprint(BPL_COLL_BARRIER), 0, nullptr);
   if (schedulable(0)) {
-    request->schedule(barrier_rounds(rank_, size_), nullptr, next_schedule_tag(request->signature()));
+    barrier_rounds(request->schedule(), rank_, size_);
+    request->run_schedule();
   } else {
     request->post_ = [comm = comm_](MPI_Request* r) { return MPI_Ibarrier(comm, r); };
   }

@@ -1,20 +1,25 @@
 // A communicator of the MPI plugin: an MPI communicator (with MPI_ERRORS_RETURN) and a duplicate of it
-// on which the ranks compare what they call (fingerprint.h).
+// on which the plugin's own schedules run and the ranks compare what they call (fingerprint.h).
 //
 // Every bpl call is a schedule of the plugin's own of MPI's non-blocking point-to-point calls
-// (schedules.h: allreduce, broadcast, allgather(v), alltoall(v), gather, scatter, barrier), or MPI's
-// own non-blocking call (send, recv, reduce, reduce_scatter, and transfers beyond MPI's int counts),
-// tested here (blocking) or through its request until it completes or the communicator's timeout
-// passes. MPI progresses only inside its calls, so a wait keeps
+// (schedules.h: every collective), or MPI's own non-blocking call (send, recv, and collectives beyond
+// MPI's int counts or on one rank), tested here (blocking) or through its request until it completes
+// or the communicator's timeout passes. MPI progresses only inside its calls, so a wait keeps
 // testing, without pause while the operation may be moving its bytes, then with growing pauses: a rank
 // waiting for a stopped or missing peer costs about one test a millisecond, not a core.
 //
 // Ranks that disagree on a transfer's size must not let MPI write past a buffer: Open MPI 4.1's
-// shared-memory single copy (CMA) reads a larger message whole into a smaller buffer. So a collective
-// that may take that path (more than kEagerLimitBytes) first exchanges fingerprints on the duplicate
-// and fails with MISMATCH on every rank if they differ, before any data moves; and a recv matches its
-// message by probe and checks its size before receiving it. Below that size Open MPI copies eagerly
-// and reports a longer message as MPI_ERR_TRUNCATE (MISMATCH here); a shorter one is MPI's to accept.
+// shared-memory single copy (CMA) reads a larger message whole into a smaller buffer (any message
+// above its eager limit, btl_vader_eager_limit, 4 KiB). So a schedule moving more than kEagerLimitBytes
+// in all matches each message by probe and checks its size before receiving it ("probed"), and tags
+// its messages apart from the schedules that post their receives (all of whose messages are eager,
+// copied at most to the size posted, a longer one reported as MPI_ERR_TRUNCATE). A probed message of
+// another size is MISMATCH at once on the rank it reaches (nothing of it received). Otherwise ranks
+// calling different collectives (or, below the eager limit, different counts) post messages whose tags
+// (the call's hash) never match: they stall, and at the timeout the fingerprints say what each called
+// (below). MPI's own collectives (beyond int counts) exchange
+// fingerprints first, before any data moves; and a recv matches its message by probe and checks its
+// size before receiving it.
 //
 // An operation that times out (or is aborted) cannot be cancelled: MPI keeps the request and its
 // buffers, and the communicator refuses every later operation. Before it reports the timeout, a rank
@@ -56,6 +61,19 @@ struct MpiProcess {
 
 class MpiComm;
 
+// What an operation needs besides its MPI request: its schedule, its rounds' bookkeeping and its
+// staging buffers. The communicator keeps one between operations (MpiComm::take_state), so that a
+// small operation allocates nothing but its Request.
+struct RunState {
+  Schedule schedule;
+  std::vector<MPI_Request> requests;       // of the round in flight
+  std::vector<MPI_Status> statuses;        // per request
+  std::vector<const Transfer*> transfers;  // per request
+  std::vector<int> expected;               // per request: the bytes a receive expects; -1 for a send, or once checked
+  std::vector<char> buffers[3];            // staging: conversions, scratch
+  std::vector<int> counts;                 // MPI's int counts and displacements
+};
+
 // One bpl operation: its size agreement (large collectives), its matching probe (recvs), then the MPI
 // request, and what to do once it completes (narrow a widened result, …).
 class Request : public plugin::PolledRequest {
@@ -69,13 +87,21 @@ class Request : public plugin::PolledRequest {
 
   MpiComm& comm() { return *comm_; }
   const Fingerprint& signature() const { return fingerprint_; }  // what it runs
-  std::vector<char>& buffer(size_t i) { return buffers_[i]; }  // staging owned by the request
-  std::vector<int>& counts() { return counts_; }  // MPI's int counts and displacements, kept until it ends
+  // Staging buffer `i` (0-2) of at least `bytes`, owned by the request until it ends.
+  char* staging(size_t i, size_t bytes) {
+    std::vector<char>& buffer = state_->buffers[i];
+    if (buffer.size() < bytes) buffer.resize(bytes);
+    return buffer.data();
+  }
+  std::vector<int>& counts() { return state_->counts; }  // MPI's int counts and displacements, kept until it ends
   void on_complete(std::function<void()> fn) { on_complete_ = std::move(fn); }
-  // Runs the operation as the plugin's own `rounds` (schedules.h) instead of one MPI request, their
-  // transfers on the communicator's duplicate under `tag`, their folds with `reduce` (nullptr where no
-  // round folds).
-  void schedule(std::vector<Round> rounds, plugin::ReduceFn reduce, int tag);
+  // The operation as the plugin's own rounds (schedules.h) instead of one MPI request: fill this
+  // (empty) schedule, then run_schedule.
+  Schedule& schedule() { return state_->schedule; }
+  // Runs schedule()'s transfers on the communicator's duplicate under the next schedule tag, their folds
+  // with `reduce` (nullptr where no round folds); probed when it moves more than the eager limit (file
+  // comment).
+  void run_schedule(plugin::ReduceFn reduce = nullptr);
   // What a recv matches on.
   std::tuple<MpiComm*, int, int> match_key() const { return {comm_, peer_, tag_}; }
   // bpl_request_free: one MPI still owns stays with its communicator (MPI cannot cancel it).
@@ -98,6 +124,9 @@ class Request : public plugin::PolledRequest {
   int post_round();
   // Tests the round in flight; once it completed, checks what arrived, runs its local work, posts the next.
   void poll_round();
+  // Probed: receives the round's messages that arrived, each of the size expected (else MISMATCH).
+  // False while one has not arrived, or when the operation failed.
+  bool match_round();
   // Whether MPI holds a request of the operation (its buffers must then stay).
   bool in_flight() const;
 
@@ -117,17 +146,15 @@ class Request : public plugin::PolledRequest {
   int peer_ = -1;
   int tag_ = -1;
   int arrived_bytes_ = 0;
-  std::vector<char> buffers_[2];
-  std::vector<int> counts_;
   std::function<void()> on_complete_;
-  // The plugin's own schedule (empty: one MPI request, request_).
-  std::vector<Round> rounds_;
+  std::unique_ptr<RunState> state_;
+  // The plugin's own schedule (else one MPI request, request_).
+  bool scheduled_ = false;
   plugin::ReduceFn fold_ = nullptr;
   size_t round_ = 0;
   int schedule_tag_ = 0;
-  std::vector<MPI_Request> round_requests_;
-  std::vector<MPI_Status> round_statuses_;
-  std::vector<int> round_expected_;  // per request of the round: the bytes a receive expects, -1 for a send
+  bool probed_ = false;
+  size_t round_unmatched_ = 0;  // probed receives of the round not received yet
 };
 
 class MpiComm {
@@ -183,12 +210,16 @@ class MpiComm {
   void poison(bpl_status status, const std::string& cause);
   // Keeps a request MPI still owns alive after its caller gave up on it.
   void abandon(std::unique_ptr<Request> request);
+  // An operation's state: the one kept from an earlier operation, cleared, or a new one; and back.
+  std::unique_ptr<RunState> take_state();
+  void keep_state(std::unique_ptr<RunState> state);
 
  private:
   friend class Request;
-  // Collectives moving more than this (the whole buffer) agree on their fingerprint first: up to it,
-  // Open MPI sends every message eagerly, copying at most what the receiver posted
-  // (btl_vader_eager_limit, 4 KiB); above it a message may be read whole by the receiver (single copy).
+  // Collectives moving more than this (the whole buffer) probe each message before receiving it
+  // (schedules) or agree on their fingerprint first (MPI's own): up to it, Open MPI sends every
+  // message eagerly, copying at most what the receiver posted (btl_vader_eager_limit, 4 KiB); above it
+  // a message may be read whole by the receiver (single copy).
   static constexpr size_t kEagerLimitBytes = 4096;
   // Allreduces up to this size exchange whole buffers (recursive doubling); larger ones go round a
   // ring of blocks, which moves 2(n-1)/n of the buffer per rank instead of log2(n) times it and keeps
@@ -196,9 +227,11 @@ class MpiComm {
   static constexpr size_t kRecursiveDoublingMaxBytes = 2048;
   // The tag of the next collective the plugin schedules itself, `f`: its number on the communicator
   // (its ranks start them in the same order, so operations in flight together never share a tag) and,
-  // where MPI's tags are wide enough, a hash of its fingerprint, so that ranks calling different
-  // collectives post messages that never match: they stall, and the explanation names what each calls.
-  int next_schedule_tag(const Fingerprint& f);
+  // where MPI's tags are wide enough, whether it is `probed` and a hash of its fingerprint, so that
+  // ranks calling different collectives post messages that never match: they stall, and the
+  // explanation names what each calls. Where they are not, every schedule is probed (probes_all).
+  int next_schedule_tag(const Fingerprint& f, bool probed);
+  bool probes_all() const { return process_.tag_upper_bound < 0x7fffffff; }
   // Whether a collective whose largest single transfer is `bytes` runs as the plugin's own schedule
   // (schedules.h): on more than one rank, and where MPI's int counts of bytes reach (else MPI's own
   // non-blocking collective, counting in elements).
@@ -231,6 +264,7 @@ class MpiComm {
   int size_ = 1;
   std::atomic<bool> aborted_{false};
   std::atomic<uint32_t> schedules_{0};
+  std::atomic<RunState*> spare_state_{nullptr};  // take_state's
   mutable std::mutex mutex_;  // guards poisoned_, abandoned_, explanation_
   bpl_status poisoned_status_ = BPL_OK;
   std::string poisoned_;

@@ -8,6 +8,7 @@
 // work (`then`, a reduction) runs once they all completed, and the next round is posted after it.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <vector>
 
@@ -22,18 +23,49 @@ struct Transfer {
   int peer;
 };
 
-// A round's local work once its transfers completed: into[i] = into[i] op from[i] for `count` elements
-// (none when count is 0), with the schedule's reduction.
+// A round's local work once its transfers completed: into[i] = with[i] op from[i] for `count` elements
+// (none when count is 0), with the schedule's reduction; `with` is `into` unless given.
 struct Fold {
   char* into = nullptr;
   const char* from = nullptr;
   size_t count = 0;
+  const char* with = nullptr;
+
+  const char* first_operand() const { return with != nullptr ? with : into; }
 };
 
-struct Round {
-  std::vector<Transfer> transfers;
-  Fold then;
+// A collective's rounds in order, each a run of transfers posted together and the local work that
+// follows them. Flat, so that a schedule kept between operations and cleared allocates nothing.
+class Schedule {
+ public:
+  void clear() {
+    transfers_.clear();
+    rounds_.clear();
+  }
+  void add(const Transfer& transfer) { transfers_.push_back(transfer); }
+  // Closes the round made of the transfers added since the last one closed.
+  void end_round(const Fold& then = {}) { rounds_.push_back({transfers_.size(), then}); }
+
+  size_t rounds() const { return rounds_.size(); }
+  const Transfer* begin(size_t round) const { return transfers_.data() + (round == 0 ? 0 : rounds_[round - 1].end); }
+  const Transfer* end(size_t round) const { return transfers_.data() + rounds_[round].end; }
+  const Fold& then(size_t round) const { return rounds_[round].then; }
+  size_t most_transfers() const {
+    size_t most = 0;
+    for (size_t r = 0; r < rounds_.size(); ++r) most = std::max(most, static_cast<size_t>(end(r) - begin(r)));
+    return most;
+  }
+
+ private:
+  struct Round {
+    size_t end;  // its transfers end here in transfers_
+    Fold then;
+  };
+  std::vector<Transfer> transfers_;
+  std::vector<Round> rounds_;
 };
+
+// Each function below appends a collective's rounds to `schedule`.
 
 // Allreduce of `count` elements of `element` bytes in `data` (in place), on `size` ranks:
 // recursive doubling (whole buffers, log2(size) rounds, and one round before and after for the ranks
@@ -41,7 +73,7 @@ struct Round {
 // allgather of size blocks, 2(size-1) rounds). `scratch` holds what a round receives: the whole
 // buffer for recursive doubling, the largest block for the ring (allreduce_scratch_bytes). Every rank
 // computes the bit-identical result (the reductions pair the same operands on every rank).
-std::vector<Round> allreduce_rounds(char* data, char* scratch, size_t count, size_t element, int rank, int size,
+void allreduce_rounds(Schedule& schedule, char* data, char* scratch, size_t count, size_t element, int rank, int size,
                                     bool ring);
 size_t allreduce_scratch_bytes(size_t count, size_t element, int size, bool ring);
 
@@ -57,18 +89,31 @@ struct Blocks {
 // buffer; the caller copies it into `data`): lines the caller just wrote would have to come from this
 // core's cache to the reader's, several times slower on a VM than a buffer the peer read before
 // (bench/results/2026-11-25-raw-speed).
-std::vector<Round> allgather_rounds(char* data, const char* own, const Blocks& blocks, int rank, int size);
+void allgather_rounds(Schedule& schedule, char* data, const char* own, const Blocks& blocks, int rank, int size);
 // Alltoall(v): one round of every send and receive (`send_blocks` of `send`, `recv_blocks` of
 // `recv`); a rank's own block is the caller's to copy.
-std::vector<Round> alltoall_rounds(const char* send, const Blocks& send_blocks, char* recv, const Blocks& recv_blocks,
+void alltoall_rounds(Schedule& schedule, const char* send, const Blocks& send_blocks, char* recv, const Blocks& recv_blocks,
                                    int rank, int size);
 // Gather to `root` (the root's own block is the caller's to copy) and scatter from it: one round.
-std::vector<Round> gather_rounds(const char* send, char* recv, const Blocks& blocks, int root, int rank, int size);
-std::vector<Round> scatter_rounds(const char* send, char* recv, const Blocks& blocks, int root, int rank, int size);
+void gather_rounds(Schedule& schedule, const char* send, char* recv, const Blocks& blocks, int root, int rank, int size);
+void scatter_rounds(Schedule& schedule, const char* send, char* recv, const Blocks& blocks, int root, int rank, int size);
+// Reduce-scatter of `size` blocks of `block_count` elements in `send`: a ring of size - 1 rounds, in
+// round s each rank passing on its partial sum of block rank - s - 1 (its own block of `send` first)
+// and folding the previous rank's partial sum of the next block with its own; the last fold, of block
+// `rank`, lands in `recv` (which may be that block of `send`). `scratch` holds two blocks. The input
+// is read where it lies: no copy of it.
+void reduce_scatter_rounds(Schedule& schedule, const char* send, char* recv, char* scratch, size_t block_count, size_t element,
+                                         int rank, int size);
+// Reduce of `count` elements in `send` to `root`'s `result` (which may be `send`): a binomial tree,
+// each rank folding what its children send into its partial sum (`work`, `count` elements, on ranks
+// with children other than the root) and sending that to its parent. `scratch` holds `count`
+// elements (what a round receives).
+void reduce_rounds(Schedule& schedule, const char* send, char* result, char* work, char* scratch, size_t count, size_t element,
+                                 int root, int rank, int size);
 // Broadcast of `bytes` in `data` from `root`: a binomial tree, this rank receiving from its parent in
 // one round and sending to all its children in the next.
-std::vector<Round> broadcast_rounds(char* data, size_t bytes, int root, int rank, int size);
+void broadcast_rounds(Schedule& schedule, char* data, size_t bytes, int root, int rank, int size);
 // Barrier: dissemination, ceil(log2(size)) rounds of empty messages.
-std::vector<Round> barrier_rounds(int rank, int size);
+void barrier_rounds(Schedule& schedule, int rank, int size);
 
 }  // namespace backplane::mpi_plugin

@@ -19,8 +19,17 @@
 namespace {
 
 using backplane::mpi_plugin::Blocks;
-using backplane::mpi_plugin::Round;
+using backplane::mpi_plugin::Fold;
+using backplane::mpi_plugin::Schedule;
 using backplane::mpi_plugin::Transfer;
+
+// The schedule `make(schedule, args...)` appends to an empty one.
+template <typename Make, typename... Args>
+Schedule plan(Make make, Args&&... args) {
+  Schedule schedule;
+  make(schedule, std::forward<Args>(args)...);
+  return schedule;
+}
 
 void sum_floats(void* out, const void* a, const void* b, size_t n) {
   const auto* x = static_cast<const float*>(a);
@@ -33,7 +42,7 @@ void sum_floats(void* out, const void* a, const void* b, size_t n) {
 // as MPI's eager sends would be), and moves on once every receive of the round found the next message
 // from its peer. Fails the test on a message of the wrong size and, unless told that some must stall,
 // on a deadlock. Returns how many rounds each rank completed.
-std::vector<size_t> run(std::vector<std::vector<Round>>& schedule, bool all_complete = true) {
+std::vector<size_t> run(std::vector<Schedule>& schedule, bool all_complete = true) {
   const size_t ranks = schedule.size();
   std::map<std::pair<int, int>, std::deque<std::vector<char>>> in_flight;  // (from, to): messages in order
   std::vector<size_t> round(ranks, 0);
@@ -41,12 +50,13 @@ std::vector<size_t> run(std::vector<std::vector<Round>>& schedule, bool all_comp
   for (bool moved = true; moved;) {
     moved = false;
     for (size_t r = 0; r < ranks; ++r) {
-      if (round[r] == schedule[r].size()) continue;
-      Round& current = schedule[r][round[r]];
+      if (round[r] == schedule[r].rounds()) continue;
+      const Schedule& mine = schedule[r];
+      const size_t current = round[r];
       if (!posted[r]) {
-        for (const Transfer& t : current.transfers) {
-          const auto* bytes = static_cast<const char*>(t.buffer);
-          if (t.is_send) in_flight[{static_cast<int>(r), t.peer}].emplace_back(bytes, bytes + t.bytes);
+        for (const Transfer* t = mine.begin(current); t != mine.end(current); ++t) {
+          const auto* bytes = static_cast<const char*>(t->buffer);
+          if (t->is_send) in_flight[{static_cast<int>(r), t->peer}].emplace_back(bytes, bytes + t->bytes);
         }
         posted[r] = true;
         moved = true;
@@ -54,22 +64,23 @@ std::vector<size_t> run(std::vector<std::vector<Round>>& schedule, bool all_comp
       // Each receive of the round takes the next message from its peer, in the round's order.
       std::map<int, size_t> taken;
       bool ready = true;
-      for (const Transfer& t : current.transfers) {
-        if (t.is_send) continue;
-        auto& queue = in_flight[{t.peer, static_cast<int>(r)}];
-        if (queue.size() <= taken[t.peer]++) ready = false;
+      for (const Transfer* t = mine.begin(current); t != mine.end(current); ++t) {
+        if (t->is_send) continue;
+        auto& queue = in_flight[{t->peer, static_cast<int>(r)}];
+        if (queue.size() <= taken[t->peer]++) ready = false;
       }
       if (!ready) continue;
-      for (const Transfer& t : current.transfers) {
-        if (t.is_send) continue;
-        auto& queue = in_flight[{t.peer, static_cast<int>(r)}];
+      for (const Transfer* t = mine.begin(current); t != mine.end(current); ++t) {
+        if (t->is_send) continue;
+        auto& queue = in_flight[{t->peer, static_cast<int>(r)}];
         const std::vector<char> message = std::move(queue.front());
         queue.pop_front();
-        EXPECT_EQ(message.size(), t.bytes) << "rank " << r << " round " << round[r] << ": from rank " << t.peer;
-        if (message.size() != t.bytes) return round;
-        if (t.bytes > 0) std::memcpy(t.buffer, message.data(), t.bytes);
+        EXPECT_EQ(message.size(), t->bytes) << "rank " << r << " round " << current << ": from rank " << t->peer;
+        if (message.size() != t->bytes) return round;
+        if (t->bytes > 0) std::memcpy(t->buffer, message.data(), t->bytes);
       }
-      if (current.then.count > 0) sum_floats(current.then.into, current.then.into, current.then.from, current.then.count);
+      const Fold& then = mine.then(current);
+      if (then.count > 0) sum_floats(then.into, then.first_operand(), then.from, then.count);
       ++round[r];
       posted[r] = false;
       moved = true;
@@ -77,7 +88,7 @@ std::vector<size_t> run(std::vector<std::vector<Round>>& schedule, bool all_comp
   }
   if (!all_complete) return round;
   for (size_t r = 0; r < ranks; ++r) {
-    EXPECT_EQ(round[r], schedule[r].size()) << "rank " << r << " is stuck in round " << round[r] << " (deadlock)";
+    EXPECT_EQ(round[r], schedule[r].rounds()) << "rank " << r << " is stuck in round " << round[r] << " (deadlock)";
   }
   for (const auto& [pair, queue] : in_flight) {
     EXPECT_TRUE(queue.empty()) << queue.size() << " messages from rank " << pair.first << " to " << pair.second
@@ -97,12 +108,12 @@ TEST_P(Schedules, AllreduceBothFormsSumEveryRanksData) {
     for (size_t count : {size_t{1}, size_t{7}, size_t{64}}) {
       if (ring && count < static_cast<size_t>(size)) continue;
       std::vector<std::vector<float>> data(static_cast<size_t>(size)), scratch(static_cast<size_t>(size));
-      std::vector<std::vector<Round>> schedule;
+      std::vector<Schedule> schedule;
       for (int r = 0; r < size; ++r) {
         auto& mine = data[static_cast<size_t>(r)];
         for (size_t i = 0; i < count; ++i) mine.push_back(value(static_cast<size_t>(r), i));
         scratch[static_cast<size_t>(r)].resize(backplane::mpi_plugin::allreduce_scratch_bytes(count, 4, size, ring) / 4 + 1);
-        schedule.push_back(backplane::mpi_plugin::allreduce_rounds(reinterpret_cast<char*>(mine.data()),
+        schedule.push_back(plan(backplane::mpi_plugin::allreduce_rounds, reinterpret_cast<char*>(mine.data()),
                                                                    reinterpret_cast<char*>(scratch[static_cast<size_t>(r)].data()),
                                                                    count, 4, r, size, ring));
       }
@@ -118,6 +129,73 @@ TEST_P(Schedules, AllreduceBothFormsSumEveryRanksData) {
   }
 }
 
+// One rank runs MPI's own call (the plugin schedules only from two).
+TEST_P(Schedules, ReduceScatterLeavesEachRankItsBlockSummedAndReadsTheInputInPlace) {
+  const int size = GetParam();
+  if (size < 2) return;
+  const auto ranks = static_cast<size_t>(size);
+  for (size_t block : {size_t{1}, size_t{5}}) {
+    for (bool in_place : {false, true}) {
+      std::vector<std::vector<float>> send(ranks), recv(ranks, std::vector<float>(block)), scratch(ranks);
+      for (size_t r = 0; r < ranks; ++r) {
+        for (size_t i = 0; i < ranks * block; ++i) send[r].push_back(value(r, i));
+      }
+      const std::vector<std::vector<float>> input = send;
+      std::vector<Schedule> schedule;
+      for (size_t r = 0; r < ranks; ++r) {
+        scratch[r].resize(2 * block);
+        float* out = in_place ? send[r].data() + r * block : recv[r].data();
+        schedule.push_back(plan(backplane::mpi_plugin::reduce_scatter_rounds, 
+            reinterpret_cast<const char*>(send[r].data()), reinterpret_cast<char*>(out),
+            reinterpret_cast<char*>(scratch[r].data()), block, 4, static_cast<int>(r), size));
+      }
+      run(schedule);
+      for (size_t r = 0; r < ranks; ++r) {
+        const float* out = in_place ? send[r].data() + r * block : recv[r].data();
+        for (size_t i = 0; i < block; ++i) {
+          float expected = 0;
+          for (size_t q = 0; q < ranks; ++q) expected += value(q, r * block + i);
+          ASSERT_EQ(out[i], expected) << (in_place ? "in place" : "") << " rank " << r << " [" << i << "]";
+        }
+        // Only the rank's own block of the input may change (in place: it holds the result).
+        for (size_t i = 0; i < ranks * block; ++i) {
+          if (in_place && i / block == r) continue;
+          ASSERT_EQ(send[r][i], input[r][i]) << "rank " << r << "'s input [" << i << "]";
+        }
+      }
+    }
+  }
+}
+
+TEST_P(Schedules, ReduceToEveryRootSumsEveryRanksDataThere) {
+  const int size = GetParam();
+  if (size < 2) return;
+  const auto ranks = static_cast<size_t>(size);
+  const size_t count = 7;
+  for (int root = 0; root < size; ++root) {
+    std::vector<std::vector<float>> send(ranks), work(ranks, std::vector<float>(count)), scratch = work;
+    std::vector<float> result(count, -1);
+    for (size_t r = 0; r < ranks; ++r) {
+      for (size_t i = 0; i < count; ++i) send[r].push_back(value(r, i));
+    }
+    const std::vector<std::vector<float>> input = send;
+    std::vector<Schedule> schedule;
+    for (size_t r = 0; r < ranks; ++r) {
+      schedule.push_back(plan(backplane::mpi_plugin::reduce_rounds, 
+          reinterpret_cast<const char*>(send[r].data()), reinterpret_cast<char*>(result.data()),
+          reinterpret_cast<char*>(work[r].data()), reinterpret_cast<char*>(scratch[r].data()), count, 4, root,
+          static_cast<int>(r), size));
+    }
+    run(schedule);
+    for (size_t i = 0; i < count; ++i) {
+      float expected = 0;
+      for (size_t q = 0; q < ranks; ++q) expected += value(q, i);
+      ASSERT_EQ(result[i], expected) << "root " << root << " [" << i << "]";
+    }
+    EXPECT_EQ(send, input) << "the inputs stay as they were (root " << root << ")";
+  }
+}
+
 TEST_P(Schedules, AllgatherOfUnevenBlocksFillsEveryRanksBuffer) {
   const int size = GetParam();
   const auto ranks = static_cast<size_t>(size);
@@ -130,11 +208,11 @@ TEST_P(Schedules, AllgatherOfUnevenBlocksFillsEveryRanksBuffer) {
   }
   // Each rank's block in its own send buffer, copied into its data as the plugin does.
   std::vector<std::vector<char>> data(ranks, std::vector<char>(total, 0)), own(ranks);
-  std::vector<std::vector<Round>> schedule;
+  std::vector<Schedule> schedule;
   for (size_t r = 0; r < ranks; ++r) {
     for (size_t i = 0; i < blocks.bytes[r]; ++i) own[r].push_back(static_cast<char>(value(r, i)));
     std::copy(own[r].begin(), own[r].end(), data[r].begin() + static_cast<std::ptrdiff_t>(blocks.offsets[r]));
-    schedule.push_back(backplane::mpi_plugin::allgather_rounds(data[r].data(), own[r].data(), blocks, static_cast<int>(r), size));
+    schedule.push_back(plan(backplane::mpi_plugin::allgather_rounds, data[r].data(), own[r].data(), blocks, static_cast<int>(r), size));
   }
   run(schedule);
   for (size_t r = 0; r < ranks; ++r) {
@@ -158,11 +236,11 @@ TEST_P(Schedules, AlltoallGatherAndScatterDeliverEachBlockToItsRank) {
   auto byte = [](size_t from, size_t to, size_t i) { return static_cast<char>(from * 31 + to * 7 + i); };
   // alltoall: rank r's block q goes to rank q's block r; each rank copies its own block itself.
   std::vector<std::vector<char>> send(ranks, std::vector<char>(ranks * block)), recv = send;
-  std::vector<std::vector<Round>> schedule;
+  std::vector<Schedule> schedule;
   for (size_t r = 0; r < ranks; ++r) {
     for (size_t i = 0; i < send[r].size(); ++i) send[r][i] = byte(r, i / block, i % block);
     std::memcpy(recv[r].data() + r * block, send[r].data() + r * block, block);
-    schedule.push_back(backplane::mpi_plugin::alltoall_rounds(send[r].data(), blocks, recv[r].data(), blocks,
+    schedule.push_back(plan(backplane::mpi_plugin::alltoall_rounds, send[r].data(), blocks, recv[r].data(), blocks,
                                                               static_cast<int>(r), size));
   }
   run(schedule);
@@ -177,7 +255,7 @@ TEST_P(Schedules, AlltoallGatherAndScatterDeliverEachBlockToItsRank) {
     for (size_t r = 0; r < ranks; ++r) {
       for (size_t i = 0; i < block; ++i) mine[r][i] = byte(r, root_index, i);
       if (r == root_index) std::memcpy(gathered[r].data() + r * block, mine[r].data(), block);
-      schedule.push_back(backplane::mpi_plugin::gather_rounds(mine[r].data(), gathered[r].data(), blocks, root,
+      schedule.push_back(plan(backplane::mpi_plugin::gather_rounds, mine[r].data(), gathered[r].data(), blocks, root,
                                                               static_cast<int>(r), size));
     }
     run(schedule);
@@ -191,7 +269,7 @@ TEST_P(Schedules, AlltoallGatherAndScatterDeliverEachBlockToItsRank) {
     schedule.clear();
     for (size_t r = 0; r < ranks; ++r) {
       if (r == root_index) std::memcpy(got[r].data(), blocks_of_root.data() + r * block, block);
-      schedule.push_back(backplane::mpi_plugin::scatter_rounds(blocks_of_root.data(), got[r].data(), blocks, root,
+      schedule.push_back(plan(backplane::mpi_plugin::scatter_rounds, blocks_of_root.data(), got[r].data(), blocks, root,
                                                                static_cast<int>(r), size));
     }
     run(schedule);
@@ -206,12 +284,13 @@ TEST_P(Schedules, BroadcastFromEveryRootReachesEveryRankOnce) {
   for (int root = 0; root < size; ++root) {
     std::vector<std::vector<char>> data(static_cast<size_t>(size), std::vector<char>(9, 0));
     std::string("broadcast").copy(data[static_cast<size_t>(root)].data(), 9);
-    std::vector<std::vector<Round>> schedule;
+    std::vector<Schedule> schedule;
     size_t receives = 0;
     for (int r = 0; r < size; ++r) {
-      schedule.push_back(backplane::mpi_plugin::broadcast_rounds(data[static_cast<size_t>(r)].data(), 9, root, r, size));
-      for (const Round& round : schedule.back()) {
-        for (const Transfer& t : round.transfers) receives += t.is_send ? 0 : 1;
+      schedule.push_back(plan(backplane::mpi_plugin::broadcast_rounds, data[static_cast<size_t>(r)].data(), 9, root, r, size));
+      const Schedule& mine = schedule.back();
+      for (size_t round = 0; round < mine.rounds(); ++round) {
+        for (const Transfer* t = mine.begin(round); t != mine.end(round); ++t) receives += t->is_send ? 0 : 1;
       }
     }
     EXPECT_EQ(receives, static_cast<size_t>(size - 1)) << "every rank but the root receives once (root " << root << ")";
@@ -222,17 +301,17 @@ TEST_P(Schedules, BroadcastFromEveryRootReachesEveryRankOnce) {
 
 TEST_P(Schedules, BarrierCompletesOnlyOnceEveryRankArrived) {
   const int size = GetParam();
-  std::vector<std::vector<Round>> schedule;
-  for (int r = 0; r < size; ++r) schedule.push_back(backplane::mpi_plugin::barrier_rounds(r, size));
+  std::vector<Schedule> schedule;
+  for (int r = 0; r < size; ++r) schedule.push_back(plan(backplane::mpi_plugin::barrier_rounds, r, size));
   run(schedule);
   // Whichever rank never arrives, no other rank gets through the barrier.
   for (int absent = 0; absent < size && size > 1; ++absent) {
-    std::vector<std::vector<Round>> without;
-    for (int r = 0; r < size; ++r) without.push_back(r == absent ? std::vector<Round>{} : backplane::mpi_plugin::barrier_rounds(r, size));
+    std::vector<Schedule> without;
+    for (int r = 0; r < size; ++r) without.push_back(r == absent ? Schedule{} : plan(backplane::mpi_plugin::barrier_rounds, r, size));
     const std::vector<size_t> done = run(without, /*all_complete=*/false);
     for (int r = 0; r < size; ++r) {
       if (r == absent) continue;
-      EXPECT_LT(done[static_cast<size_t>(r)], without[static_cast<size_t>(r)].size())
+      EXPECT_LT(done[static_cast<size_t>(r)], without[static_cast<size_t>(r)].rounds())
           << "rank " << r << " passed the barrier without rank " << absent;
     }
   }
