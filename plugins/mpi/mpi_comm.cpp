@@ -133,7 +133,6 @@ class PendingReceives {
     }
     count_.store(pending_.size(), std::memory_order_release);
   }
-  std::mutex& mutex() { return mutex_; }
 
  private:
   std::mutex mutex_;
@@ -353,10 +352,7 @@ bool Request::in_flight() const {
 void Request::poll() {
   pending_receives().match_all([](Request& r) { return r.comm_->match(r); });
   if (done()) return;  // its match failed
-  if (receive_) {
-    std::lock_guard<std::mutex> lock(pending_receives().mutex());  // a match moves a recv on under it
-    if (phase_ == Phase::kProbing) return;
-  }
+  if (receive_ && !matched_.load(std::memory_order_acquire)) return;  // (whichever thread matched it)
   if (scheduled_ && phase_ == Phase::kRunning) return poll_round();
   int flag = 0;
   MPI_Status status;
@@ -603,6 +599,7 @@ bool MpiComm::match(Request& r) {
     r.phase_ = Request::Phase::kRunning;
     r.finish(BPL_ERR_REMOTE, "recv failed: " + mpi_error_string(error));
   }
+  r.matched_.store(true, std::memory_order_release);
   return true;
 }
 
@@ -746,7 +743,7 @@ void MpiComm::reduce(const void* send, void* recv, size_t count, bpl_dtype dtype
   if (schedulable(bytes)) {
     char* work = is_root ? nullptr : request->staging(1, bytes);  // a rank with children folds into it
     reduce_rounds(request->schedule(), static_cast<const char*>(input), static_cast<char*>(output), work,
-                  request->staging(2, bytes), count, element, root, rank_, size_);
+                  request->staging(2, reduce_scratch_bytes(count, element)), count, element, root, rank_, size_);
     request->run_schedule(plugin::reduce_function(acc, op));
   } else {
     const int n = mpi_count(count);
@@ -800,7 +797,8 @@ void MpiComm::reduce_scatter(const void* send, void* recv, size_t recvcount, bpl
   }
   if (schedulable(recvcount * element)) {
     reduce_scatter_rounds(request->schedule(), static_cast<const char*>(input), static_cast<char*>(output),
-                          request->staging(2, 2 * recvcount * element), recvcount, element, rank_, size_);
+                          request->staging(2, reduce_scatter_scratch_bytes(recvcount, element, size_)), recvcount, element,
+                          rank_, size_);
     request->run_schedule(plugin::reduce_function(acc, op));
   } else {
     const int n = mpi_count(recvcount);

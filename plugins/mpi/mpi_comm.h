@@ -146,6 +146,7 @@ class Request : public plugin::PolledRequest {
   int peer_ = -1;
   int tag_ = -1;
   int arrived_bytes_ = 0;
+  std::atomic<bool> matched_{false};  // its phase and request are set (by whichever thread's wait matched it)
   std::function<void()> on_complete_;
   std::unique_ptr<RunState> state_;
   // The plugin's own schedule (else one MPI request, request_).

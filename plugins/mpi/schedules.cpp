@@ -16,6 +16,40 @@ size_t block_begin(size_t count, int size, int b) {
 Transfer send(const void* buffer, size_t bytes, int peer) { return {true, const_cast<void*>(buffer), bytes, peer}; }
 Transfer receive(void* buffer, size_t bytes, int peer) { return {false, buffer, bytes, peer}; }
 
+// Elements of a piece of at most `piece_bytes` (one at least).
+size_t piece_elements(size_t element, size_t piece_bytes) { return std::max<size_t>(1, piece_bytes / element); }
+
+// The pieces `count` elements go in: one at least (an empty transfer still pairs the ranks' rounds).
+size_t pieces(size_t count, size_t piece) { return count == 0 ? 1 : (count + piece - 1) / piece; }
+
+// Piece `p` of `count` elements: its first element and its length (0 past the end).
+std::pair<size_t, size_t> piece_of(size_t count, size_t piece, size_t p) {
+  const size_t begin = std::min(count, p * piece);
+  return {begin, std::min(piece, count - begin)};
+}
+
+// One step of a reduction: `out_n` elements at `out` go to `to` (none when it is -1) while `in_n`
+// elements come from `from` (none when -1) through `scratch`, piece by piece, each folded into `into` (with `with`, or `into` itself, as
+// its other operand) once it arrived. A rank's pieces of a block are its neighbour's: their rounds pair.
+void exchange_and_fold(Schedule& schedule, const char* out, size_t out_n, int to, char* into, const char* with,
+                       size_t in_n, int from, char* scratch, size_t element, size_t piece_bytes) {
+  const size_t piece = piece_elements(element, piece_bytes);
+  const size_t rounds = std::max(to >= 0 ? pieces(out_n, piece) : 0, from >= 0 ? pieces(in_n, piece) : 0);
+  for (size_t p = 0; p < rounds; ++p) {
+    Fold fold;
+    if (from >= 0 && p < pieces(in_n, piece)) {
+      const auto [begin, n] = piece_of(in_n, piece, p);
+      schedule.add(receive(scratch, n * element, from));
+      fold = {into + begin * element, scratch, n, with != nullptr ? with + begin * element : nullptr};
+    }
+    if (to >= 0 && p < pieces(out_n, piece)) {
+      const auto [begin, n] = piece_of(out_n, piece, p);
+      schedule.add(send(out + begin * element, n * element, to));
+    }
+    schedule.end_round(fold);
+  }
+}
+
 void recursive_doubling(Schedule& schedule, char* data, char* scratch, size_t count, size_t element, int rank, int size) {
   const size_t bytes = count * element;
   const Fold fold_in{data, scratch, count};
@@ -48,7 +82,8 @@ void recursive_doubling(Schedule& schedule, char* data, char* scratch, size_t co
   }
 }
 
-void ring(Schedule& schedule, char* data, char* scratch, size_t count, size_t element, int rank, int size) {
+void ring(Schedule& schedule, char* data, char* scratch, size_t count, size_t element, int rank, int size,
+          size_t piece_bytes) {
   const int next = (rank + 1) % size, prev = (rank + size - 1) % size;
   auto block = [&](int b) {
     b = ((b % size) + size) % size;
@@ -60,9 +95,7 @@ void ring(Schedule& schedule, char* data, char* scratch, size_t count, size_t el
   for (int s = 0; s < size - 1; ++s) {
     const auto [out, out_n] = block(rank - s);
     const auto [in, in_n] = block(rank - s - 1);
-    schedule.add(receive(scratch, in_n * element, prev));
-    schedule.add(send(out, out_n * element, next));
-    schedule.end_round({in, scratch, in_n});
+    exchange_and_fold(schedule, out, out_n, next, in, nullptr, in_n, prev, scratch, element, piece_bytes);
   }
   // Allgather: in step s this rank passes on block rank + 1 - s and receives block rank - s in place.
   for (int s = 0; s < size - 1; ++s) {
@@ -91,15 +124,26 @@ void rooted_round(Schedule& schedule, char* root_buffer, char* own, const Blocks
 
 }  // namespace
 
-size_t allreduce_scratch_bytes(size_t count, size_t element, int size, bool ring) {
-  return ring ? (count / static_cast<size_t>(size) + 1) * element : count * element;
+size_t allreduce_scratch_bytes(size_t count, size_t element, int size, bool ring, size_t piece_bytes) {
+  if (!ring) return count * element;
+  return std::min(count / static_cast<size_t>(size) + 1, piece_elements(element, piece_bytes)) * element;
+}
+
+size_t reduce_scatter_scratch_bytes(size_t block_count, size_t element, int size, size_t piece_bytes) {
+  // Partial sums of whole blocks between steps; the last step's pieces need no more than a piece.
+  if (size > 2) return 2 * block_count * element;
+  return std::min(block_count, piece_elements(element, piece_bytes)) * element;
+}
+
+size_t reduce_scratch_bytes(size_t count, size_t element, size_t piece_bytes) {
+  return std::min(count, piece_elements(element, piece_bytes)) * element;
 }
 
 void allreduce_rounds(Schedule& schedule, char* data, char* scratch, size_t count, size_t element, int rank, int size,
-                      bool ring_form) {
+                      bool ring_form, size_t piece_bytes) {
   if (size == 1) return;
   if (ring_form) {
-    ring(schedule, data, scratch, count, element, rank, size);
+    ring(schedule, data, scratch, count, element, rank, size, piece_bytes);
   } else {
     recursive_doubling(schedule, data, scratch, count, element, rank, size);
   }
@@ -138,39 +182,40 @@ void scatter_rounds(Schedule& schedule, const char* send_buffer, char* recv, con
 }
 
 void reduce_scatter_rounds(Schedule& schedule, const char* send_buffer, char* recv, char* scratch, size_t block_count,
-                           size_t element, int rank, int size) {
+                           size_t element, int rank, int size, size_t piece_bytes) {
   const int next = (rank + 1) % size, prev = (rank + size - 1) % size;
   const size_t block_bytes = block_count * element;
   auto own = [&](int b) { return send_buffer + static_cast<size_t>(((b % size) + size) % size) * block_bytes; };
-  char* partial[2] = {scratch, scratch + block_bytes};  // received in round s, sent on in round s + 1
+  char* partial[2] = {scratch, scratch + block_bytes};  // received in step s, sent on in step s + 1
   for (int s = 0; s < size - 1; ++s) {
     const char* out = s == 0 ? own(rank - 1) : partial[(s + 1) % 2];
-    char* in = partial[s % 2];
-    char* into = s == size - 2 ? recv : in;
-    schedule.add(receive(in, block_bytes, prev));
-    schedule.add(send(out, block_bytes, next));
-    schedule.end_round({into, in, block_count, own(rank - s - 2)});
+    if (s < size - 2) {
+      char* in = partial[s % 2];
+      schedule.add(receive(in, block_bytes, prev));
+      schedule.add(send(out, block_bytes, next));
+      schedule.end_round({in, in, block_count, own(rank - s - 2)});
+    } else {  // the last step: this rank's own block, into recv
+      exchange_and_fold(schedule, out, block_count, next, recv, own(rank), block_count, prev, partial[s % 2], element,
+                        piece_bytes);
+    }
   }
 }
 
 void reduce_rounds(Schedule& schedule, const char* send_buffer, char* result, char* work, char* scratch, size_t count,
-                   size_t element, int root, int rank, int size) {
+                   size_t element, int root, int rank, int size, size_t piece_bytes) {
   // Ranks relative to the root: v receives from v + 2^k while bit k of v is clear, then sends its
   // partial sum to v - 2^k at its lowest set bit.
   const int v = (rank - root + size) % size;
   auto real = [&](int relative) { return (relative + root) % size; };
-  const size_t bytes = count * element;
   char* sum = rank == root ? result : work;
   const char* partial = send_buffer;  // until the first fold
   for (int mask = 1; mask < size; mask *= 2) {
     if ((v & mask) != 0) {
-      schedule.add(send(partial, bytes, real(v - mask)));
-      schedule.end_round();
+      exchange_and_fold(schedule, partial, count, real(v - mask), nullptr, nullptr, 0, -1, nullptr, element, piece_bytes);
       break;
     }
     if (v + mask < size) {
-      schedule.add(receive(scratch, bytes, real(v + mask)));
-      schedule.end_round({sum, scratch, count, partial});
+      exchange_and_fold(schedule, nullptr, 0, -1, sum, partial, count, real(v + mask), scratch, element, piece_bytes);
       partial = sum;
     }
   }

@@ -67,15 +67,20 @@ class Schedule {
 
 // Each function below appends a collective's rounds to `schedule`.
 
+// A reduction receives what it folds through scratch in pieces of at most this many bytes, each
+// folded once it arrived: the scratch stays small and in cache (a whole block of a large allreduce was
+// fresh memory on every call). The functions below take it as their last argument (tests pass less).
+constexpr size_t kFoldPieceBytes = size_t{4} << 20;
+
 // Allreduce of `count` elements of `element` bytes in `data` (in place), on `size` ranks:
 // recursive doubling (whole buffers, log2(size) rounds, and one round before and after for the ranks
 // beyond the largest power of two) when `ring` is false, else a ring (a reduce-scatter then an
-// allgather of size blocks, 2(size-1) rounds). `scratch` holds what a round receives: the whole
-// buffer for recursive doubling, the largest block for the ring (allreduce_scratch_bytes). Every rank
+// allgather of size blocks, 2(size-1) steps). `scratch` holds what a round receives: the whole
+// buffer for recursive doubling, a piece of the largest block for the ring (allreduce_scratch_bytes). Every rank
 // computes the bit-identical result (the reductions pair the same operands on every rank).
 void allreduce_rounds(Schedule& schedule, char* data, char* scratch, size_t count, size_t element, int rank, int size,
-                                    bool ring);
-size_t allreduce_scratch_bytes(size_t count, size_t element, int size, bool ring);
+                      bool ring, size_t piece_bytes = kFoldPieceBytes);
+size_t allreduce_scratch_bytes(size_t count, size_t element, int size, bool ring, size_t piece_bytes = kFoldPieceBytes);
 
 // Where each rank's block of a gathered buffer lies (allgather, allgatherv, gather, scatter), in
 // bytes, by rank.
@@ -100,16 +105,18 @@ void scatter_rounds(Schedule& schedule, const char* send, char* recv, const Bloc
 // Reduce-scatter of `size` blocks of `block_count` elements in `send`: a ring of size - 1 rounds, in
 // round s each rank passing on its partial sum of block rank - s - 1 (its own block of `send` first)
 // and folding the previous rank's partial sum of the next block with its own; the last fold, of block
-// `rank`, lands in `recv` (which may be that block of `send`). `scratch` holds two blocks. The input
-// is read where it lies: no copy of it.
-void reduce_scatter_rounds(Schedule& schedule, const char* send, char* recv, char* scratch, size_t block_count, size_t element,
-                                         int rank, int size);
+// `rank`, lands in `recv` (which may be that block of `send`). `scratch` holds
+// reduce_scatter_scratch_bytes. The input is read where it lies: no copy of it.
+void reduce_scatter_rounds(Schedule& schedule, const char* send, char* recv, char* scratch, size_t block_count,
+                           size_t element, int rank, int size, size_t piece_bytes = kFoldPieceBytes);
 // Reduce of `count` elements in `send` to `root`'s `result` (which may be `send`): a binomial tree,
 // each rank folding what its children send into its partial sum (`work`, `count` elements, on ranks
-// with children other than the root) and sending that to its parent. `scratch` holds `count`
-// elements (what a round receives).
-void reduce_rounds(Schedule& schedule, const char* send, char* result, char* work, char* scratch, size_t count, size_t element,
-                                 int root, int rank, int size);
+// with children other than the root) and sending that to its parent. `scratch` holds
+// reduce_scratch_bytes.
+void reduce_rounds(Schedule& schedule, const char* send, char* result, char* work, char* scratch, size_t count,
+                   size_t element, int root, int rank, int size, size_t piece_bytes = kFoldPieceBytes);
+size_t reduce_scatter_scratch_bytes(size_t block_count, size_t element, int size, size_t piece_bytes = kFoldPieceBytes);
+size_t reduce_scratch_bytes(size_t count, size_t element, size_t piece_bytes = kFoldPieceBytes);
 // Broadcast of `bytes` in `data` from `root`: a binomial tree, this rank receiving from its parent in
 // one round and sending to all its children in the next.
 void broadcast_rounds(Schedule& schedule, char* data, size_t bytes, int root, int rank, int size);

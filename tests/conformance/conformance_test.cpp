@@ -315,6 +315,34 @@ TEST(Collectives, ReduceScatterInPlace) {
                              [&](size_t i) { return reduced_value(c.dtype, c.op, world.size, c.count * world.rank + i); }));
 }
 
+// Reductions of several MiB a rank: larger than the pieces and chunks backends stage them in (the MPI
+// plugin folds 4 MiB at a time), with odd counts so that no piece divides them.
+TEST(Collectives, ReductionsLargerThanTheBackendsPieces) {
+  SKIP_UNLESS_SUPPORTED(BPL_COLL_ALLREDUCE, BPL_DTYPE_F32, BPL_OP_SUM);
+  SKIP_UNLESS_SUPPORTED(BPL_COLL_REDUCE, BPL_DTYPE_F32, BPL_OP_SUM);
+  SKIP_UNLESS_SUPPORTED(BPL_COLL_REDUCE_SCATTER, BPL_DTYPE_F32, BPL_OP_SUM);
+  const Case whole{BPL_DTYPE_F32, BPL_OP_SUM, (size_t{13} << 20) / sizeof(float) + 3};
+  const auto reduced = [&](size_t first) {
+    return [&, first](size_t i) { return reduced_value(BPL_DTYPE_F32, BPL_OP_SUM, world.size, first + i); };
+  };
+  Buffer send = input(whole, world.rank);
+  Buffer recv(whole.dtype, whole.count);
+  EXPECT_OK(bpl_allreduce(world.comm, send.data(), recv.data(), whole.count, whole.dtype, whole.op, nullptr));
+  EXPECT_TRUE(elements_match(recv, 0, whole.count, reduced(0))) << "allreduce";
+  const int root = world.size - 1;
+  Buffer reduced_at_root(whole.dtype, whole.count);
+  EXPECT_OK(bpl_reduce(world.comm, send.data(), reduced_at_root.data(), whole.count, whole.dtype, whole.op, root, nullptr));
+  if (world.rank == root) {
+    EXPECT_TRUE(elements_match(reduced_at_root, 0, whole.count, reduced(0))) << "reduce";
+  }
+  const Case block{BPL_DTYPE_F32, BPL_OP_SUM, (size_t{5} << 20) / sizeof(float) + 3};
+  Buffer blocks = input(block, world.rank, world.size);
+  Buffer mine(block.dtype, block.count);
+  EXPECT_OK(bpl_reduce_scatter(world.comm, blocks.data(), mine.data(), block.count, block.dtype, block.op, nullptr));
+  EXPECT_TRUE(elements_match(mine, 0, block.count, reduced(block.count * world.rank))) << "reduce_scatter";
+  EXPECT_TRUE(recv.canary_intact() && reduced_at_root.canary_intact() && mine.canary_intact());
+}
+
 TEST(Collectives, AlltoallInPlace) {
   SKIP_UNLESS_SUPPORTED(BPL_COLL_ALLTOALL, BPL_DTYPE_I32, 0);
   const size_t count = 513;
