@@ -152,23 +152,25 @@ class PolledRequest {
   // What a caller released by an abort is told about the operation.
   virtual std::string uncancellable() const { return "the backend cannot cancel it, and keeps its buffers"; }
 
+  // The outcome is written before done_ is set: a thread that sees done_ sees it (a plugin may move a
+  // request on from another thread's wait).
   void finish(bpl_status status, std::string message) {
-    done_ = true;
     status_ = status;
     message_ = std::move(message);
+    done_.store(true, std::memory_order_release);
   }
   void expired(bpl_status status, std::string message) {
-    finish(status, std::move(message));
     expired_ = true;
+    finish(status, std::move(message));
   }
-  bool done() const { return done_; }
+  bool done() const { return done_.load(std::memory_order_acquire); }
   bpl_status status() const { return status_; }
 
  private:
   const char* op_;
   size_t bytes_;
   std::chrono::steady_clock::time_point deadline_;
-  bool done_ = false;
+  std::atomic<bool> done_{false};
   bool expired_ = false;
   bpl_status status_ = BPL_OK;
   std::string message_;

@@ -189,6 +189,7 @@ Request::Request(MpiComm* comm, void* buf, int count, MPI_Datatype type, size_t 
       state_(comm->take_state()) {}
 
 Request::~Request() {
+  if (registered_) comm_->unregister_in_flight(this);
   if (receive_) pending_receives().forget(this);
   comm_->keep_state(std::move(state_));
 }
@@ -350,6 +351,15 @@ bool Request::in_flight() const {
 }
 
 void Request::poll() {
+  {
+    std::lock_guard<std::recursive_mutex> lock(step_mutex_);
+    step();
+  }
+  if (!done()) comm_->progress_others(this);
+}
+
+void Request::step() {
+  if (done()) return;
   pending_receives().match_all([](Request& r) { return r.comm_->match(r); });
   if (done()) return;  // its match failed
   if (receive_ && !matched_.load(std::memory_order_acquire)) return;  // (whichever thread matched it)
@@ -396,6 +406,7 @@ bpl_status Request::free(std::unique_ptr<Request> request) {
 }
 
 void Request::expire() {
+  std::lock_guard<std::recursive_mutex> lock(step_mutex_);
   if (done()) return;
   if (receive_) pending_receives().forget(this);  // not to be matched any more (MPI has nothing of it yet)
   const std::string late = std::string(op()) + " did not complete within " +
@@ -497,9 +508,37 @@ void MpiComm::poison(bpl_status status, const std::string& cause) {
 }
 
 void MpiComm::abandon(std::unique_ptr<Request> request) {
+  if (request->registered_) {  // before mutex_: a step another thread runs under in_flight_mutex_ may take it
+    unregister_in_flight(request.get());
+    request->registered_ = false;
+  }
   std::lock_guard<std::mutex> lock(mutex_);
   abandoned_.push_back(std::move(request));
   process_.communicator_failed = true;  // MPI_Finalize with an operation MPI still owns is erroneous
+}
+
+void MpiComm::register_in_flight(Request* request) {
+  std::lock_guard<std::mutex> lock(in_flight_mutex_);
+  in_flight_.push_back(request);
+  request->registered_ = true;
+  in_flight_count_.store(in_flight_.size(), std::memory_order_release);
+}
+
+void MpiComm::unregister_in_flight(Request* request) {
+  std::lock_guard<std::mutex> lock(in_flight_mutex_);  // waits for a thread stepping it
+  in_flight_.erase(std::remove(in_flight_.begin(), in_flight_.end(), request), in_flight_.end());
+  in_flight_count_.store(in_flight_.size(), std::memory_order_release);
+}
+
+void MpiComm::progress_others(const Request* self) {
+  const size_t count = in_flight_count_.load(std::memory_order_acquire);
+  if (count == 0 || (count == 1 && self->registered_)) return;
+  std::lock_guard<std::mutex> lock(in_flight_mutex_);
+  for (Request* other : in_flight_) {
+    if (other == self) continue;
+    std::unique_lock<std::recursive_mutex> stepping(other->step_mutex_, std::try_to_lock);
+    if (stepping) other->step();
+  }
 }
 
 std::unique_ptr<RunState> MpiComm::take_state() {
@@ -559,6 +598,7 @@ void MpiComm::start(std::unique_ptr<Request> request, bpl_plugin_request** req) 
     check(r.post_round(), "posting the operation");
   }
   if (req != nullptr) {
+    if (!r.done()) register_in_flight(&r);
     *req = reinterpret_cast<bpl_plugin_request*>(request.release());
     return;
   }
@@ -693,11 +733,13 @@ void MpiComm::allreduce(const void* send, void* recv, size_t count, bpl_dtype dt
     input = MPI_IN_PLACE;
   }
   if (schedulable(bytes)) {
-    // The plugin's own schedule (schedules.h), in place in `work`.
-    if (input != MPI_IN_PLACE && bytes > 0) std::memcpy(work, send, bytes);
+    // The plugin's own schedule (schedules.h) into `work`: the ring reads the input where it lies.
     const bool ring = bytes > kRecursiveDoublingMaxBytes && count >= static_cast<size_t>(size_);
+    const void* values = input == MPI_IN_PLACE ? work : send;
+    if (!ring && values != work && bytes > 0) std::memcpy(work, send, bytes);
     char* scratch = request->staging(1, allreduce_scratch_bytes(count, element, size_, ring));
-    allreduce_rounds(request->schedule(), static_cast<char*>(work), scratch, count, element, rank_, size_, ring);
+    allreduce_rounds(request->schedule(), static_cast<const char*>(ring ? values : work), static_cast<char*>(work), scratch,
+                     count, element, rank_, size_, ring);
     request->run_schedule(plugin::reduce_function(acc, op));
   } else {
     // The post may run later (after an agreement): it holds what it needs by value.

@@ -74,8 +74,9 @@ struct RunState {
   std::vector<int> counts;                 // MPI's int counts and displacements
 };
 
-// One bpl operation: its size agreement (large collectives), its matching probe (recvs), then the MPI
-// request, and what to do once it completes (narrow a widened result, …).
+// One bpl operation: the plugin's own schedule, or MPI's request (after a size agreement for a large
+// collective of MPI's own, after the matching probe for a recv), and what to do once it completes
+// (narrow a widened result, …).
 class Request : public plugin::PolledRequest {
  public:
   // Posts the operation, or its agreement or probe first; bounded by the communicator's timeout from
@@ -110,8 +111,12 @@ class Request : public plugin::PolledRequest {
  private:
   friend class MpiComm;
   enum class Phase { kAgreeing, kProbing, kDraining, kRunning };
-  // Moves the operation on: agreement → post, probe → receive, MPI_Test.
+  // Moves the operation on (step), then the communicator's other asynchronous operations that no
+  // thread is moving now (MpiComm::progress_others).
   void poll() override;
+  // Moves the operation on: agreement → post, probe → receive, MPI_Test, a schedule's next round.
+  // Under step_mutex_.
+  void step();
   // Ends the operation with BPL_ERR_TIMEOUT (explained: see the file's comment) and fails the
   // communicator; MPI keeps the request.
   void expire() override;
@@ -147,6 +152,10 @@ class Request : public plugin::PolledRequest {
   int tag_ = -1;
   int arrived_bytes_ = 0;
   std::atomic<bool> matched_{false};  // its phase and request are set (by whichever thread's wait matched it)
+  // Held while a thread moves the operation on: its owner's waits, or another thread's (which only
+  // tries it). Recursive: expire moves it on while it holds it.
+  std::recursive_mutex step_mutex_;
+  bool registered_ = false;  // in its communicator's in-flight list (asynchronous operations)
   std::function<void()> on_complete_;
   std::unique_ptr<RunState> state_;
   // The plugin's own schedule (else one MPI request, request_).
@@ -211,6 +220,14 @@ class MpiComm {
   void poison(bpl_status status, const std::string& cause);
   // Keeps a request MPI still owns alive after its caller gave up on it.
   void abandon(std::unique_ptr<Request> request);
+  // Asynchronous operations in flight, which every wait on the communicator moves on too: a rank may
+  // wait for them in another order than its peers (MPI asks only that they start them in the same
+  // order), and a round of one moves only when this rank matches and posts it. A blocking operation's
+  // own wait moves it on all the time.
+  void register_in_flight(Request* request);
+  void unregister_in_flight(Request* request);
+  // Steps every registered operation but `self` that no other thread is moving now.
+  void progress_others(const Request* self);
   // An operation's state: the one kept from an earlier operation, cleared, or a new one; and back.
   std::unique_ptr<RunState> take_state();
   void keep_state(std::unique_ptr<RunState> state);
@@ -266,6 +283,9 @@ class MpiComm {
   std::atomic<bool> aborted_{false};
   std::atomic<uint32_t> schedules_{0};
   std::atomic<RunState*> spare_state_{nullptr};  // take_state's
+  std::mutex in_flight_mutex_;  // guards in_flight_; never taken while mutex_ is held
+  std::vector<Request*> in_flight_;
+  std::atomic<size_t> in_flight_count_{0};  // in_flight_.size(), read without the lock
   mutable std::mutex mutex_;  // guards poisoned_, abandoned_, explanation_
   bpl_status poisoned_status_ = BPL_OK;
   std::string poisoned_;

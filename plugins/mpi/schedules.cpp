@@ -82,20 +82,25 @@ void recursive_doubling(Schedule& schedule, char* data, char* scratch, size_t co
   }
 }
 
-void ring(Schedule& schedule, char* data, char* scratch, size_t count, size_t element, int rank, int size,
-          size_t piece_bytes) {
+void ring(Schedule& schedule, const char* input, char* data, char* scratch, size_t count, size_t element, int rank,
+          int size, size_t piece_bytes) {
   const int next = (rank + 1) % size, prev = (rank + size - 1) % size;
-  auto block = [&](int b) {
+  auto at = [&](auto* base, int b) {
     b = ((b % size) + size) % size;
     const size_t begin = block_begin(count, size, b), end = block_begin(count, size, b + 1);
-    return std::pair<char*, size_t>(data + begin * element, end - begin);
+    return std::make_pair(base + begin * element, end - begin);
   };
-  // Reduce-scatter: in step s this rank sends block rank - s (its partial sum) and folds block
-  // rank - s - 1 from the previous rank into its own; after size - 1 steps it holds block rank + 1 whole.
+  auto block = [&](int b) { return at(data, b); };
+  // Reduce-scatter: in step s this rank sends block rank - s (its own input first, then its partial
+  // sum) and folds block rank - s - 1 from the previous rank with its own input into `data`; after
+  // size - 1 steps it holds block rank + 1 whole. Each block is folded once: the input is read where
+  // it lies, never copied into `data`.
   for (int s = 0; s < size - 1; ++s) {
-    const auto [out, out_n] = block(rank - s);
+    const auto [out, out_n] = s == 0 ? at(input, rank) : at(static_cast<const char*>(data), rank - s);
     const auto [in, in_n] = block(rank - s - 1);
-    exchange_and_fold(schedule, out, out_n, next, in, nullptr, in_n, prev, scratch, element, piece_bytes);
+    const char* own = at(input, rank - s - 1).first;
+    exchange_and_fold(schedule, out, out_n, next, in, own == in ? nullptr : own, in_n, prev, scratch, element,
+                      piece_bytes);
   }
   // Allgather: in step s this rank passes on block rank + 1 - s and receives block rank - s in place.
   for (int s = 0; s < size - 1; ++s) {
@@ -139,11 +144,11 @@ size_t reduce_scratch_bytes(size_t count, size_t element, size_t piece_bytes) {
   return std::min(count, piece_elements(element, piece_bytes)) * element;
 }
 
-void allreduce_rounds(Schedule& schedule, char* data, char* scratch, size_t count, size_t element, int rank, int size,
-                      bool ring_form, size_t piece_bytes) {
+void allreduce_rounds(Schedule& schedule, const char* input, char* data, char* scratch, size_t count, size_t element,
+                      int rank, int size, bool ring_form, size_t piece_bytes) {
   if (size == 1) return;
   if (ring_form) {
-    ring(schedule, data, scratch, count, element, rank, size, piece_bytes);
+    ring(schedule, input, data, scratch, count, element, rank, size, piece_bytes);
   } else {
     recursive_doubling(schedule, data, scratch, count, element, rank, size);
   }

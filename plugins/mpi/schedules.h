@@ -2,9 +2,9 @@
 //
 // MPI's blocking collectives are the fastest path through Open MPI but cannot be bounded (they spin
 // until every peer comes); its non-blocking ones (libnbc) can, but cost 0.3-0.9 µs more per call and
-// choose slower algorithms on few ranks (allgather 2-5x raw from 16 KiB to 4 MiB on 2 ranks). A schedule of the plugin's own over MPI_Isend/MPI_Irecv keeps
-// every wait bounded and quiet and runs at the blocking call's speed or better
-// (bench/results/2026-11-25-mpi-paths). Each round's sends and receives are posted together; its local
+// choose slower algorithms on few ranks (allgather 2-5x raw from 16 KiB to 4 MiB on 2 ranks). A
+// schedule of the plugin's own over MPI_Isend/MPI_Irecv keeps every wait bounded and quiet and runs at
+// the blocking call's speed or better (bench/results/2026-11-25-mpi-paths, 2026-11-25-raw-speed). Each round's sends and receives are posted together; its local
 // work (`then`, a reduction) runs once they all completed, and the next round is posted after it.
 #pragma once
 
@@ -72,14 +72,16 @@ class Schedule {
 // fresh memory on every call). The functions below take it as their last argument (tests pass less).
 constexpr size_t kFoldPieceBytes = size_t{4} << 20;
 
-// Allreduce of `count` elements of `element` bytes in `data` (in place), on `size` ranks:
-// recursive doubling (whole buffers, log2(size) rounds, and one round before and after for the ranks
-// beyond the largest power of two) when `ring` is false, else a ring (a reduce-scatter then an
-// allgather of size blocks, 2(size-1) steps). `scratch` holds what a round receives: the whole
-// buffer for recursive doubling, a piece of the largest block for the ring (allreduce_scratch_bytes). Every rank
-// computes the bit-identical result (the reductions pair the same operands on every rank).
-void allreduce_rounds(Schedule& schedule, char* data, char* scratch, size_t count, size_t element, int rank, int size,
-                      bool ring, size_t piece_bytes = kFoldPieceBytes);
+// Allreduce of `count` elements of `element` bytes into `data`, on `size` ranks: recursive doubling
+// (whole buffers, log2(size) rounds, and one round before and after for the ranks beyond the largest
+// power of two) when `ring` is false, else a ring (a reduce-scatter then an allgather of size blocks,
+// 2(size-1) steps). This rank's values are in `input`, which may be `data`; the ring reads them there,
+// recursive doubling needs them in `data` (the caller copies them). `scratch` holds what a round
+// receives: the whole buffer for recursive doubling, a piece of the largest block for the ring
+// (allreduce_scratch_bytes). Every rank computes the bit-identical result (the reductions pair the
+// same operands on every rank).
+void allreduce_rounds(Schedule& schedule, const char* input, char* data, char* scratch, size_t count, size_t element,
+                      int rank, int size, bool ring, size_t piece_bytes = kFoldPieceBytes);
 size_t allreduce_scratch_bytes(size_t count, size_t element, int size, bool ring, size_t piece_bytes = kFoldPieceBytes);
 
 // Where each rank's block of a gathered buffer lies (allgather, allgatherv, gather, scatter), in

@@ -773,8 +773,9 @@ TEST_P(Fault, DetailModeReportsMismatchedCollectivesOnEveryRank) {
 
 // 7. Without detail, ranks that disagree on a transfer's size never write out of bounds, never crash,
 //    and never all succeed. With 64 Ki elements (above every library's eager limit) every rank reports
-//    MISMATCH: at once through shared memory and, on MPI, from the size agreement that precedes large
-//    collectives and the probe that matches a recv (its sender completes: MPI delivered the message);
+//    MISMATCH: at once through shared memory; on MPI, at once where a rank receives (the probe that
+//    matches a large collective's message or a recv checks its size first; a recv's sender completes:
+//    MPI delivered the message) and a rank that only sends at its timeout, from the fingerprints;
 //    over Gloo's TCP pairs, whose messages then never match, when the operation stalls, from the
 //    ranks' records in the store. The sanitizer build runs this too.
 TEST_P(Fault, MismatchedSizesWithoutDetailAreAnErrorOnEveryRankAndNeverCorruptMemory) {

@@ -109,28 +109,36 @@ const size_t kPieceBytes[] = {4, 12, backplane::mpi_plugin::kFoldPieceBytes};
 TEST_P(Schedules, AllreduceBothFormsSumEveryRanksData) {
   const int size = GetParam();
   for (bool ring : {false, true}) {
-    for (size_t piece : kPieceBytes) {
-      for (size_t count : {size_t{1}, size_t{7}, size_t{64}}) {
-        if (ring && count < static_cast<size_t>(size)) continue;
-        std::vector<std::vector<float>> data(static_cast<size_t>(size)), scratch(static_cast<size_t>(size));
-        std::vector<Schedule> schedule;
-        for (int r = 0; r < size; ++r) {
-          auto& mine = data[static_cast<size_t>(r)];
-          for (size_t i = 0; i < count; ++i) mine.push_back(value(static_cast<size_t>(r), i));
-          // Exactly the bytes it asks for: the sanitizer build sees a round that writes past them.
-          scratch[static_cast<size_t>(r)].resize(backplane::mpi_plugin::allreduce_scratch_bytes(count, 4, size, ring, piece) / 4);
-          schedule.push_back(plan(backplane::mpi_plugin::allreduce_rounds, reinterpret_cast<char*>(mine.data()),
-                                  reinterpret_cast<char*>(scratch[static_cast<size_t>(r)].data()), count, 4, r, size,
-                                  ring, piece));
-        }
-        run(schedule);
-        for (size_t r = 0; r < data.size(); ++r) {
-          for (size_t i = 0; i < count; ++i) {
-            float expected = 0;
-            for (size_t q = 0; q < data.size(); ++q) expected += value(q, i);
-            ASSERT_EQ(data[r][i], expected) << (ring ? "ring" : "recursive doubling") << ", pieces of " << piece
-                                            << " bytes, rank " << r << " [" << i << "]";
+    // The ring also from a separate input, which it reads where it lies and leaves as it was.
+    for (bool in_place : {true, false}) {
+      if (!in_place && (!ring || size == 1)) continue;  // one rank: the plugin calls MPI
+      for (size_t piece : kPieceBytes) {
+        for (size_t count : {size_t{1}, size_t{7}, size_t{64}}) {
+          if (ring && count < static_cast<size_t>(size)) continue;
+          const auto ranks = static_cast<size_t>(size);
+          std::vector<std::vector<float>> input(ranks), data(ranks, std::vector<float>(count, -7)), scratch(ranks);
+          std::vector<Schedule> schedule;
+          for (size_t r = 0; r < ranks; ++r) {
+            for (size_t i = 0; i < count; ++i) input[r].push_back(value(r, i));
+            if (in_place) data[r] = input[r];
+            // Exactly the bytes it asks for: the sanitizer build sees a round that writes past them.
+            scratch[r].resize(backplane::mpi_plugin::allreduce_scratch_bytes(count, 4, size, ring, piece) / 4);
+            const float* values = in_place ? data[r].data() : input[r].data();
+            schedule.push_back(plan(backplane::mpi_plugin::allreduce_rounds, reinterpret_cast<const char*>(values),
+                                    reinterpret_cast<char*>(data[r].data()), reinterpret_cast<char*>(scratch[r].data()),
+                                    count, 4, static_cast<int>(r), size, ring, piece));
           }
+          const std::vector<std::vector<float>> untouched = input;
+          run(schedule);
+          for (size_t r = 0; r < ranks; ++r) {
+            for (size_t i = 0; i < count; ++i) {
+              float expected = 0;
+              for (size_t q = 0; q < ranks; ++q) expected += value(q, i);
+              ASSERT_EQ(data[r][i], expected) << (ring ? "ring" : "recursive doubling") << (in_place ? "" : " from an input")
+                                              << ", pieces of " << piece << " bytes, rank " << r << " [" << i << "]";
+            }
+          }
+          EXPECT_EQ(input, untouched) << "an input is only read";
         }
       }
     }
