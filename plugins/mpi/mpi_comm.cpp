@@ -218,8 +218,9 @@ void Request::complete(int mpi_error) {
 void Request::run_schedule(plugin::ReduceFn reduce) {
   scheduled_ = true;
   fold_ = reduce;
-  probed_ = bytes_ > MpiComm::kEagerLimitBytes || comm_->probes_all();
-  schedule_tag_ = comm_->next_schedule_tag(fingerprint_, probed_);
+  // Up to the eager size in all, ranks that disagree on the count stall (the count is in the tag's
+  // hash) and the fingerprints name them at the timeout; above it, the messages' sizes tell at once.
+  schedule_tag_ = comm_->next_schedule_tag(fingerprint_, /*with_count=*/bytes_ <= comm_->eager_bytes());
 }
 
 namespace {
@@ -245,13 +246,14 @@ int Request::post_round() {
           if (t->is_send != sends) continue;
           MPI_Request r = MPI_REQUEST_NULL;
           const int n = static_cast<int>(t->bytes);
+          const int tag = comm_->wire_tag(schedule_tag_, t->bytes);
           int error = MPI_SUCCESS;
           if (t->is_send) {
-            error = MPI_Isend(t->buffer, n, MPI_BYTE, t->peer, schedule_tag_, comm_->agree_, &r);
-          } else if (probed_) {
+            error = MPI_Isend(t->buffer, n, MPI_BYTE, t->peer, tag, comm_->agree_, &r);
+          } else if (comm_->probes_all() || t->bytes > comm_->eager_bytes()) {
             ++round_unmatched_;  // match_round receives it once it arrived and its size is known
           } else {
-            error = MPI_Irecv(t->buffer, n, MPI_BYTE, t->peer, schedule_tag_, comm_->agree_, &r);
+            error = MPI_Irecv(t->buffer, n, MPI_BYTE, t->peer, tag, comm_->agree_, &r);
           }
           if (error != MPI_SUCCESS) return error;
           state.requests.push_back(r);
@@ -280,7 +282,7 @@ bool Request::match_round() {
       int flag = 0;
       MPI_Message message = MPI_MESSAGE_NULL;
       MPI_Status status;
-      error = MPI_Improbe(t.peer, schedule_tag_, comm_->agree_, &flag, &message, &status);
+      error = MPI_Improbe(t.peer, comm_->wire_tag(schedule_tag_, t.bytes), comm_->agree_, &flag, &message, &status);
       if (error != MPI_SUCCESS) break;
       if (!flag) continue;
       int arrived = 0;
@@ -390,9 +392,18 @@ void Request::step() {
     }
     case Phase::kDraining:
       return fail(BPL_ERR_MISMATCH, "rank " + std::to_string(peer_) + " sent " + std::to_string(arrived_bytes_) +
-                                        " bytes with tag " + std::to_string(tag_) + "; this recv expects " +
+                                        " bytes with tag " + std::to_string(user_tag()) + "; this recv expects " +
                                         std::to_string(bytes_) + " bytes: the ranks disagree on the size");
     default:
+      if (error == MPI_SUCCESS && expected_bytes_ >= 0) {  // a posted recv: a shorter message is MISMATCH too
+        int arrived = 0;
+        MPI_Get_count(&status, MPI_BYTE, &arrived);
+        if (arrived != expected_bytes_) {
+          return fail(BPL_ERR_MISMATCH, "rank " + std::to_string(peer_) + " sent " + std::to_string(arrived) +
+                                            " bytes with tag " + std::to_string(user_tag()) + "; this recv expects " +
+                                            std::to_string(expected_bytes_) + " bytes: the ranks disagree on the size");
+        }
+      }
       return complete(error);
   }
 }
@@ -403,6 +414,25 @@ bool Request::aborted() const { return comm_->aborted(); }
 
 bpl_status Request::free(std::unique_ptr<Request> request) {
   return PolledRequest::free(std::move(request), [](std::unique_ptr<Request> kept) { kept->comm().abandon(std::move(kept)); });
+}
+
+int Request::user_tag() const { return comm_->probes_all() ? tag_ : tag_ & ~MpiComm::kLargeMessageTag; }
+
+std::string Request::message_of_the_other_class() {
+  const bool posted = expected_bytes_ >= 0;
+  if (!(posted || receive_) || comm_->probes_all()) return "";
+  int flag = 0;
+  MPI_Status status;
+  {
+    MpiLock lock(comm_->process());
+    const int other = posted ? tag_ | MpiComm::kLargeMessageTag : user_tag();
+    if (MPI_Iprobe(peer_, other, comm_->comm_, &flag, &status) != MPI_SUCCESS || !flag) return "";
+  }
+  int arrived = 0;
+  MPI_Get_count(&status, MPI_BYTE, &arrived);
+  return "rank " + std::to_string(peer_) + " sent " + std::to_string(arrived) + " bytes with tag " +
+         std::to_string(user_tag()) + "; this recv expects " + std::to_string(bytes_) +
+         " bytes: the ranks disagree on the size (the message was not received)";
 }
 
 void Request::expire() {
@@ -424,6 +454,8 @@ void Request::expire() {
     explained.second = comm_->stopped_peers_note(false);
   } else if (is_collective(fingerprint_)) {
     explained = comm_->explain_stall(fingerprint_);
+  } else if (const std::string other = message_of_the_other_class(); !other.empty()) {
+    explained = {BPL_ERR_MISMATCH, other};
   } else {
     explained.second = comm_->explain_stall(fingerprint_).second;
   }
@@ -481,15 +513,13 @@ MpiComm::~MpiComm() {
   MPI_Comm_free(&comm_);
 }
 
-int MpiComm::next_schedule_tag(const Fingerprint& f, bool probed) {
+int MpiComm::next_schedule_tag(const Fingerprint& f, bool with_count) {
   const uint32_t sequence = schedules_.fetch_add(1, std::memory_order_relaxed);
   if (probes_all()) return static_cast<int>(sequence % (static_cast<uint32_t>(process_.tag_upper_bound) + 1));
-  // Bit 30: probed; bits 16-29: the sequence; bits 0-15: the call's hash, without its count where
-  // the probe checks every message's size: ranks disagreeing on the size then learn it at once.
+  // Bits 16-29: the sequence; bits 0-15: the call's hash. (Bit 30: the message's size class, wire_tag.)
   Fingerprint call = f;
-  if (probed) call.count = -1;
-  return static_cast<int>((probed ? 1u << 30 : 0u) | ((sequence & 0x3fffu) << 16) |
-                          static_cast<uint32_t>(call_hash(call) & 0xffffu));
+  if (!with_count) call.count = -1;
+  return static_cast<int>(((sequence & 0x3fffu) << 16) | static_cast<uint32_t>(call_hash(call) & 0xffffu));
 }
 
 void MpiComm::check(int code, const char* call) const {
@@ -582,7 +612,7 @@ void MpiComm::start(std::unique_ptr<Request> request, bpl_plugin_request** req) 
     MpiLock lock(process_);
     // MPI's own collective: an alltoallv's bytes differ from rank to rank, so its ranks could not
     // decide alike by size: they always agree first.
-    const bool agree = !r.scheduled_ && (r.bytes_ > kEagerLimitBytes || r.fingerprint_.op == BPL_COLL_ALLTOALLV);
+    const bool agree = !r.scheduled_ && (r.bytes_ > eager_bytes() || r.fingerprint_.op == BPL_COLL_ALLTOALLV);
     if (size_ > 1 && agree && is_collective(r.fingerprint_)) {
       r.phase_ = Request::Phase::kAgreeing;
       r.agreement_mine_ = encode(r.fingerprint_);
@@ -1021,24 +1051,44 @@ void MpiComm::barrier(bpl_plugin_request** req) {
 }
 
 void MpiComm::check_tag(int tag) const {
-  if (tag > process_.tag_upper_bound) {
+  if (probes_all() && tag > process_.tag_upper_bound) {
     throw Error(BPL_ERR_INVALID_ARGUMENT, "tag = " + std::to_string(tag) + " exceeds this MPI's MPI_TAG_UB (" +
                                               std::to_string(process_.tag_upper_bound) + ")");
+  }
+  if (!probes_all() && tag >= kLargeMessageTag) {
+    throw Error(BPL_ERR_INVALID_ARGUMENT, "tag = " + std::to_string(tag) + " exceeds the MPI backend's largest tag (" +
+                                              std::to_string(kLargeMessageTag - 1) +
+                                              ": one bit of MPI_TAG_UB tells large messages apart)");
   }
 }
 
 void MpiComm::send(const void* buf, size_t count, bpl_dtype dtype, int peer, int tag, bpl_plugin_request** req) {
   check_tag(tag);
   const int n = mpi_count(count);
-  start(std::make_unique<Request>(this, "send", fingerprint(BPL_COLL_SEND), count * plugin::dtype_size(dtype),
-                                  [=, comm = comm_](MPI_Request* r) { return MPI_Isend(buf, n, mpi_type(dtype), peer, tag, comm, r); }),
+  const size_t bytes = count * plugin::dtype_size(dtype);
+  const int on_wire = wire_tag(tag, bytes);
+  start(std::make_unique<Request>(this, "send", fingerprint(BPL_COLL_SEND), bytes,
+                                  [=, comm = comm_](MPI_Request* r) {
+                                    return MPI_Isend(buf, n, mpi_type(dtype), peer, on_wire, comm, r);
+                                  }),
         req);
 }
 
 void MpiComm::recv(void* buf, size_t count, bpl_dtype dtype, int peer, int tag, bpl_plugin_request** req) {
   check_tag(tag);
-  start(std::make_unique<Request>(this, buf, mpi_count(count), mpi_type(dtype), count * plugin::dtype_size(dtype), peer, tag),
-        req);
+  const int n = mpi_count(count);
+  const size_t bytes = count * plugin::dtype_size(dtype);
+  if (!probes_all() && bytes <= eager_bytes()) {  // posted at once (wire_tag)
+    auto request = std::make_unique<Request>(this, "recv", fingerprint(BPL_COLL_RECV), bytes,
+                                             [=, comm = comm_](MPI_Request* r) {
+                                               return MPI_Irecv(buf, n, mpi_type(dtype), peer, tag, comm, r);
+                                             });
+    request->expected_bytes_ = static_cast<int>(bytes);
+    request->peer_ = peer;
+    request->tag_ = tag;
+    return start(std::move(request), req);
+  }
+  start(std::make_unique<Request>(this, buf, n, mpi_type(dtype), bytes, peer, wire_tag(tag, bytes)), req);
 }
 
 std::unique_ptr<MpiComm> MpiComm::split(int color, int key) {

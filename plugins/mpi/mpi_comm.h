@@ -10,16 +10,17 @@
 //
 // Ranks that disagree on a transfer's size must not let MPI write past a buffer: Open MPI 4.1's
 // shared-memory single copy (CMA) reads a larger message whole into a smaller buffer (any message
-// above its eager limit, btl_vader_eager_limit, 4 KiB). So a schedule moving more than kEagerLimitBytes
-// in all matches each message by probe and checks its size before receiving it ("probed"), and tags
-// its messages apart from the schedules that post their receives (all of whose messages are eager,
-// copied at most to the size posted, a longer one reported as MPI_ERR_TRUNCATE). A probed message of
-// another size is MISMATCH at once on the rank it reaches (nothing of it received). Otherwise ranks
-// calling different collectives (or, below the eager limit, different counts) post messages whose tags
-// (the call's hash) never match: they stall, and at the timeout the fingerprints say what each called
-// (below). MPI's own collectives (beyond int counts) exchange
-// fingerprints first, before any data moves; and a recv matches its message by probe and checks its
-// size before receiving it.
+// above its eager limit: btl_vader_eager_limit, 4096 bytes with its headers, 4040 of data measured;
+// MpiProcess::eager_bytes). So messages travel in two size classes under tags apart (wire_tag): a
+// receive of up to the eager size is posted at once and can only meet messages MPI copies eagerly,
+// at most what was posted (a longer one is MPI_ERR_TRUNCATE, a shorter one counted: MISMATCH either
+// way); a larger receive matches its message by probe and checks its size before receiving it
+// (MISMATCH at once on the rank it reaches, nothing received). A receive and a message of different
+// classes never meet: the receive's timeout names both sizes (recv), or the fingerprints do
+// (collectives). Ranks calling different collectives (or, up to the eager size in all, different
+// counts) post messages whose tags (the call's hash) never match: they stall, and at the timeout the
+// fingerprints say what each called (below). MPI's own collectives (beyond int counts) exchange
+// fingerprints first, before any data moves.
 //
 // An operation that times out (or is aborted) cannot be cancelled: MPI keeps the request and its
 // buffers, and the communicator refuses every later operation. Before it reports the timeout, a rank
@@ -55,6 +56,9 @@ struct MpiProcess {
   int thread_level = MPI_THREAD_SINGLE;  // granted by MPI_Init_thread (or the embedder's init)
   std::mutex* serialize = nullptr;       // held around MPI calls unless MPI_THREAD_MULTIPLE was granted
   int tag_upper_bound = 32767;
+  // The largest message MPI copies eagerly, writing at most what the receive posted (eager_message_bytes
+  // in mpi_plugin.cpp); a larger one may be written whole (the file comment of mpi_comm.h).
+  size_t eager_bytes = 4096 - 128;
   // Set once any communicator of the process failed: MPI_Finalize would then wait for the failed peer.
   mutable std::atomic<bool> communicator_failed{false};
 };
@@ -100,7 +104,7 @@ class Request : public plugin::PolledRequest {
   // (empty) schedule, then run_schedule.
   Schedule& schedule() { return state_->schedule; }
   // Runs schedule()'s transfers on the communicator's duplicate under the next schedule tag, their folds
-  // with `reduce` (nullptr where no round folds); probed when it moves more than the eager limit (file
+  // with `reduce` (nullptr where no round folds); each receive above the eager size probed (the file
   // comment).
   void run_schedule(plugin::ReduceFn reduce = nullptr);
   // What a recv matches on.
@@ -124,6 +128,11 @@ class Request : public plugin::PolledRequest {
   bool aborted() const override;
   std::string uncancellable() const override { return "MPI cannot cancel it, and keeps its buffers"; }
   void complete(int mpi_error);
+  // The tag the caller gave a recv (without the class bit of MpiComm::wire_tag).
+  int user_tag() const;
+  // A recv that timed out: the description of a message from its peer under its tag but of the other
+  // size class (one it can never match), or "".
+  std::string message_of_the_other_class();
   void fail(bpl_status status, const std::string& message);
   // Posts round round_ of the schedule, or completes the operation after the last.
   int post_round();
@@ -151,6 +160,7 @@ class Request : public plugin::PolledRequest {
   int peer_ = -1;
   int tag_ = -1;
   int arrived_bytes_ = 0;
+  int expected_bytes_ = -1;  // a posted recv: the size its message must have (else -1)
   std::atomic<bool> matched_{false};  // its phase and request are set (by whichever thread's wait matched it)
   // Held while a thread moves the operation on: its owner's waits, or another thread's (which only
   // tries it). Recursive: expire moves it on while it holds it.
@@ -163,7 +173,6 @@ class Request : public plugin::PolledRequest {
   plugin::ReduceFn fold_ = nullptr;
   size_t round_ = 0;
   int schedule_tag_ = 0;
-  bool probed_ = false;
   size_t round_unmatched_ = 0;  // probed receives of the round not received yet
 };
 
@@ -236,19 +245,19 @@ class MpiComm {
   friend class Request;
   // Collectives moving more than this (the whole buffer) probe each message before receiving it
   // (schedules) or agree on their fingerprint first (MPI's own): up to it, Open MPI sends every
-  // message eagerly, copying at most what the receiver posted (btl_vader_eager_limit, 4 KiB); above it
-  // a message may be read whole by the receiver (single copy).
-  static constexpr size_t kEagerLimitBytes = 4096;
+  // message eagerly, copying at most what the receiver posted; above it a message may be read whole
+  // by the receiver (single copy).
+  size_t eager_bytes() const { return process_.eager_bytes; }
   // Allreduces up to this size exchange whole buffers (recursive doubling); larger ones go round a
   // ring of blocks, which moves 2(n-1)/n of the buffer per rank instead of log2(n) times it and keeps
   // each message of a 4 KiB allreduce on 2 ranks below the eager limit.
   static constexpr size_t kRecursiveDoublingMaxBytes = 2048;
   // The tag of the next collective the plugin schedules itself, `f`: its number on the communicator
   // (its ranks start them in the same order, so operations in flight together never share a tag) and,
-  // where MPI's tags are wide enough, whether it is `probed` and a hash of its fingerprint, so that
-  // ranks calling different collectives post messages that never match: they stall, and the
-  // explanation names what each calls. Where they are not, every schedule is probed (probes_all).
-  int next_schedule_tag(const Fingerprint& f, bool probed);
+  // where MPI's tags are wide enough, a hash of its fingerprint (`with_count` or not), so that ranks
+  // calling different collectives post messages that never match: they stall, and the explanation
+  // names what each calls. Where they are not, every receive is probed (probes_all).
+  int next_schedule_tag(const Fingerprint& f, bool with_count);
   bool probes_all() const { return process_.tag_upper_bound < 0x7fffffff; }
   // Whether a collective whose largest single transfer is `bytes` runs as the plugin's own schedule
   // (schedules.h): on more than one rank, and where MPI's int counts of bytes reach (else MPI's own
@@ -257,7 +266,16 @@ class MpiComm {
   // Starts `request`; with req == NULL waits for it here.
   void start(std::unique_ptr<Request> request, bpl_plugin_request** req);
   void require_usable() const;
-  // Tags above the MPI library's MPI_TAG_UB (at least 32767) are refused, naming the bound.
+  // A message above eager_bytes() travels under its tag with this bit (the file comment), so that a
+  // posted receive never meets one MPI would write whole; where MPI_TAG_UB leaves no bit for it,
+  // every receive is probed. Within a class messages keep MPI's order.
+  static constexpr int kLargeMessageTag = 1 << 30;
+  // The tag a message of `bytes` travels under (a caller's, or a schedule's).
+  int wire_tag(int tag, size_t bytes) const {
+    return probes_all() || bytes <= eager_bytes() ? tag : tag | kLargeMessageTag;
+  }
+  // Tags above the largest a caller may use (MPI_TAG_UB, at least 32767, less the class bit) are
+  // refused, naming the bound.
   void check_tag(int tag) const;
   // Matches recv `r` with an arrived message, if there is one (true).
   bool match(Request& r);

@@ -70,6 +70,39 @@ void make_mpi_symbols_global() {
   }
 }
 
+// The largest message Open MPI's shared-memory transport copies eagerly: btl_vader_eager_limit
+// (4096 by default, read through MPI's tool interface where it exists) less the headers it counts
+// (56 bytes on Open MPI 4.1; 4040 bytes of data measured,
+// bench/results/2026-11-25-raw-speed/eager-limit.c) and a margin. Above it Open MPI 4.1's single copy
+// writes a message whole, past a smaller receive buffer.
+size_t eager_message_bytes() {
+  constexpr size_t kHeaderMargin = 128;
+  unsigned long long limit = 4096;
+  int provided = 0;
+  if (MPI_T_init_thread(MPI_THREAD_SINGLE, &provided) == MPI_SUCCESS) {
+    int index = -1;
+    char name[256], description[1024];
+    int name_length = sizeof(name), description_length = sizeof(description), verbosity = 0, binding = 0, scope = 0;
+    MPI_Datatype type = MPI_DATATYPE_NULL;
+    MPI_T_enum values;
+    MPI_T_cvar_handle handle;
+    int elements = 0;
+    if (MPI_T_cvar_get_index("btl_vader_eager_limit", &index) == MPI_SUCCESS &&
+        MPI_T_cvar_get_info(index, name, &name_length, &verbosity, &type, &values, description, &description_length,
+                            &binding, &scope) == MPI_SUCCESS &&
+        (type == MPI_UNSIGNED_LONG || type == MPI_UNSIGNED_LONG_LONG) &&
+        MPI_T_cvar_handle_alloc(index, nullptr, &handle, &elements) == MPI_SUCCESS) {
+      unsigned long long value = 0;  // the widest of the two
+      if (elements == 1 && MPI_T_cvar_read(handle, &value) == MPI_SUCCESS) {
+        limit = type == MPI_UNSIGNED_LONG ? static_cast<unsigned long>(value) : value;
+      }
+      MPI_T_cvar_handle_free(&handle);
+    }
+    MPI_T_finalize();
+  }
+  return limit > kHeaderMargin ? static_cast<size_t>(limit) - kHeaderMargin : 0;
+}
+
 void initialize_mpi(const bpl_launch_info& launch) {
   ProcessState& s = state();
   int initialized = 0, finalized = 0;
@@ -109,6 +142,7 @@ void initialize_mpi(const bpl_launch_info& launch) {
   int found = 0;
   MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &tag_ub, &found);
   if (found && tag_ub != nullptr) s.process.tag_upper_bound = *tag_ub;
+  s.process.eager_bytes = eager_message_bytes();
 }
 
 // The communicator the world duplicates: the caller's (ABI 1.4's native_comm, of an MPI the caller
@@ -179,6 +213,7 @@ bpl_status runtime_create(const bpl_launch_info* launch, bpl_plugin_runtime** ou
     runtime->details = "library=" + library_version() + "; thread_level=" + thread_level_name(s.process.thread_level) +
                        "; " + std::to_string(runtime->world->local_ranks()) + " rank(s) on " + std::to_string(cores) +
                        " core(s) here: waits " + (yield ? "yield" : "do not yield") + " while they spin" +
+                       "; eager messages up to " + std::to_string(s.process.eager_bytes) + " bytes" +
                        (s.initialized_here ? "; initialised by backplane" : "; initialised by the program") +
                        (base == MPI_COMM_WORLD ? "; world: MPI_COMM_WORLD" : "; world: the program's communicator");
     ++s.runtimes;

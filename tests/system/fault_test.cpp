@@ -384,7 +384,8 @@ int kill_mid_exchange() {
 // limit), one operation in which rank 1 gives 1000 elements fewer than the others: "allreduce",
 // "reduce", "broadcast" (from rank 0), "allgather", "reduce_scatter", "alltoall", "gather" and
 // "scatter" (root 0), "allgatherv" and "alltoallv" (each rank's counts all n: they do not pair up),
-// "sendrecv" (rank 0 sends to rank 1). Every buffer is followed by guard words, checked afterwards: rank R reports
+// "sendrecv" (rank 0 sends to rank 1), and "sendrecv_classes" and "sendrecv_short" (below). Every buffer is
+// followed by guard words, checked afterwards: rank R reports
 // "guard" BPL_OK if they are intact, BPL_ERR_INTERNAL if anything wrote past its buffer.
 int mismatched_collectives() {
   Rank r = join();
@@ -392,7 +393,14 @@ int mismatched_collectives() {
   constexpr size_t kGuard = 4096;
   constexpr float kGuardValue = -12345.0f;
   const bool large = which != "op" && which != "count" && which != "skip" && which != "root";
-  const size_t count = !large ? 16 : (64u << 10) - (r.rank == 1 ? 1000 : 0);
+  // Send/recv of two sizes, the recv's buffer (rank 1) exactly its size: across the MPI backend's
+  // size classes ("sendrecv_classes": 8 KiB sent, 2000 bytes expected) and within the eager one
+  // ("sendrecv_short": 2000 bytes sent, 2400 expected).
+  const bool classes = which == "sendrecv_classes", short_one = which == "sendrecv_short";
+  const size_t count = classes ? (r.rank == 1 ? 500 : 2048)
+                       : short_one ? (r.rank == 1 ? 600 : 500)
+                       : !large ? 16
+                                : (64u << 10) - (r.rank == 1 ? 1000 : 0);
   const bool per_rank = which == "allgather" || which == "reduce_scatter" || which == "alltoall" || which == "gather" ||
                         which == "scatter" || which == "allgatherv" || which == "alltoallv";
   const size_t blocks = per_rank ? static_cast<size_t>(r.size) : 1;
@@ -407,8 +415,8 @@ int mismatched_collectives() {
       status = r.rank == 1 ? bpl_broadcast(r.world, recv.data(), 16, BPL_DTYPE_F32, 0, nullptr)
                            : bpl_allreduce(r.world, send.data(), recv.data(), 16, BPL_DTYPE_F32, BPL_OP_SUM, nullptr);
     } else if (which == "count") {
-      const int64_t small = r.rank == 1 ? 1000 : 999;
-      send.assign(1000 + kGuard, 1.0f);
+      const int64_t small = r.rank == 1 ? 100 : 99;
+      send.assign(100 + kGuard, 1.0f);
       std::fill(send.end() - kGuard, send.end(), kGuardValue);
       status = bpl_allreduce(r.world, send.data(), send.data(), small, BPL_DTYPE_F32, BPL_OP_SUM, nullptr);
     } else if (which == "root") {  // rank 1 gathers to itself, the others to rank 0 (recv holds 3 blocks)
@@ -439,7 +447,7 @@ int mismatched_collectives() {
                    ? bpl_allgatherv(r.world, send.data(), n, recv.data(), counts.data(), displs.data(), BPL_DTYPE_F32, nullptr)
                    : bpl_alltoallv(r.world, send.data(), counts.data(), displs.data(), recv.data(), counts.data(),
                                    displs.data(), BPL_DTYPE_F32, nullptr);
-    } else if (which == "sendrecv") {
+    } else if (which == "sendrecv" || classes || short_one) {
       if (r.rank == 0) status = bpl_send(r.world, send.data(), n, BPL_DTYPE_F32, 1, 7, nullptr);
       if (r.rank == 1) status = bpl_recv(r.world, recv.data(), n, BPL_DTYPE_F32, 0, 7, nullptr);
     }
@@ -804,7 +812,29 @@ TEST_P(Fault, MismatchedSizesWithoutDetailAreAnErrorOnEveryRankAndNeverCorruptMe
   }
 }
 
-// 7. A small count mismatch (999 and 1000 elements) and a rank that skips a collective: no rank
+// 7. A recv whose sender sends another size, where the MPI backend posts the recv at once (a message it
+//    copies eagerly) or the sender's message is not one (it travels under a tag apart, mpi_comm.h):
+//    the recv is MISMATCH naming both sizes, at once for a shorter eager message, at the timeout for
+//    one of the other class; nothing is written past its buffer. (The sender's own outcome differs by
+//    backend: MPI completes an eager send, and times out a large one nobody receives.)
+TEST_P(Fault, RecvOfAnotherSizeThanItsSendIsMismatchNamingBoth) {
+  for (const std::string which : {"sendrecv_short", "sendrecv_classes"}) {
+    SCOPED_TRACE(which);
+    Job job = run_job(backend(), 2, "mismatched_collectives", {{"BPL_TEST_CASE", which}, {"BPL_TIMEOUT_MS", mismatch_timeout()}});
+    EXPECT_FALSE(job.processes.front().timed_out) << job.output;
+    for (int rank = 0; rank < 2; ++rank) EXPECT_EVENT(job, rank, "guard", "BPL_OK");
+    EXPECT_EVENT(job, 1, "mismatch", "BPL_ERR_MISMATCH");
+    const Event& mismatch = *job.event(1, "mismatch");
+    EXPECT_LE(mismatch.ms, std::stoi(mismatch_timeout()) + 2000) << mismatch.message;
+    const std::string sent = which == "sendrecv_classes" ? "8192" : "2000", expected = which == "sendrecv_classes" ? "2000" : "2400";
+    EXPECT_NE(mismatch.message.find(sent + " bytes"), std::string::npos) << mismatch.message;
+    EXPECT_NE(mismatch.message.find(expected + " bytes"), std::string::npos) << mismatch.message;
+    std::printf("%s %s: rank 1 after %lld ms: %s\n", backend().c_str(), which.c_str(), static_cast<long long>(mismatch.ms),
+                mismatch.message.c_str());
+  }
+}
+
+// 7. A small count mismatch (99 and 100 elements, below every eager limit) and a rank that skips a collective: no rank
 //    crashes, none writes out of bounds, and every rank reports MISMATCH naming rank 1 (the ranks'
 //    messages never match: gloo's and the MPI plugin's schedules tag them with the call's fingerprint).
 TEST_P(Fault, SmallMismatchesAndSkippedCollectivesWithoutDetailAreErrors) {
