@@ -278,7 +278,9 @@ bool Request::match_round() {
     MpiLock lock(comm_->process());
     for (size_t i = 0; i < state.requests.size() && round_unmatched_ > 0; ++i) {
       const Transfer& t = *state.transfers[i];
-      if (t.is_send || state.expected[i] < 0) continue;
+      // Only probed receives: a posted one (its request set at posting) is MPI's to match, and a probe
+      // under its tag could take a later message from the same peer.
+      if (t.is_send || state.expected[i] < 0 || state.requests[i] != MPI_REQUEST_NULL) continue;
       int flag = 0;
       MPI_Message message = MPI_MESSAGE_NULL;
       MPI_Status status;
