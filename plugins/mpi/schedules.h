@@ -4,11 +4,11 @@
 // until every peer comes); its non-blocking ones (libnbc) can, but cost 0.3-0.9 µs more per call and
 // choose slower algorithms on few ranks (allgather 2-5x raw from 16 KiB to 4 MiB on 2 ranks). A
 // schedule of the plugin's own over MPI_Isend/MPI_Irecv keeps every wait bounded and quiet and runs at
-// the blocking call's speed or better (bench/results/2026-11-25-mpi-paths, 2026-11-25-raw-speed). Each round's sends and receives are posted together; its local
-// work (`then`, a reduction) runs once they all completed, and the next round is posted after it.
+// the blocking call's speed or better (bench/results/2026-11-25-mpi-paths, 2026-11-25-raw-speed). Each
+// round's sends and receives are posted together; its local work (`then`, a reduction) runs once they
+// all completed, and the next round is posted after it.
 #pragma once
 
-#include <algorithm>
 #include <cstddef>
 #include <vector>
 
@@ -50,11 +50,6 @@ class Schedule {
   const Transfer* begin(size_t round) const { return transfers_.data() + (round == 0 ? 0 : rounds_[round - 1].end); }
   const Transfer* end(size_t round) const { return transfers_.data() + rounds_[round].end; }
   const Fold& then(size_t round) const { return rounds_[round].then; }
-  size_t most_transfers() const {
-    size_t most = 0;
-    for (size_t r = 0; r < rounds_.size(); ++r) most = std::max(most, static_cast<size_t>(end(r) - begin(r)));
-    return most;
-  }
 
  private:
   struct Round {
