@@ -766,7 +766,7 @@ void MpiComm::allreduce(const void* send, void* recv, size_t count, bpl_dtype dt
   }
   if (schedulable(bytes)) {
     // The plugin's own schedule (schedules.h) into `work`: the ring reads the input where it lies.
-    const bool ring = bytes > kRecursiveDoublingMaxBytes && count >= static_cast<size_t>(size_);
+    const bool ring = ring_allreduce(count, bytes);
     const void* values = input == MPI_IN_PLACE ? work : send;
     if (!ring && values != work && bytes > 0) std::memcpy(work, send, bytes);
     char* scratch = request->staging(1, allreduce_scratch_bytes(count, element, size_, ring));

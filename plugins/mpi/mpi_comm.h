@@ -248,10 +248,19 @@ class MpiComm {
   // message eagerly, copying at most what the receiver posted; above it a message may be read whole
   // by the receiver (single copy).
   size_t eager_bytes() const { return process_.eager_bytes; }
-  // Allreduces up to this size exchange whole buffers (recursive doubling); larger ones go round a
-  // ring of blocks, which moves 2(n-1)/n of the buffer per rank instead of log2(n) times it and keeps
-  // each message of a 4 KiB allreduce on 2 ranks below the eager limit.
-  static constexpr size_t kRecursiveDoublingMaxBytes = 2048;
+  // Allreduces up to this size exchange whole buffers (recursive doubling: log2(n) rounds against the
+  // ring's 2(n-1)), larger ones go round a ring of blocks, which moves 2(n-1)/n of the buffer per rank
+  // instead of log2(n) times it. (ring_allreduce)
+  static constexpr size_t kRecursiveDoublingMaxBytes = 65536;
+  // Whether an allreduce of `count` elements, `bytes` in all, goes round the ring: above
+  // kRecursiveDoublingMaxBytes, and where the whole buffer is above the eager size but the ring's
+  // blocks are not (a message just above it waits for the probe: two eager rounds are faster than
+  // one such exchange, bench/results/2026-11-25-raw-speed).
+  bool ring_allreduce(size_t count, size_t bytes) const {
+    if (count < static_cast<size_t>(size_)) return false;
+    const bool blocks_eager = bytes > eager_bytes() && bytes / static_cast<size_t>(size_) + 1 <= eager_bytes();
+    return bytes > kRecursiveDoublingMaxBytes || blocks_eager;
+  }
   // The tag of the next collective the plugin schedules itself, `f`: its number on the communicator
   // (its ranks start them in the same order, so operations in flight together never share a tag) and,
   // where MPI's tags are wide enough, a hash of its fingerprint (`with_count` or not), so that ranks
