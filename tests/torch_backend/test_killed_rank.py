@@ -59,11 +59,13 @@ def rank_main(fault, store_host):
     t = torch.ones(1024)
     for _ in range(3):
         dist.all_reduce(t)
-    dist.barrier()
-    if rank == victim:
-        os.kill(os.getpid(), signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
     start = time.monotonic()
     try:
+        # The barrier is in the try: a survivor that has not left it yet when the victim (which has)
+        # dies may learn of the death there, from a peer that failed in the next allreduce.
+        dist.barrier()
+        if rank == victim:
+            os.kill(os.getpid(), signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
         for _ in range(100000):
             dist.all_reduce(t)
     except RuntimeError as e:
