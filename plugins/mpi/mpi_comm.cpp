@@ -393,18 +393,12 @@ void Request::step() {
       return;
     }
     case Phase::kDraining:
-      return fail(BPL_ERR_MISMATCH, "rank " + std::to_string(peer_) + " sent " + std::to_string(arrived_bytes_) +
-                                        " bytes with tag " + std::to_string(user_tag()) + "; this recv expects " +
-                                        std::to_string(bytes_) + " bytes: the ranks disagree on the size");
+      return fail(BPL_ERR_MISMATCH, recv_mismatch(arrived_bytes_));
     default:
-      if (error == MPI_SUCCESS && expected_bytes_ >= 0) {  // a posted recv: a shorter message is MISMATCH too
+      if (error == MPI_SUCCESS && posted_recv_) {  // a shorter message is MISMATCH too
         int arrived = 0;
         MPI_Get_count(&status, MPI_BYTE, &arrived);
-        if (arrived != expected_bytes_) {
-          return fail(BPL_ERR_MISMATCH, "rank " + std::to_string(peer_) + " sent " + std::to_string(arrived) +
-                                            " bytes with tag " + std::to_string(user_tag()) + "; this recv expects " +
-                                            std::to_string(expected_bytes_) + " bytes: the ranks disagree on the size");
-        }
+        if (static_cast<size_t>(arrived) != bytes_) return fail(BPL_ERR_MISMATCH, recv_mismatch(arrived));
       }
       return complete(error);
   }
@@ -420,21 +414,24 @@ bpl_status Request::free(std::unique_ptr<Request> request) {
 
 int Request::user_tag() const { return comm_->probes_all() ? tag_ : tag_ & ~MpiComm::kLargeMessageTag; }
 
+std::string Request::recv_mismatch(int arrived) const {
+  return "rank " + std::to_string(peer_) + " sent " + std::to_string(arrived) + " bytes with tag " +
+         std::to_string(user_tag()) + "; this recv expects " + std::to_string(bytes_) +
+         " bytes: the ranks disagree on the size";
+}
+
 std::string Request::message_of_the_other_class() {
-  const bool posted = expected_bytes_ >= 0;
-  if (!(posted || receive_) || comm_->probes_all()) return "";
+  if (!(posted_recv_ || receive_) || comm_->probes_all()) return "";
   int flag = 0;
   MPI_Status status;
   {
     MpiLock lock(comm_->process());
-    const int other = posted ? tag_ | MpiComm::kLargeMessageTag : user_tag();
+    const int other = posted_recv_ ? tag_ | MpiComm::kLargeMessageTag : user_tag();
     if (MPI_Iprobe(peer_, other, comm_->comm_, &flag, &status) != MPI_SUCCESS || !flag) return "";
   }
   int arrived = 0;
   MPI_Get_count(&status, MPI_BYTE, &arrived);
-  return "rank " + std::to_string(peer_) + " sent " + std::to_string(arrived) + " bytes with tag " +
-         std::to_string(user_tag()) + "; this recv expects " + std::to_string(bytes_) +
-         " bytes: the ranks disagree on the size (the message was not received)";
+  return recv_mismatch(arrived) + " (the message was not received)";
 }
 
 void Request::expire() {
@@ -1085,7 +1082,7 @@ void MpiComm::recv(void* buf, size_t count, bpl_dtype dtype, int peer, int tag, 
                                              [=, comm = comm_](MPI_Request* r) {
                                                return MPI_Irecv(buf, n, mpi_type(dtype), peer, tag, comm, r);
                                              });
-    request->expected_bytes_ = static_cast<int>(bytes);
+    request->posted_recv_ = true;
     request->peer_ = peer;
     request->tag_ = tag;
     return start(std::move(request), req);

@@ -130,6 +130,8 @@ class Request : public plugin::PolledRequest {
   void complete(int mpi_error);
   // The tag the caller gave a recv (without the class bit of MpiComm::wire_tag).
   int user_tag() const;
+  // MISMATCH's message for a recv whose sender sent `arrived` bytes.
+  std::string recv_mismatch(int arrived) const;
   // A recv that timed out: the description of a message from its peer under its tag but of the other
   // size class (one it can never match), or "".
   std::string message_of_the_other_class();
@@ -160,7 +162,7 @@ class Request : public plugin::PolledRequest {
   int peer_ = -1;
   int tag_ = -1;
   int arrived_bytes_ = 0;
-  int expected_bytes_ = -1;  // a posted recv: the size its message must have (else -1)
+  bool posted_recv_ = false;  // a recv posted at once (up to the eager size): its message must be bytes_
   std::atomic<bool> matched_{false};  // its phase and request are set (by whichever thread's wait matched it)
   // Held while a thread moves the operation on: its owner's waits, or another thread's (which only
   // tries it). Recursive: expire moves it on while it holds it.
