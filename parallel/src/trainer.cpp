@@ -42,9 +42,14 @@ int64_t padded_rows(const at::Tensor& t, int parts) { return (t.size(0) + parts 
 ParallelConfig initialize_parallel_config(ParallelConfig config) {
   require(config.tensor_parallel_size >= 1, "tensor_parallel_size " + std::to_string(config.tensor_parallel_size) +
                                                 " must be >= 1");
-  require(config.pipeline_parallel_size == 1,
+  require(config.pipeline_parallel_size >= 1, "pipeline_parallel_size " + std::to_string(config.pipeline_parallel_size) +
+                                                  " must be >= 1");
+  require(config.pipeline_parallel_size == 1 || config.pipeline_config.loss_fn,
           "pipeline_parallel_size " + std::to_string(config.pipeline_parallel_size) +
-              " is not supported: backplane has no pipeline schedule (run_train is a plain forward); use 1");
+              " needs pipeline_config.loss_fn: run_train runs forward and backward through the stages and needs "
+              "the loss to start the backward from");
+  require(config.pipeline_config.num_microbatches >= 1,
+          "num_microbatches " + std::to_string(config.pipeline_config.num_microbatches) + " must be >= 1");
   require(!config.optimizer_config.grad_clipping || config.optimizer_config.max_grad_norm > 0,
           "max_grad_norm " + std::to_string(config.optimizer_config.max_grad_norm) +
               " must be > 0 when grad_clipping is on");
@@ -56,6 +61,9 @@ ParallelConfig initialize_parallel_config(ParallelConfig config) {
   require(config.tensor_parallel_size <= get_world_size(),
           "tensor_parallel_size " + std::to_string(config.tensor_parallel_size) + " exceeds the world size " +
               std::to_string(get_world_size()));
+  require(config.pipeline_parallel_size <= get_world_size(),
+          "pipeline_parallel_size " + std::to_string(config.pipeline_parallel_size) + " exceeds the world size " +
+              std::to_string(get_world_size()));
   if (!model_parallel_is_initialized()) {
     initialize_model_parallel(config.tensor_parallel_size, config.pipeline_parallel_size);
   } else {
@@ -63,6 +71,10 @@ ParallelConfig initialize_parallel_config(ParallelConfig config) {
             "tensor_parallel_size " + std::to_string(config.tensor_parallel_size) +
                 " differs from the initialised model-parallel state (" +
                 std::to_string(get_tensor_model_parallel_size()) + ")");
+    require(get_pipeline_model_parallel_size() == config.pipeline_parallel_size,
+            "pipeline_parallel_size " + std::to_string(config.pipeline_parallel_size) +
+                " differs from the initialised model-parallel state (" +
+                std::to_string(get_pipeline_model_parallel_size()) + ")");
   }
   return config;
 }

@@ -2,9 +2,13 @@
 // partitioning, the one-rank fallback of layers built before initialize_model_parallel, and errors.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/linear.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "backplane/parallel.h"
 
@@ -214,7 +218,15 @@ TEST_F(Bf16Test, UseBf16AndDowncastBf16ChangeParameterDtypesAsDocumented) {
 TEST_F(OneRankTest, InvalidConfigsAreClearErrors) {
   bp::ParallelConfig pipeline;
   pipeline.pipeline_parallel_size = 2;
-  EXPECT_NE(error_of([&] { bp::initialize_parallel_config(pipeline); }).find("pipeline_parallel_size 2 is not supported"),
+  EXPECT_NE(error_of([&] { bp::initialize_parallel_config(pipeline); })
+                .find("pipeline_parallel_size 2 needs pipeline_config.loss_fn"),
+            std::string::npos);
+  pipeline.pipeline_config.loss_fn = [](const at::Tensor& out, const at::Tensor& labels) { return at::mse_loss(out, labels); };
+  EXPECT_NE(error_of([&] { bp::initialize_parallel_config(pipeline); }).find("pipeline_parallel_size 2 exceeds the world size 1"),
+            std::string::npos);
+  pipeline.pipeline_parallel_size = 1;
+  pipeline.pipeline_config.num_microbatches = 0;
+  EXPECT_NE(error_of([&] { bp::initialize_parallel_config(pipeline); }).find("num_microbatches 0 must be >= 1"),
             std::string::npos);
   bp::ParallelConfig too_wide;
   too_wide.tensor_parallel_size = 4;
@@ -223,6 +235,142 @@ TEST_F(OneRankTest, InvalidConfigsAreClearErrors) {
   bp::ParallelConfig no_norm;
   no_norm.optimizer_config.max_grad_norm = 0;
   EXPECT_NE(error_of([&] { bp::initialize_parallel_config(no_norm); }).find("max_grad_norm 0"), std::string::npos);
+}
+
+/* ---- pipeline parallelism without processes ---- */
+
+TEST(PipelineStagesTest, CutsEndStagesAndWithoutCutsTheLayersSplitEvenly) {
+  const std::vector<std::string> layers = {"embed", "0", "1", "2", "3", "head"};
+  using Bounds = std::vector<std::pair<size_t, size_t>>;
+  EXPECT_EQ(bp::pipeline_stage_bounds(layers, {"1"}, 2), (Bounds{{0, 3}, {3, 6}}));
+  EXPECT_EQ(bp::pipeline_stage_bounds(layers, {"embed", "2"}, 3), (Bounds{{0, 1}, {1, 4}, {4, 6}}));
+  EXPECT_EQ(bp::pipeline_stage_bounds(layers, {}, 4), (Bounds{{0, 2}, {2, 4}, {4, 5}, {5, 6}}));
+  EXPECT_EQ(bp::pipeline_stage_bounds(layers, {}, 1), (Bounds{{0, 6}}));
+
+  EXPECT_NE(error_of([&] { bp::pipeline_stage_bounds(layers, {"5"}, 2); })
+                .find("pipeline_cuts names '5', which is not a layer of the model (its layers: embed, 0, 1, 2, 3, head)"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { bp::pipeline_stage_bounds(layers, {"2", "1"}, 3); })
+                .find("pipeline_cuts '1' does not come after '2'"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { bp::pipeline_stage_bounds(layers, {"1", "1"}, 3); }).find("does not come after"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { bp::pipeline_stage_bounds(layers, {"1"}, 3); })
+                .find("pipeline_cuts has 1 names (1) for pipeline_parallel_size 3: expected 2"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { bp::pipeline_stage_bounds(layers, {"head"}, 2); })
+                .find("'head' is the model's last layer: the last stage would have none"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { bp::pipeline_stage_bounds({"a", "b"}, {}, 3); })
+                .find("a model of 2 layers cannot make 3 stages"),
+            std::string::npos);
+}
+
+TEST(PipelineStagesTest, AStageSharesTheModelsLayersUnderTheirNames) {
+  at::manual_seed(3);
+  torch::nn::Sequential model(torch::nn::Linear(2, 3), torch::nn::Tanh(), torch::nn::Linear(3, 4), torch::nn::Tanh(),
+                              torch::nn::Linear(4, 1));
+  torch::nn::Sequential second = bp::select_pipeline_stage(model, {"1"}, 1, 2);
+  ASSERT_EQ(second->size(), 3u);
+  std::vector<std::string> names;
+  for (const auto& p : second->named_parameters()) names.push_back(p.key());
+  EXPECT_EQ(names, (std::vector<std::string>{"2.weight", "2.bias", "4.weight", "4.bias"}));
+  EXPECT_TRUE(second->named_parameters()["2.weight"].is_same(model->named_parameters()["2.weight"])) << "shared, not copied";
+  at::Tensor x = at::randn({5, 2});
+  at::Tensor first_out = bp::select_pipeline_stage(model, {"1"}, 0, 2)->forward(x);
+  EXPECT_TRUE(second->forward(first_out).equal(model->forward(x))) << "the stages compose to the model";
+}
+
+// Runs every stage's schedule together as the pipeline would: a forward waits for the previous stage's
+// forward of the same microbatch, a backward for the next stage's backward and its own forward; sends
+// never wait. Every schedule must run to its end (no stage waiting forever).
+void expect_schedules_complete(int stages, int microbatches) {
+  SCOPED_TRACE(std::to_string(stages) + " stages, " + std::to_string(microbatches) + " microbatches");
+  std::vector<std::vector<bp::PipelineStep>> schedules;
+  for (int s = 0; s < stages; ++s) schedules.push_back(bp::one_f_one_b_schedule(s, stages, microbatches));
+  std::vector<size_t> next(static_cast<size_t>(stages), 0);
+  std::vector<std::vector<bool>> forward_done(static_cast<size_t>(stages), std::vector<bool>(static_cast<size_t>(microbatches)));
+  auto backward_done = forward_done;
+  for (bool moved = true; moved;) {
+    moved = false;
+    for (int s = 0; s < stages; ++s) {
+      const auto si = static_cast<size_t>(s);
+      if (next[si] == schedules[si].size()) continue;
+      const bp::PipelineStep step = schedules[si][next[si]];
+      const auto mb = static_cast<size_t>(step.microbatch);
+      const bool ready = step.kind == bp::PipelineStep::kForward
+                             ? (s == 0 || forward_done[si - 1][mb])
+                             : (forward_done[si][mb] && (s == stages - 1 || backward_done[si + 1][mb]));
+      if (!ready) continue;
+      (step.kind == bp::PipelineStep::kForward ? forward_done : backward_done)[si][mb] = true;
+      ++next[si];
+      moved = true;
+    }
+  }
+  for (int s = 0; s < stages; ++s) {
+    const auto& schedule = schedules[static_cast<size_t>(s)];
+    EXPECT_EQ(next[static_cast<size_t>(s)], schedule.size()) << "stage " << s << " stalls";
+    ASSERT_EQ(schedule.size(), static_cast<size_t>(2 * microbatches)) << "stage " << s;
+    int in_flight = 0, most = 0, forwards = 0, backwards = 0;
+    for (const bp::PipelineStep& step : schedule) {
+      if (step.kind == bp::PipelineStep::kForward) {
+        EXPECT_EQ(step.microbatch, forwards++) << "forwards in order";
+        most = std::max(most, ++in_flight);
+      } else {
+        EXPECT_EQ(step.microbatch, backwards++) << "backwards in order";
+        EXPECT_LT(step.microbatch, forwards) << "a backward after its forward";
+        --in_flight;
+      }
+    }
+    EXPECT_LE(most, std::min(stages - s, microbatches)) << "stage " << s << " holds too many activations";
+  }
+}
+
+TEST(OneFOneBScheduleTest, EveryStageRunsToItsEndHoldingAtMostStagesMinusItsIndexActivations) {
+  for (int stages = 1; stages <= 4; ++stages) {
+    for (int microbatches = 1; microbatches <= 6; ++microbatches) expect_schedules_complete(stages, microbatches);
+  }
+  using Step = bp::PipelineStep;
+  // Stage 0 of 4 over 6 microbatches: 3 forwards to fill, then one forward and one backward in turn.
+  EXPECT_EQ(bp::one_f_one_b_schedule(0, 4, 6),
+            (std::vector<Step>{{Step::kForward, 0}, {Step::kForward, 1}, {Step::kForward, 2}, {Step::kForward, 3},
+                               {Step::kBackward, 0}, {Step::kForward, 4}, {Step::kBackward, 1}, {Step::kForward, 5},
+                               {Step::kBackward, 2}, {Step::kBackward, 3}, {Step::kBackward, 4}, {Step::kBackward, 5}}));
+}
+
+TEST_F(OneRankTest, PipelineUsageErrorsAreClear) {
+  bp::ParallelConfig config;
+  config.pipeline_config.num_microbatches = 3;
+  config.pipeline_config.loss_fn = [](const at::Tensor& out, const at::Tensor& labels) { return at::mse_loss(out, labels); };
+  auto model = bp::initialize_parallel_model(config, [] { return torch::nn::Sequential(torch::nn::Linear(4, 2)); });
+  EXPECT_NE(error_of([&] { model.run_train(at::randn({8, 4}), at::randn({8, 2})); })
+                .find("num_microbatches 3 does not divide the batch: inputs have 8 rows (dim 0)"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { model.run_train(at::randn({6, 4}), at::randn({3, 2})); })
+                .find("inputs have 6 rows and labels 3: one label row per input row"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { model.run_train(at::randn({6, 4})); }).find("it takes (inputs, labels), not 1 argument(s)"),
+            std::string::npos);
+  config.pipeline_config.loss_fn = [](const at::Tensor& out, const at::Tensor&) { return out; };
+  auto unreduced = bp::initialize_parallel_model(config, [] { return torch::nn::Sequential(torch::nn::Linear(4, 2)); });
+  EXPECT_NE(error_of([&] { unreduced.run_train(at::randn({6, 4}), at::randn({6, 2})); })
+                .find("loss_fn returned a tensor of shape [2, 2]: expected a scalar"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { bp::initialize_parallel_model(config, [] { return std::make_shared<torch::nn::LinearImpl>(4, 2); }); })
+                .find("pipeline parallelism needs model_fn to return a torch::nn::Sequential"),
+            std::string::npos);
+  // With one stage and microbatches the iteration accumulates the batch's gradient.
+  config.pipeline_config.loss_fn = [](const at::Tensor& out, const at::Tensor& labels) { return at::mse_loss(out, labels); };
+  at::manual_seed(4);
+  auto accumulated = bp::initialize_parallel_model(config, [] { return torch::nn::Sequential(torch::nn::Linear(4, 2)); });
+  at::manual_seed(4);
+  torch::nn::Sequential whole(torch::nn::Linear(4, 2));
+  const at::Tensor x = at::randn({6, 4}), y = at::randn({6, 2});
+  const at::Tensor loss = accumulated.run_train(x, y);
+  const at::Tensor expected = at::mse_loss(whole->forward(x), y);
+  expected.backward();
+  EXPECT_NEAR(loss.item<double>(), expected.item<double>(), 1e-6);
+  EXPECT_TRUE(at::allclose(accumulated.parameters()[0].grad(), whole->parameters()[0].grad(), 1e-5, 1e-6));
 }
 
 }  // namespace

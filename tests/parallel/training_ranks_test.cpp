@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "backplane/parallel.h"
+#include "shared_dir.h"
 
 namespace bp = backplane::parallel;
 
@@ -190,23 +191,6 @@ TEST(ClipGradNormTest, TheNormIsTheUnshardedModelsForTwoAndInfinityNorms) {
 }
 
 /* ---- checkpoints ---- */
-
-// A fresh folder every rank sees: made by rank 0, its name broadcast.
-std::string shared_temp_dir() {
-  std::string made;
-  if (bp::get_rank() == 0) {
-    char pattern[] = "/tmp/bpl-checkpoint-test-XXXXXX";
-    if (mkdtemp(pattern) != nullptr) made = pattern;
-  }
-  const std::string dir = bp::get_world_group()->broadcast_bytes(made, 0);
-  if (dir.empty()) throw std::runtime_error("rank 0 could not make a folder under /tmp");
-  return dir;
-}
-
-void remove_shared_temp_dir(const std::string& dir) {
-  bp::get_world_group()->barrier();
-  if (bp::get_rank() == 0) std::filesystem::remove_all(dir);
-}
 
 // One DP training step of the small MLP on global batch `step`; returns the job-wide loss.
 double train_step(bp::ParallelModel<torch::nn::Sequential>& model, bp::ParallelOptimizer& optimizer, int step) {

@@ -11,6 +11,7 @@
 #include "backplane/parallel/mappings.h"
 #include "backplane/parallel/parallel_state.h"
 #include "backplane/parallel/parameters.h"
+#include "backplane/parallel/pipeline.h"
 #include "backplane/parallel/process_group.h"
 #include "backplane/parallel/trainer.h"
 #include "backplane/parallel/utils.h"

@@ -8,11 +8,13 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "backplane/parallel/grads.h"
 #include "backplane/parallel/parallel_state.h"
+#include "backplane/parallel/pipeline.h"
 
 namespace backplane::parallel {
 
@@ -26,7 +28,9 @@ struct OptimizerConfig {
 // neuronx_distributed_config's choices that apply here.
 struct ParallelConfig {
   int tensor_parallel_size = 1;
+  // Above 1, the model must be a torch::nn::Sequential and pipeline_config.loss_fn set.
   int pipeline_parallel_size = 1;
+  PipelineConfig pipeline_config;
   OptimizerConfig optimizer_config;
   // Sum the gradients of sequence-parallel parameters over TP in the optimizer step.
   bool sequence_parallel = false;
@@ -49,37 +53,71 @@ at::ScalarType apply_bf16_environment(torch::nn::Module& module);
 // Makes parameters and buffers identical across the data-parallel group (rank 0 of each group's values).
 void broadcast_from_data_parallel_source(torch::nn::Module& module);
 
-// A model built for the current parallel config: the module, its dtype, and run_train.
+// A model built for the current parallel config: the module (with pipeline parallelism, this rank's
+// stage of it), its dtype, and run_train.
 template <typename ModuleType>
 class ParallelModel {
  public:
-  ParallelModel(ModuleType module, at::ScalarType dtype) : module_(std::move(module)), dtype_(dtype) {}
+  ParallelModel(ModuleType module, at::ScalarType dtype, std::shared_ptr<PipelineEngine> pipeline = nullptr)
+      : module_(std::move(module)), dtype_(dtype), pipeline_(std::move(pipeline)) {}
+  // The module this rank holds (neuronx-distributed's local_module()).
   ModuleType& module() { return module_; }
   auto operator->() { return module_.operator->(); }
   at::ScalarType dtype() const { return dtype_; }
   std::vector<at::Tensor> parameters() const { return module_->parameters(); }
-  // One training forward (no pipeline: the module's forward).
+  // With pipeline_config.loss_fn set (a Sequential model): run_train(inputs, labels) is a whole
+  // training iteration, forward and backward of every microbatch through every stage, and returns the
+  // batch's loss on every rank (PipelineEngine::run_train); optimizer.step() follows. Without: the
+  // module's forward, whose output the caller turns into a loss and calls backward on.
   template <typename... Inputs>
   auto run_train(Inputs&&... inputs) {
+    if constexpr (std::is_same_v<ModuleType, torch::nn::Sequential>) {
+      if constexpr (sizeof...(Inputs) == 2) {
+        if (pipeline_) return pipeline_->run_train(std::forward<Inputs>(inputs)...);
+      }
+      if (pipeline_) {
+        throw Error(BPL_ERR_INVALID_ARGUMENT, "run_train: with pipeline_config.loss_fn set it takes (inputs, labels), not " +
+                                                  std::to_string(sizeof...(Inputs)) + " argument(s)");
+      }
+    }
     return module_->forward(std::forward<Inputs>(inputs)...);
   }
 
  private:
   ModuleType module_;
   at::ScalarType dtype_;
+  std::shared_ptr<PipelineEngine> pipeline_;
 };
 
 // Builds the model with model_fn() under the config's parallel state, applies the BF16 environment and
 // makes its parameters identical across data-parallel ranks. ModuleType is a torch::nn module holder
-// (what TORCH_MODULE defines) or a std::shared_ptr to a module.
+// (what TORCH_MODULE defines) or a std::shared_ptr to a module. With pipeline_config.loss_fn set, the
+// model must be a torch::nn::Sequential: every rank builds all of it (its weights then do not depend on
+// the layout) and keeps its pipeline stage's layers.
 template <typename ModelFn>
 auto initialize_parallel_model(const ParallelConfig& config, ModelFn&& model_fn) {
   initialize_parallel_config(config);
   auto module = model_fn();
   if (config.param_init_fn) config.param_init_fn(*module);
+  std::shared_ptr<PipelineEngine> pipeline;
+  if constexpr (std::is_same_v<decltype(module), torch::nn::Sequential>) {
+    if (config.pipeline_config.loss_fn) {
+      module = select_pipeline_stage(module, config.pipeline_config.pipeline_cuts,
+                                     get_pipeline_model_parallel_rank(), get_pipeline_model_parallel_size());
+    }
+  } else if (config.pipeline_parallel_size > 1 || config.pipeline_config.loss_fn) {
+    throw Error(BPL_ERR_INVALID_ARGUMENT,
+                "initialize_parallel_model: pipeline parallelism needs model_fn to return a torch::nn::Sequential "
+                "(the stages are cut between its layers)");
+  }
   const at::ScalarType dtype = apply_bf16_environment(*module);
   broadcast_from_data_parallel_source(*module);
-  return ParallelModel<decltype(module)>(std::move(module), dtype);
+  if constexpr (std::is_same_v<decltype(module), torch::nn::Sequential>) {
+    if (config.pipeline_config.loss_fn) {
+      pipeline = std::make_shared<PipelineEngine>(module, config.pipeline_config, get_pipeline_model_parallel_group());
+    }
+  }
+  return ParallelModel<decltype(module)>(std::move(module), dtype, std::move(pipeline));
 }
 
 // Wraps an optimizer: step() averages gradients over data parallelism, clips by the global norm when
