@@ -1,5 +1,6 @@
 // Pipeline parallelism on real ranks: PP 2 (with DP 2 on 4 ranks, ZeRO-1 on and off) and PP 2 x TP 2
-// train to the losses, gradient norms and parameters of the unsharded model on the whole batch; each
+// (with and without activation checkpointing, whose recomputation runs the tensor-parallel collectives
+// again) train to the losses, gradient norms and parameters of the unsharded model on the whole batch; each
 // stage checkpoints its own layers and a resumed pipeline continues exactly. Part of bpl-parallel-test.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -93,17 +94,18 @@ at::Tensor whole(const at::Tensor& parameter) {
   return bp::get_tensor_model_parallel_group()->all_gather(parameter.detach(), attributes->partition_dim);
 }
 
-class PipelineTest : public ::testing::TestWithParam<std::tuple<int, bool>> {
+class PipelineTest : public ::testing::TestWithParam<std::tuple<int, bool, bool>> {
  protected:
   void TearDown() override { bp::destroy_model_parallel(); }
 };
 
 TEST_P(PipelineTest, TrainingMatchesTheUnshardedModelOnTheWholeBatch) {
-  const auto [tp, zero_one] = GetParam();
+  const auto [tp, zero_one, recompute] = GetParam();
   const int world = bp::get_world_size();
   if (world % (2 * tp) != 0) GTEST_SKIP() << "PP 2 x TP " << tp << " needs a multiple of " << 2 * tp << " ranks";
   bp::ParallelConfig config = pipeline_config(tp, zero_one);
   config.pipeline_config.num_microbatches = 8 / (world / (2 * tp)) / 2;  // 2 rows each
+  if (recompute) config.activation_checkpoint_config = bp::ActivationCheckpointConfig::full();
   auto model = bp::initialize_parallel_model(config, [] { return pipelined_mlp(); });
   auto optimizer = bp::initialize_parallel_optimizer<torch::optim::Adam>(config, model.parameters(),
                                                                          torch::optim::AdamOptions(0.01));
@@ -139,10 +141,12 @@ TEST_P(PipelineTest, TrainingMatchesTheUnshardedModelOnTheWholeBatch) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, PipelineTest,
-                         ::testing::Values(std::tuple{1, false}, std::tuple{1, true}, std::tuple{2, false}),
-                         [](const ::testing::TestParamInfo<std::tuple<int, bool>>& info) {
+                         ::testing::Values(std::tuple{1, false, false}, std::tuple{1, true, false},
+                                           std::tuple{2, false, false}, std::tuple{2, false, true}),
+                         [](const ::testing::TestParamInfo<std::tuple<int, bool, bool>>& info) {
                            return "pp2_tp" + std::to_string(std::get<0>(info.param)) +
-                                  (std::get<1>(info.param) ? "_zero1" : "");
+                                  (std::get<1>(info.param) ? "_zero1" : "") +
+                                  (std::get<2>(info.param) ? "_recomputed" : "");
                          });
 
 class PipelineCheckpointTest : public ::testing::Test {

@@ -3,6 +3,7 @@
 // it calls only backplane.h, so it runs on every backend.
 #pragma once
 
+#include "backplane/parallel/activation_checkpoint.h"
 #include "backplane/parallel/checkpoint.h"
 #include "backplane/parallel/distributed.h"
 #include "backplane/parallel/error.h"

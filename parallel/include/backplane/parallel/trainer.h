@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "backplane/parallel/activation_checkpoint.h"
 #include "backplane/parallel/grads.h"
 #include "backplane/parallel/parallel_state.h"
 #include "backplane/parallel/pipeline.h"
@@ -31,6 +32,8 @@ struct ParallelConfig {
   // Above 1, the model must be a torch::nn::Sequential and pipeline_config.loss_fn set.
   int pipeline_parallel_size = 1;
   PipelineConfig pipeline_config;
+  // Layers recomputed in the backward instead of keeping their activations (a Sequential model).
+  ActivationCheckpointConfig activation_checkpoint_config;
   OptimizerConfig optimizer_config;
   // Sum the gradients of sequence-parallel parameters over TP in the optimizer step.
   bool sequence_parallel = false;
@@ -105,10 +108,17 @@ auto initialize_parallel_model(const ParallelConfig& config, ModelFn&& model_fn)
       module = select_pipeline_stage(module, config.pipeline_config.pipeline_cuts,
                                      get_pipeline_model_parallel_rank(), get_pipeline_model_parallel_size());
     }
+    if (config.activation_checkpoint_config.mode != ActivationCheckpointConfig::Mode::kNone) {
+      module = apply_activation_checkpointing(module, config.activation_checkpoint_config);
+    }
   } else if (config.pipeline_parallel_size > 1 || config.pipeline_config.loss_fn) {
     throw Error(BPL_ERR_INVALID_ARGUMENT,
                 "initialize_parallel_model: pipeline parallelism needs model_fn to return a torch::nn::Sequential "
                 "(the stages are cut between its layers)");
+  } else if (config.activation_checkpoint_config.mode != ActivationCheckpointConfig::Mode::kNone) {
+    throw Error(BPL_ERR_INVALID_ARGUMENT,
+                "initialize_parallel_model: activation_checkpoint_config needs model_fn to return a "
+                "torch::nn::Sequential (its layers are what is recomputed); other modules can call checkpoint()");
   }
   const at::ScalarType dtype = apply_bf16_environment(*module);
   broadcast_from_data_parallel_source(*module);
