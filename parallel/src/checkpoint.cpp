@@ -20,6 +20,7 @@
 #include <sstream>
 
 #include "backplane/parallel/distributed.h"
+#include "backplane/parallel/lora.h"
 
 namespace backplane::parallel {
 namespace fs = std::filesystem;
@@ -28,6 +29,9 @@ namespace {
 
 constexpr const char* kDone = "done";
 constexpr const char* kMarker = "checkpoint";
+// The model's files; a LoRA adapter's, apart from its base model's.
+constexpr const char* kModelDir = "model";
+constexpr const char* kLoraDir = "lora_adapter";
 // Every file of a checkpoint is followed by "<file>.crc32", its size and CRC-32, written by the same
 // rank after the file and checked whenever the file is read: LibTorch's archive reader does not check
 // the CRCs of its zip records, so a flipped byte inside a tensor would load without a word.
@@ -59,7 +63,7 @@ fs::path temporary_of(const fs::path& file) {
 // versions, are taken as this host's.)
 void remove_stale_temporaries(const fs::path& folder) {
   const std::string here = host_name();
-  for (const fs::path& dir : {folder, folder / "model", folder / "optim"}) {
+  for (const fs::path& dir : {folder, folder / kModelDir, folder / kLoraDir, folder / "optim"}) {
     std::error_code error;
     for (const fs::directory_entry& entry : fs::directory_iterator(dir, error)) {
       const std::string name = entry.path().filename().string();
@@ -287,6 +291,61 @@ void finalize_checkpoint() {
   complete_save(pending->root, pending->folder, pending->num_kept);
 }
 
+namespace {
+
+torch::serialize::OutputArchive model_archive() {
+  torch::serialize::OutputArchive archive;
+  archive.write("__tensor_parallel_size", c10::IValue(static_cast<int64_t>(get_tensor_model_parallel_size())));
+  return archive;
+}
+
+// The LoRA configuration's fields, as "__lora_<field>" entries of the adapter's files.
+void write_lora_config(torch::serialize::OutputArchive& archive, const LoraConfig& config) {
+  archive.write("__lora_rank", c10::IValue(static_cast<int64_t>(config.lora_rank)));
+  archive.write("__lora_alpha", c10::IValue(config.lora_alpha));
+  archive.write("__lora_dropout", c10::IValue(config.lora_dropout));
+  archive.write("__lora_bias", c10::IValue(config.bias));
+  archive.write("__lora_target_modules", c10::IValue(c10::List<std::string>(config.target_modules)));
+  archive.write("__lora_use_rslora", c10::IValue(config.use_rslora));
+  archive.write("__lora_init_lora_weights", c10::IValue(config.init_lora_weights));
+}
+
+// The model's files of this rank: without adapters, every parameter and buffer in model/; with, as the
+// adapters' LoraConfig says: the adapter alone in lora_adapter/, the base model in model/ besides, or
+// only the base model with the adapters merged in.
+void add_model_files(torch::nn::Module& model, const fs::path& folder, const std::string& shard,
+                     std::vector<std::pair<fs::path, std::string>>& files) {
+  const auto adapters = lora_adapters(model);
+  const std::optional<LoraConfig> lora =
+      adapters.empty() ? std::nullopt : std::optional<LoraConfig>(adapters.front().second->config());
+  if (!lora || lora->save_lora_base) {
+    torch::serialize::OutputArchive archive = model_archive();
+    if (lora && lora->merge_lora) {
+      for (const auto& [name, value] : merged_lora_state(model)) archive.write(name, value);
+    } else {
+      for (const auto& item : model.named_parameters()) {
+        if (!is_lora_name(item.key())) archive.write(item.key(), item.value().detach());
+      }
+    }
+    for (const auto& item : model.named_buffers()) {
+      if (!is_lora_name(item.key())) archive.write(item.key(), item.value(), /*is_buffer=*/true);
+    }
+    files.emplace_back(folder / kModelDir / shard, serialize(archive));
+  }
+  if (lora && !lora->merge_lora) {
+    torch::serialize::OutputArchive archive = model_archive();
+    write_lora_config(archive, *lora);
+    const auto params = model.named_parameters();
+    for (const std::string& name : lora_adapter_state_names(model)) archive.write(name, params[name].detach());
+    files.emplace_back(folder / kLoraDir / shard, serialize(archive));
+    if (!lora->save_lora_config_adapter && get_rank() == 0) {
+      files.emplace_back(folder / kLoraDir / "adapter_config.json", lora->to_json());
+    }
+  }
+}
+
+}  // namespace
+
 void save_checkpoint(const std::string& path, const std::string& tag, torch::nn::Module* model,
                      ParallelOptimizer* optimizer, Stateful* scheduler, const UserContent& user_content,
                      int num_kept_ckpts, bool async_save) {
@@ -308,19 +367,14 @@ void save_checkpoint(const std::string& path, const std::string& tag, torch::nn:
     write_bytes_atomically(folder / kMarker, "1");
   }
   barrier("to begin the checkpoint");
-  fs::create_directories(folder / "model");
+  fs::create_directories(folder / kModelDir);
   fs::create_directories(folder / "optim");
+  if (model != nullptr && !lora_adapters(*model).empty()) fs::create_directories(folder / kLoraDir);
   remove_stale_temporaries(folder);
 
   // Serialise now (the files hold this step's values even when written later).
   std::vector<std::pair<fs::path, std::string>> files;
-  if (model != nullptr && dp == 0) {
-    torch::serialize::OutputArchive archive;
-    archive.write("__tensor_parallel_size", c10::IValue(static_cast<int64_t>(get_tensor_model_parallel_size())));
-    for (const auto& item : model->named_parameters()) archive.write(item.key(), item.value().detach());
-    for (const auto& item : model->named_buffers()) archive.write(item.key(), item.value(), /*is_buffer=*/true);
-    files.emplace_back(folder / "model" / shard_name(0, tp, pp), serialize(archive));
-  }
+  if (model != nullptr && dp == 0) add_model_files(*model, folder, shard_name(0, tp, pp), files);
   if (optimizer != nullptr && (optimizer->zero_one() || dp == 0)) {
     torch::serialize::OutputArchive archive;
     archive.write("__tensor_parallel_size", c10::IValue(static_cast<int64_t>(get_tensor_model_parallel_size())));
@@ -354,13 +408,29 @@ void save_checkpoint(const std::string& path, const std::string& tag, torch::nn:
 
 namespace {
 
+// The model's files this rank reads from `folder`: model/; for a model with adapters, those of
+// model/ and lora_adapter/ that exist (an adapter saved alone has no model/, a merged one no
+// lora_adapter/), model/ if neither does (to be named as missing).
+std::vector<fs::path> model_files(const fs::path& folder, torch::nn::Module& model, const std::string& shard) {
+  const fs::path base = folder / kModelDir / shard, adapter = folder / kLoraDir / shard;
+  if (lora_adapters(model).empty()) return {base};
+  std::vector<fs::path> files;
+  for (const fs::path& file : {base, adapter}) {
+    if (fs::exists(file)) files.push_back(file);
+  }
+  if (files.empty()) files.push_back(base);
+  return files;
+}
+
 // The files this rank reads to load a checkpoint in `folder`: the model's and optimizer's shards of
 // its place in the job, the scheduler's state, and the user content.
-std::vector<fs::path> files_to_read(const fs::path& folder, const torch::nn::Module* model,
+std::vector<fs::path> files_to_read(const fs::path& folder, torch::nn::Module* model,
                                     const ParallelOptimizer* optimizer, const Stateful* scheduler) {
   const int tp = get_tensor_model_parallel_rank(), pp = get_pipeline_model_parallel_rank();
   std::vector<fs::path> files;
-  if (model != nullptr) files.push_back(folder / "model" / shard_name(0, tp, pp));
+  if (model != nullptr) {
+    for (const fs::path& file : model_files(folder, *model, shard_name(0, tp, pp))) files.push_back(file);
+  }
   if (optimizer != nullptr) {
     files.push_back(folder / "optim" / shard_name(optimizer->zero_one() ? get_data_parallel_rank() : 0, tp, pp));
   }
@@ -376,7 +446,7 @@ void warn_on_this_rank(const std::string& message) {
 
 // The newest complete tag whose files every rank can read intact (collective). A tag that fails is
 // said so on every rank, with this rank's own finding; none at all is NOT_FOUND.
-std::string newest_loadable_tag(const std::string& path, const torch::nn::Module* model,
+std::string newest_loadable_tag(const std::string& path, torch::nn::Module* model,
                                 const ParallelOptimizer* optimizer, const Stateful* scheduler) {
   const std::vector<std::string> complete = list_completed_checkpoint_tags(path);
   if (complete.empty()) throw Error(BPL_ERR_NOT_FOUND, "no complete checkpoint under " + path);
@@ -426,24 +496,30 @@ UserContent load_checkpoint(const std::string& path, const std::string& tag, tor
   };
 
   if (model != nullptr) {
-    const fs::path file = folder / "model" / shard_name(0, tp, pp);
-    torch::serialize::InputArchive archive = read_archive(file);
-    check_tensor_parallel_size(archive, file);
-    at::NoGradGuard no_grad;
-    auto load_into = [&](const std::string& name, at::Tensor& target, bool is_buffer) {
-      at::Tensor saved;
-      if (!archive.try_read(name, saved, is_buffer)) {
-        if (strict) throw Error(BPL_ERR_MISMATCH, "checkpoint file " + file.string() + " has no '" + name + "'");
-        return;
-      }
-      if (!saved.sizes().equals(target.sizes())) {
-        throw Error(BPL_ERR_MISMATCH, "checkpoint file " + file.string() + ": '" + name + "' has shape " +
-                                          c10::str(saved.sizes()) + ", the model " + c10::str(target.sizes()));
-      }
-      target.copy_(saved);
-    };
-    for (auto& item : model->named_parameters()) load_into(item.key(), item.value(), false);
-    for (auto& item : model->named_buffers()) load_into(item.key(), item.value(), true);
+    const std::vector<std::string> adapter_state = lora_adapter_state_names(*model);
+    for (const fs::path& file : model_files(folder, *model, shard_name(0, tp, pp))) {
+      torch::serialize::InputArchive archive = read_archive(file);
+      check_tensor_parallel_size(archive, file);
+      // With adapters, a model's file holds the base model (the adapters' trained biases too, when saved
+      // with it) and an adapter's file the adapters and their trained biases (loaded after it).
+      const bool adapter_file = file.parent_path().filename() == kLoraDir;
+      at::NoGradGuard no_grad;
+      auto load_into = [&](const std::string& name, at::Tensor& target, bool is_buffer) {
+        if (adapter_file ? !std::count(adapter_state.begin(), adapter_state.end(), name) : is_lora_name(name)) return;
+        at::Tensor saved;
+        if (!archive.try_read(name, saved, is_buffer)) {
+          if (strict) throw Error(BPL_ERR_MISMATCH, "checkpoint file " + file.string() + " has no '" + name + "'");
+          return;
+        }
+        if (!saved.sizes().equals(target.sizes())) {
+          throw Error(BPL_ERR_MISMATCH, "checkpoint file " + file.string() + ": '" + name + "' has shape " +
+                                            c10::str(saved.sizes()) + ", the model " + c10::str(target.sizes()));
+        }
+        target.copy_(saved);
+      };
+      for (auto& item : model->named_parameters()) load_into(item.key(), item.value(), false);
+      for (auto& item : model->named_buffers()) load_into(item.key(), item.value(), true);
+    }
   }
   if (optimizer != nullptr) {
     const fs::path file = folder / "optim" / shard_name(optimizer->zero_one() ? get_data_parallel_rank() : 0, tp, pp);
@@ -486,6 +562,46 @@ UserContent load_checkpoint(const std::string& path, const std::string& tag, tor
     }
   }
   return content;
+}
+
+namespace detail {
+
+LoraConfig lora_config_to_apply(const LoraConfig& config) {
+  if (!config.load_lora_from_ckpt) return config;
+  config.validate();
+  return saved_lora_config(config.lora_save_dir, config.lora_load_tag, config);
+}
+
+void load_lora_checkpoint(torch::nn::Module& model, const LoraConfig& config) {
+  if (config.load_lora_from_ckpt) load_checkpoint(config.lora_save_dir, config.lora_load_tag, &model, nullptr, nullptr);
+}
+
+}  // namespace detail
+
+LoraConfig saved_lora_config(const std::string& path, const std::string& tag, LoraConfig config) {
+  const std::vector<std::string> complete = list_completed_checkpoint_tags(path);
+  if (tag.empty() && complete.empty()) throw Error(BPL_ERR_NOT_FOUND, "no complete checkpoint under " + path);
+  const fs::path file = fs::path(path) / (tag.empty() ? complete.back() : tag) / kLoraDir /
+                        shard_name(0, get_tensor_model_parallel_rank(), get_pipeline_model_parallel_rank());
+  if (!fs::exists(file)) throw Error(BPL_ERR_NOT_FOUND, "no LoRA adapter in the checkpoint: " + file.string() + " does not exist");
+  torch::serialize::InputArchive archive = read_archive(file);
+  c10::IValue value;
+  archive.read("__lora_rank", value);
+  config.lora_rank = static_cast<int>(value.toInt());
+  archive.read("__lora_alpha", value);
+  config.lora_alpha = value.toDouble();
+  archive.read("__lora_dropout", value);
+  config.lora_dropout = value.toDouble();
+  archive.read("__lora_bias", value);
+  config.bias = value.toStringRef();
+  archive.read("__lora_target_modules", value);
+  config.target_modules.clear();
+  for (const auto& name : value.toListRef()) config.target_modules.push_back(name.toStringRef());
+  archive.read("__lora_use_rslora", value);
+  config.use_rslora = value.toBool();
+  archive.read("__lora_init_lora_weights", value);
+  config.init_lora_weights = value.toStringRef();
+  return config;
 }
 
 }  // namespace backplane::parallel

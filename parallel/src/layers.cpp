@@ -120,6 +120,7 @@ std::tuple<at::Tensor, at::Tensor> ColumnParallelLinearImpl::forward_with_bias(c
                      : copy_to_tensor_model_parallel_region(input, group_);
   at::Tensor y = at::linear(x, weight);
   if (options_.gather_output()) y = gather_from_tensor_model_parallel_region(y, group_);
+  if (adapter) y = y + adapter->delta(input);
   return with_bias(y, bias, options_.skip_bias_add());
 }
 
@@ -165,6 +166,7 @@ std::tuple<at::Tensor, at::Tensor> RowParallelLinearImpl::forward_with_bias(cons
             : reduce_from_tensor_model_parallel_region(y, group_);
     y = y.to(dtype);
   }
+  if (adapter) y = y + adapter->delta(input);
   return with_bias(y, bias, options_.skip_bias_add());  // once, after the reduction
 }
 

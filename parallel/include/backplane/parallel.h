@@ -9,6 +9,7 @@
 #include "backplane/parallel/error.h"
 #include "backplane/parallel/grads.h"
 #include "backplane/parallel/layers.h"
+#include "backplane/parallel/lora.h"
 #include "backplane/parallel/mappings.h"
 #include "backplane/parallel/parallel_state.h"
 #include "backplane/parallel/parameters.h"

@@ -2,6 +2,8 @@
 //
 //   <path>/<tag>/checkpoint                                  marks the folder as a checkpoint (rank 0, first)
 //   <path>/<tag>/model/dp_rank_00_tp_rank_TT_pp_rank_PP.pt   one per TP/PP rank, by data-parallel rank 0
+//   <path>/<tag>/lora_adapter/dp_rank_00_tp_rank_TT_pp_rank_PP.pt   a LoRA model's adapter (lora.h), as
+//                                                            its LoraConfig says (and adapter_config.json)
 //   <path>/<tag>/optim/dp_rank_DD_tp_rank_TT_pp_rank_PP.pt   ZeRO-1: every rank; else data-parallel rank 0 (DD = 00)
 //   <path>/<tag>/scheduler.pt, user_content.pt               rank 0
 //   <path>/<tag>/done                                        rank 0, last, after every rank finished writing
@@ -22,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "backplane/parallel/lora.h"
 #include "backplane/parallel/trainer.h"
 
 namespace backplane::parallel {
@@ -58,6 +61,11 @@ UserContent load_checkpoint(const std::string& path, const std::string& tag, tor
 // Finishes an asynchronous save: waits for its writes, then (collectively) marks it complete and applies
 // num_kept_ckpts. A no-op when none is pending. Call it before exiting after an async save.
 void finalize_checkpoint();
+
+// `config` with the LoRA fields that shape an adapter (rank, alpha, dropout, bias, target_modules,
+// use_rslora, init_lora_weights) as saved with the adapter in `path`/`tag` (empty: the newest complete
+// tag), read from this rank's adapter file. Error (BPL_ERR_NOT_FOUND) naming the file if there is none.
+LoraConfig saved_lora_config(const std::string& path, const std::string& tag, LoraConfig config);
 
 // Complete tags under `path`, oldest first.
 std::vector<std::string> list_completed_checkpoint_tags(const std::string& path);

@@ -28,6 +28,13 @@ using InitMethod = std::function<void(at::Tensor&)>;
 at::Tensor create_local_weight(const at::Tensor& full, int64_t partition_dim, int64_t per_partition_size,
                                int64_t stride, int rank, int world);
 
+// A trainable addition to a linear layer's output, computed from the layer's input (LoRA's adapter: see
+// lora.h). A layer with one adds adapter->delta(input) to its output, before its bias.
+class LinearAdapter : public torch::nn::Module {
+ public:
+  virtual at::Tensor delta(const at::Tensor& input) = 0;
+};
+
 struct ColumnParallelLinearOptions {
   ColumnParallelLinearOptions(int64_t input_size, int64_t output_size)
       : input_size_(input_size), output_size_(output_size) {}
@@ -63,6 +70,7 @@ class ColumnParallelLinearImpl : public torch::nn::Module {
   at::Tensor weight;        // (output_size / tp, input_size)
   at::Tensor bias;          // (output_size) if gather_output, else (output_size / tp); undefined without bias
   at::Tensor master_weight; // (output_size, input_size) fp32, with keep_master_weight
+  std::shared_ptr<LinearAdapter> adapter;  // set by apply_lora
 
  private:
   ColumnParallelLinearOptions options_;
@@ -106,6 +114,7 @@ class RowParallelLinearImpl : public torch::nn::Module {
   at::Tensor weight;        // (output_size, input_size / tp)
   at::Tensor bias;          // (output_size), the same on every rank
   at::Tensor master_weight; // (output_size, input_size) fp32, with keep_master_weight
+  std::shared_ptr<LinearAdapter> adapter;  // set by apply_lora
 
  private:
   RowParallelLinearOptions options_;

@@ -14,6 +14,7 @@
 
 #include "backplane/parallel/activation_checkpoint.h"
 #include "backplane/parallel/grads.h"
+#include "backplane/parallel/lora.h"
 #include "backplane/parallel/parallel_state.h"
 #include "backplane/parallel/pipeline.h"
 
@@ -34,6 +35,8 @@ struct ParallelConfig {
   PipelineConfig pipeline_config;
   // Layers recomputed in the backward instead of keeping their activations (a Sequential model).
   ActivationCheckpointConfig activation_checkpoint_config;
+  // Adapters on the layers it targets, the rest frozen (enable_lora).
+  LoraConfig lora_config;
   OptimizerConfig optimizer_config;
   // Sum the gradients of sequence-parallel parameters over TP in the optimizer step.
   bool sequence_parallel = false;
@@ -55,6 +58,13 @@ at::ScalarType apply_bf16_environment(torch::nn::Module& module);
 
 // Makes parameters and buffers identical across the data-parallel group (rank 0 of each group's values).
 void broadcast_from_data_parallel_source(torch::nn::Module& module);
+
+namespace detail {
+// The LoRA config to build adapters with: with load_lora_from_ckpt, the saved adapter's (checkpoint.cpp).
+LoraConfig lora_config_to_apply(const LoraConfig& config);
+// With load_lora_from_ckpt, loads the adapter (and the base model if it was saved with it) into `model`.
+void load_lora_checkpoint(torch::nn::Module& model, const LoraConfig& config);
+}  // namespace detail
 
 // A model built for the current parallel config: the module (with pipeline parallelism, this rank's
 // stage of it), its dtype, and run_train.
@@ -103,6 +113,15 @@ auto initialize_parallel_model(const ParallelConfig& config, ModelFn&& model_fn)
   auto module = model_fn();
   if (config.param_init_fn) config.param_init_fn(*module);
   std::shared_ptr<PipelineEngine> pipeline;
+  if (config.lora_config.enable_lora) {
+    // On the whole model, before it is cut into stages: the adapters' draws do not depend on the layout.
+    const LoraConfig lora = detail::lora_config_to_apply(config.lora_config);
+    if constexpr (std::is_same_v<decltype(module), torch::nn::Sequential>) {
+      module = apply_lora(module, lora);
+    } else {
+      apply_lora(*module, lora);
+    }
+  }
   if constexpr (std::is_same_v<decltype(module), torch::nn::Sequential>) {
     if (config.pipeline_config.loss_fn) {
       module = select_pipeline_stage(module, config.pipeline_config.pipeline_cuts,
@@ -122,6 +141,7 @@ auto initialize_parallel_model(const ParallelConfig& config, ModelFn&& model_fn)
   }
   const at::ScalarType dtype = apply_bf16_environment(*module);
   broadcast_from_data_parallel_source(*module);
+  if (config.lora_config.enable_lora) detail::load_lora_checkpoint(*module, config.lora_config);
   if constexpr (std::is_same_v<decltype(module), torch::nn::Sequential>) {
     if (config.pipeline_config.loss_fn) {
       pipeline = std::make_shared<PipelineEngine>(module, config.pipeline_config, get_pipeline_model_parallel_group());
