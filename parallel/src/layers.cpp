@@ -26,6 +26,43 @@ at::Tensor create_local_weight(const at::Tensor& full, int64_t partition_dim, in
 
 namespace {
 
+thread_local int deferred_init_scopes = 0;
+thread_local int pad_model_scopes = 0;
+
+}  // namespace
+
+DeferredInitScope::DeferredInitScope() { ++deferred_init_scopes; }
+DeferredInitScope::~DeferredInitScope() { --deferred_init_scopes; }
+PadModelScope::PadModelScope() { ++pad_model_scopes; }
+PadModelScope::~PadModelScope() { --pad_model_scopes; }
+
+namespace {
+
+// `size` rounded up to a multiple of tp * alignment with pad (or pad_model); without, Error unless it is
+// one already.
+int64_t padded_size(int64_t size, int tp, int64_t alignment, bool pad, const char* layer, const char* what) {
+  if (alignment < 1) {
+    throw Error(BPL_ERR_INVALID_ARGUMENT, std::string(layer) + ": pad_alignment_size_per_rank " +
+                                              std::to_string(alignment) + " must be >= 1");
+  }
+  if (size < 1) throw Error(BPL_ERR_INVALID_ARGUMENT, std::string(layer) + ": " + what + " must be positive");
+  const int64_t multiple = tp * alignment;
+  if (size % multiple == 0) return size;
+  if (pad || pad_model_scopes > 0) return (size + multiple - 1) / multiple * multiple;
+  throw Error(BPL_ERR_INVALID_ARGUMENT,
+              std::string(layer) + ": " + what + " " + std::to_string(size) + " must be divisible by the tensor-parallel size " +
+                  std::to_string(tp) + (alignment > 1 ? " times pad_alignment_size_per_rank " + std::to_string(alignment) : "") +
+                  " (or set pad, or pad_model in the config)");
+}
+
+// `t` with zeros appended along `dim` up to `size`.
+at::Tensor zero_padded(const at::Tensor& t, int64_t dim, int64_t size) {
+  if (t.size(dim) == size) return t;
+  std::vector<int64_t> shape = t.sizes().vec();
+  shape[static_cast<size_t>(dim)] = size - t.size(dim);
+  return at::cat({t, at::zeros(shape, t.options())}, dim);
+}
+
 // The group a layer runs over: the one given, else the tensor-parallel group (initialising a one-rank
 // state, with a warning, if the program did not).
 GroupPtr layer_group(const char* layer, const GroupPtr& given) {
@@ -54,6 +91,7 @@ void normal_default(at::Tensor& weight) { torch::nn::init::normal_(weight, 0.0, 
 // a rank keeps does not depend on how many ranks there are.
 at::Tensor make_master_weight(at::IntArrayRef shape, const InitMethod& init, void (*default_init)(at::Tensor&)) {
   at::NoGradGuard no_grad;
+  if (deferred_init_scopes > 0) return at::empty(shape, at::TensorOptions().dtype(at::kFloat).device(at::kMeta));
   at::Tensor master = at::empty(shape, at::kFloat);
   if (init) init(master); else default_init(master);
   return master;
@@ -64,11 +102,15 @@ at::Tensor make_master_weight(at::IntArrayRef shape, const InitMethod& init, voi
 // degree.
 at::Tensor master_bias(int64_t size, int64_t fan_in) {
   at::NoGradGuard no_grad;
+  if (deferred_init_scopes > 0) return at::empty({size}, at::TensorOptions().dtype(at::kFloat).device(at::kMeta));
   const double bound = 1.0 / std::sqrt(static_cast<double>(fan_in));
   return at::empty({size}, at::kFloat).uniform_(-bound, bound);
 }
 
+// A parameter of `value` in `dtype`; of a meta value (deferred initialisation), uninitialised memory of
+// its shape.
 at::Tensor as_parameter(const at::Tensor& value, at::ScalarType dtype) {
+  if (value.is_meta()) return at::empty(value.sizes(), at::TensorOptions().dtype(dtype)).requires_grad_(true);
   return value.to(dtype).contiguous().detach().requires_grad_(true);
 }
 
@@ -92,19 +134,25 @@ ColumnParallelLinearImpl::ColumnParallelLinearImpl(ColumnParallelLinearOptions o
   const char* name = "ColumnParallelLinear";
   const int tp = group_->size();
   require(options_.input_size() > 0, name, "input_size must be positive");
-  const int64_t out_local = divide(options_.output_size(), tp, name, "output_size");
+  padded_size_ = padded_size(options_.output_size(), tp, options_.pad_alignment_size_per_rank(), options_.pad(), name,
+                             "output_size");
+  if (padded_size_ != options_.output_size()) options_.pad(true);
+  const int64_t out_local = padded_size_ / tp;
   require(!(options_.sequence_parallel_enabled() && options_.gather_output()), name,
           "sequence_parallel_enabled needs gather_output=false");
+  // Drawn at the real size, then padded: the real rows are those of the unpadded layer.
   at::Tensor master = make_master_weight({options_.output_size(), options_.input_size()}, options_.init_method(),
                                     kaiming_uniform_default);
   weight = register_parameter(
-      "weight", as_parameter(create_local_weight(master.to(options_.dtype()), 0, out_local, options_.stride(),
-                                                 group_->rank(), tp),
+      "weight", as_parameter(create_local_weight(zero_padded(master, 0, padded_size_).to(options_.dtype()), 0,
+                                                 out_local, options_.stride(), group_->rank(), tp),
                              options_.dtype()));
   mark_partitioned(weight, 0, options_.stride(), tp);
   if (options_.keep_master_weight()) master_weight = master;
   if (options_.bias()) {
-    at::Tensor full = master_bias(options_.output_size(), options_.input_size());
+    at::Tensor full = zero_padded(master_bias(options_.output_size(), options_.input_size()), 0, padded_size_);
+    // Added after the gather, to the output as returned: narrowed back unless keep_padded_output.
+    if (options_.gather_output() && !options_.keep_padded_output()) full = full.narrow(0, 0, options_.output_size());
     // Gathered outputs get the whole bias after the gather; split outputs get this rank's part.
     at::Tensor local = options_.gather_output()
                            ? full
@@ -119,7 +167,12 @@ std::tuple<at::Tensor, at::Tensor> ColumnParallelLinearImpl::forward_with_bias(c
                      ? gather_from_sequence_parallel_region(input, options_.sequence_dimension(), true, group_)
                      : copy_to_tensor_model_parallel_region(input, group_);
   at::Tensor y = at::linear(x, weight);
-  if (options_.gather_output()) y = gather_from_tensor_model_parallel_region(y, group_);
+  if (options_.gather_output()) {
+    y = gather_from_tensor_model_parallel_region(y, group_);
+    if (padded_size_ != options_.output_size() && !options_.keep_padded_output()) {
+      y = y.narrow(-1, 0, options_.output_size());
+    }
+  }
   if (adapter) y = y + adapter->delta(input);
   return with_bias(y, bias, options_.skip_bias_add());
 }
@@ -136,14 +189,17 @@ RowParallelLinearImpl::RowParallelLinearImpl(RowParallelLinearOptions options)
   const char* name = "RowParallelLinear";
   const int tp = group_->size();
   require(options_.output_size() > 0, name, "output_size must be positive");
-  const int64_t in_local = divide(options_.input_size(), tp, name, "input_size");
+  padded_size_ = padded_size(options_.input_size(), tp, options_.pad_alignment_size_per_rank(), options_.pad(), name,
+                             "input_size");
+  if (padded_size_ != options_.input_size()) options_.pad(true);
+  const int64_t in_local = padded_size_ / tp;
   require(!options_.sequence_parallel_enabled() || options_.input_is_parallel(), name,
           "sequence_parallel_enabled needs input_is_parallel=true");
   at::Tensor master = make_master_weight({options_.output_size(), options_.input_size()}, options_.init_method(),
                                     kaiming_uniform_default);
   weight = register_parameter(
-      "weight", as_parameter(create_local_weight(master.to(options_.dtype()), 1, in_local, options_.stride(),
-                                                 group_->rank(), tp),
+      "weight", as_parameter(create_local_weight(zero_padded(master, 1, padded_size_).to(options_.dtype()), 1,
+                                                 in_local, options_.stride(), group_->rank(), tp),
                              options_.dtype()));
   mark_partitioned(weight, 1, options_.stride(), tp);
   if (options_.keep_master_weight()) master_weight = master;
@@ -156,7 +212,11 @@ RowParallelLinearImpl::RowParallelLinearImpl(RowParallelLinearOptions options)
 }
 
 std::tuple<at::Tensor, at::Tensor> RowParallelLinearImpl::forward_with_bias(const at::Tensor& input) {
-  at::Tensor x = options_.input_is_parallel() ? input : scatter_to_tensor_model_parallel_region(input, group_);
+  at::Tensor x = options_.input_is_parallel()
+                     ? input
+                     : scatter_to_tensor_model_parallel_region(
+                           padded_size_ != options_.input_size() ? zero_padded(input, input.dim() - 1, padded_size_) : input,
+                           group_);
   at::Tensor y = at::linear(x, weight);
   if (options_.reduce_output()) {
     const at::ScalarType dtype = y.scalar_type();

@@ -117,6 +117,9 @@ LoraAdapterImpl::LoraAdapterImpl(const ColumnParallelLinearImpl& base, const Lor
                                     .dtype(o.dtype())
                                     .stride(o.stride())
                                     .init_method(zero_init)
+                                    .pad(o.pad())
+                                    .pad_alignment_size_per_rank(o.pad_alignment_size_per_rank())
+                                    .keep_padded_output(o.keep_padded_output())
                                     .sequence_parallel_enabled(o.sequence_parallel_enabled())
                                     .sequence_dimension(o.sequence_dimension())
                                     .tensor_model_parallel_group(base.group())));
@@ -131,6 +134,8 @@ LoraAdapterImpl::LoraAdapterImpl(const RowParallelLinearImpl& base, const LoraCo
                                                       .dtype(o.dtype())
                                                       .stride(o.stride())
                                                       .init_method(a_init(config_))
+                                                      .pad(o.pad())
+                                                      .pad_alignment_size_per_rank(o.pad_alignment_size_per_rank())
                                                       .sequence_parallel_enabled(o.sequence_parallel_enabled())
                                                       .sequence_dimension(o.sequence_dimension())
                                                       .tensor_model_parallel_group(base.group())));

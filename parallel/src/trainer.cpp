@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <torch/serialize/archive.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <sstream>
 #include <string>
@@ -53,6 +54,11 @@ ParallelConfig initialize_parallel_config(ParallelConfig config) {
   require(!config.optimizer_config.grad_clipping || config.optimizer_config.max_grad_norm > 0,
           "max_grad_norm " + std::to_string(config.optimizer_config.max_grad_norm) +
               " must be > 0 when grad_clipping is on");
+  require(config.model_init_config.sequential_move_factor >= 1 && config.model_init_config.sequential_move_factor <= 32,
+          "sequential_move_factor " + std::to_string(config.model_init_config.sequential_move_factor) +
+              " must be in 1..32");
+  require(!config.model_init_config.meta_device_init || config.param_init_fn,
+          "meta_device_init needs param_init_fn: the parallel layers' shards are left uninitialised");
   require(config.allreduce_bucket_cap_mb > 0,
           "allreduce_bucket_cap_mb " + std::to_string(config.allreduce_bucket_cap_mb) + " must be > 0");
   require(!config.sequence_parallel || config.tensor_parallel_size > 1,
@@ -78,6 +84,22 @@ ParallelConfig initialize_parallel_config(ParallelConfig config) {
   }
   return config;
 }
+
+namespace detail {
+
+std::pair<int, int> model_build_turns(int sequential_move_factor) {
+  bpl_runtime_info info = BPL_RUNTIME_INFO_INIT;
+  bpl_runtime_describe(get_runtime(), &info);
+  const int local_rank = std::max(0, info.local_rank);
+  at::Tensor most = at::full({1}, std::max(1, info.local_world_size), at::kInt);  // the fullest machine's ranks
+  get_world_group()->all_reduce(most, ReduceOp::Max);
+  const int turns = (most.item<int>() + sequential_move_factor - 1) / sequential_move_factor;
+  return {turns, local_rank / sequential_move_factor};
+}
+
+void end_model_build_turn() { get_world_group()->barrier(); }
+
+}  // namespace detail
 
 at::ScalarType apply_bf16_environment(torch::nn::Module& module) {
   const bool use_bf16 = env_flag("XLA_USE_BF16");

@@ -236,6 +236,14 @@ TEST_F(OneRankTest, InvalidConfigsAreClearErrors) {
   too_wide.tensor_parallel_size = 4;
   EXPECT_NE(error_of([&] { bp::initialize_parallel_config(too_wide); }).find("tensor_parallel_size 4 exceeds the world size 1"),
             std::string::npos);
+  bp::ParallelConfig crowded;
+  crowded.model_init_config.sequential_move_factor = 33;
+  EXPECT_NE(error_of([&] { bp::initialize_parallel_config(crowded); }).find("sequential_move_factor 33 must be in 1..32"),
+            std::string::npos);
+  bp::ParallelConfig uninitialised;
+  uninitialised.model_init_config.meta_device_init = true;
+  EXPECT_NE(error_of([&] { bp::initialize_parallel_config(uninitialised); }).find("meta_device_init needs param_init_fn"),
+            std::string::npos);
   bp::ParallelConfig no_norm;
   no_norm.optimizer_config.max_grad_norm = 0;
   EXPECT_NE(error_of([&] { bp::initialize_parallel_config(no_norm); }).find("max_grad_norm 0"), std::string::npos);

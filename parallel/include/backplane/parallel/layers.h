@@ -19,6 +19,24 @@
 
 namespace backplane::parallel {
 
+// While one lives on a thread, the parallel layers made there build as initialize_parallel_model's
+// model_init_config and pad_model say. DeferredInit: parameters are allocated at their local shard's
+// shape and left uninitialised, with no full master weight made or drawn (keep_master_weight then keeps
+// a meta tensor, its shape only); whoever made the scope initialises them (param_init_fn). PadModel: the
+// linear layers pad (their `pad` option) unless their sizes already divide.
+struct DeferredInitScope {
+  DeferredInitScope();
+  ~DeferredInitScope();
+  DeferredInitScope(const DeferredInitScope&) = delete;
+  DeferredInitScope& operator=(const DeferredInitScope&) = delete;
+};
+struct PadModelScope {
+  PadModelScope();
+  ~PadModelScope();
+  PadModelScope(const PadModelScope&) = delete;
+  PadModelScope& operator=(const PadModelScope&) = delete;
+};
+
 // Initialises a full fp32 weight in place. nullptr: the layer's default (kaiming_uniform_(a=sqrt(5)) for
 // linear layers, normal_(0, 1) for embeddings).
 using InitMethod = std::function<void(at::Tensor&)>;
@@ -52,6 +70,15 @@ struct ColumnParallelLinearOptions {
   TORCH_ARG(bool, keep_master_weight) = false;
   // forward_with_bias returns the bias instead of adding it (to fuse it into what follows).
   TORCH_ARG(bool, skip_bias_add) = false;
+  // Pads output_size with zero rows up to a multiple of tp * pad_alignment_size_per_rank (on by default
+  // while initialize_parallel_model builds a model with pad_model). The padded rows start at zero and
+  // stay there in training when what reads them ignores them (attention heads of zero weights). Without
+  // pad, output_size must be such a multiple.
+  TORCH_ARG(bool, pad) = false;
+  // What each rank's part must be a multiple of: a head's size, so that heads are not split.
+  TORCH_ARG(int64_t, pad_alignment_size_per_rank) = 1;
+  // With gather_output, keep the padded columns of the output (else it is narrowed to output_size).
+  TORCH_ARG(bool, keep_padded_output) = false;
   TORCH_ARG(GroupPtr, tensor_model_parallel_group) = nullptr;
 };
 
@@ -67,6 +94,8 @@ class ColumnParallelLinearImpl : public torch::nn::Module {
 
   const ColumnParallelLinearOptions& options() const { return options_; }
   GroupPtr group() const { return group_; }
+  // output_size with its padding (output_size without pad).
+  int64_t padded_output_size() const { return padded_size_; }
   at::Tensor weight;        // (output_size / tp, input_size)
   at::Tensor bias;          // (output_size) if gather_output, else (output_size / tp); undefined without bias
   at::Tensor master_weight; // (output_size, input_size) fp32, with keep_master_weight
@@ -75,6 +104,7 @@ class ColumnParallelLinearImpl : public torch::nn::Module {
  private:
   ColumnParallelLinearOptions options_;
   GroupPtr group_;
+  int64_t padded_size_ = 0;
 };
 TORCH_MODULE(ColumnParallelLinear);
 
@@ -98,6 +128,11 @@ struct RowParallelLinearOptions {
   TORCH_ARG(bool, reduce_output) = true;
   // The partial sums are reduced in this dtype, then cast back.
   TORCH_ARG(at::ScalarType, reduce_dtype) = at::kFloat;
+  // Pads input_size with zero columns up to a multiple of tp * pad_alignment_size_per_rank (see
+  // ColumnParallelLinearOptions::pad); a parallel input must then come padded (from a padded
+  // ColumnParallelLinear), a whole one is padded here.
+  TORCH_ARG(bool, pad) = false;
+  TORCH_ARG(int64_t, pad_alignment_size_per_rank) = 1;
   TORCH_ARG(GroupPtr, tensor_model_parallel_group) = nullptr;
 };
 
@@ -111,6 +146,8 @@ class RowParallelLinearImpl : public torch::nn::Module {
 
   const RowParallelLinearOptions& options() const { return options_; }
   GroupPtr group() const { return group_; }
+  // input_size with its padding (input_size without pad).
+  int64_t padded_input_size() const { return padded_size_; }
   at::Tensor weight;        // (output_size, input_size / tp)
   at::Tensor bias;          // (output_size), the same on every rank
   at::Tensor master_weight; // (output_size, input_size) fp32, with keep_master_weight
@@ -119,6 +156,7 @@ class RowParallelLinearImpl : public torch::nn::Module {
  private:
   RowParallelLinearOptions options_;
   GroupPtr group_;
+  int64_t padded_size_ = 0;
 };
 TORCH_MODULE(RowParallelLinear);
 

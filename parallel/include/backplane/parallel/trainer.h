@@ -27,6 +27,17 @@ struct OptimizerConfig {
   double max_grad_norm = 1.0;
 };
 
+// neuronx_distributed_config's model_init_config (its param_init_fn is ParallelConfig::param_init_fn).
+struct ModelInitConfig {
+  // At most this many ranks of a machine run model_fn at once (1 to 32); the others wait their turn, to
+  // bound the host memory the builds take together.
+  int sequential_move_factor = 11;
+  // backplane's parallel layers made by model_fn allocate only this rank's shard, uninitialised: no full
+  // master weight is made or drawn. param_init_fn (then required) initialises the model. (LibTorch cannot
+  // move a parameter off the meta device in place, so the shards are allocated, untouched, on the CPU.)
+  bool meta_device_init = false;
+};
+
 // neuronx_distributed_config's choices that apply here.
 struct ParallelConfig {
   int tensor_parallel_size = 1;
@@ -45,6 +56,11 @@ struct ParallelConfig {
   // model_init_config's param_init_fn: run on the built model before its parameters are made identical
   // across data-parallel ranks (so rank 0's initialisation is the one every rank gets).
   std::function<void(torch::nn::Module&)> param_init_fn;
+  ModelInitConfig model_init_config;
+  // The parallel linear layers model_fn makes pad sizes that do not divide the tensor-parallel degree
+  // (their `pad` option): attention heads padded with zero heads, when the layers are told a head's size
+  // (pad_alignment_size_per_rank).
+  bool pad_model = false;
 };
 
 // Checks `config` (every problem named, with its value) and initialises the process group and the
@@ -60,6 +76,10 @@ at::ScalarType apply_bf16_environment(torch::nn::Module& module);
 void broadcast_from_data_parallel_source(torch::nn::Module& module);
 
 namespace detail {
+// The turns in which the machines' ranks run model_fn, at most sequential_move_factor ranks of a machine
+// per turn: (number of turns, this rank's). Collective over the world.
+std::pair<int, int> model_build_turns(int sequential_move_factor);
+void end_model_build_turn();
 // The LoRA config to build adapters with: with load_lora_from_ckpt, the saved adapter's (checkpoint.cpp).
 LoraConfig lora_config_to_apply(const LoraConfig& config);
 // With load_lora_from_ckpt, loads the adapter (and the base model if it was saved with it) into `model`.
@@ -110,7 +130,20 @@ class ParallelModel {
 template <typename ModelFn>
 auto initialize_parallel_model(const ParallelConfig& config, ModelFn&& model_fn) {
   initialize_parallel_config(config);
-  auto module = model_fn();
+  auto build = [&] {
+    std::optional<DeferredInitScope> deferred;
+    std::optional<PadModelScope> padded;
+    if (config.model_init_config.meta_device_init) deferred.emplace();
+    if (config.pad_model) padded.emplace();
+    return model_fn();
+  };
+  std::optional<decltype(build())> built;
+  const auto [turns, my_turn] = detail::model_build_turns(config.model_init_config.sequential_move_factor);
+  for (int turn = 0; turn < turns; ++turn) {
+    if (turn == my_turn) built.emplace(build());
+    if (turns > 1) detail::end_model_build_turn();
+  }
+  auto module = std::move(*built);
   if (config.param_init_fn) config.param_init_fn(*module);
   std::shared_ptr<PipelineEngine> pipeline;
   if (config.lora_config.enable_lora) {
