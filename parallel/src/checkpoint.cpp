@@ -21,17 +21,17 @@
 
 #include "backplane/parallel/distributed.h"
 #include "backplane/parallel/lora.h"
+#include "checkpoint_files.h"
 
 namespace backplane::parallel {
 namespace fs = std::filesystem;
+using namespace checkpoint_files;
 
 namespace {
 
 constexpr const char* kDone = "done";
 constexpr const char* kMarker = "checkpoint";
-// The model's files; a LoRA adapter's, apart from its base model's.
-constexpr const char* kModelDir = "model";
-constexpr const char* kLoraDir = "lora_adapter";
+
 // Every file of a checkpoint is followed by "<file>.crc32", its size and CRC-32, written by the same
 // rank after the file and checked whenever the file is read: LibTorch's archive reader does not check
 // the CRCs of its zip records, so a flipped byte inside a tensor would load without a word.
@@ -43,9 +43,13 @@ std::string two_digits(int value) {
   return text;
 }
 
-std::string shard_name(int dp, int tp, int pp) {
+}  // namespace
+
+std::string checkpoint_files::shard_name(int dp, int tp, int pp) {
   return "dp_rank_" + two_digits(dp) + "_tp_rank_" + two_digits(tp) + "_pp_rank_" + two_digits(pp) + ".pt";
 }
+
+namespace {
 
 std::string host_name() {
   char name[256] = {};
@@ -111,10 +115,14 @@ std::string checksum_of(const std::string& bytes) {
 }
 
 // The file, then its checksum: a file without one is either being written or from before checksums.
-void write_file_atomically(const fs::path& file, const std::string& bytes) {
+}  // namespace
+
+void checkpoint_files::write_file_atomically(const fs::path& file, const std::string& bytes) {
   write_bytes_atomically(file, bytes);
   write_bytes_atomically(file.string() + kChecksumSuffix, checksum_of(bytes));
 }
+
+namespace {
 
 std::string read_bytes(const fs::path& file) {
   std::ifstream in(file, std::ios::binary);
@@ -142,14 +150,15 @@ std::string integrity_problem(const fs::path& file, const std::string* bytes = n
          ", its checksum file says " + expected;
 }
 
-std::string serialize(torch::serialize::OutputArchive& archive) {
+}  // namespace
+
+std::string checkpoint_files::serialize(torch::serialize::OutputArchive& archive) {
   std::ostringstream bytes;
   archive.save_to(bytes);
   return bytes.str();
 }
 
-// A checkpoint file, verified against its checksum, as an archive.
-torch::serialize::InputArchive read_archive(const fs::path& file) {
+torch::serialize::InputArchive checkpoint_files::read_archive(const fs::path& file) {
   if (!fs::exists(file)) throw Error(BPL_ERR_NOT_FOUND, "checkpoint file " + file.string() + " does not exist");
   const std::string bytes = read_bytes(file);
   const std::string problem = integrity_problem(file, &bytes);
@@ -165,6 +174,8 @@ torch::serialize::InputArchive read_archive(const fs::path& file) {
   }
   return archive;
 }
+
+namespace {
 
 fs::file_time_type modified(const fs::path& file) {
   std::error_code error;
@@ -293,9 +304,10 @@ void finalize_checkpoint() {
 
 namespace {
 
-torch::serialize::OutputArchive model_archive() {
+torch::serialize::OutputArchive model_archive(torch::nn::Module& model) {
   torch::serialize::OutputArchive archive;
   archive.write("__tensor_parallel_size", c10::IValue(static_cast<int64_t>(get_tensor_model_parallel_size())));
+  write_layout(archive, model);
   return archive;
 }
 
@@ -319,7 +331,7 @@ void add_model_files(torch::nn::Module& model, const fs::path& folder, const std
   const std::optional<LoraConfig> lora =
       adapters.empty() ? std::nullopt : std::optional<LoraConfig>(adapters.front().second->config());
   if (!lora || lora->save_lora_base) {
-    torch::serialize::OutputArchive archive = model_archive();
+    torch::serialize::OutputArchive archive = model_archive(model);
     if (lora && lora->merge_lora) {
       for (const auto& [name, value] : merged_lora_state(model)) archive.write(name, value);
     } else {
@@ -333,7 +345,7 @@ void add_model_files(torch::nn::Module& model, const fs::path& folder, const std
     files.emplace_back(folder / kModelDir / shard, serialize(archive));
   }
   if (lora && !lora->merge_lora) {
-    torch::serialize::OutputArchive archive = model_archive();
+    torch::serialize::OutputArchive archive = model_archive(model);
     write_lora_config(archive, *lora);
     const auto params = model.named_parameters();
     for (const std::string& name : lora_adapter_state_names(model)) archive.write(name, params[name].detach());
@@ -416,9 +428,27 @@ std::vector<fs::path> model_files(const fs::path& folder, torch::nn::Module& mod
   if (lora_adapters(model).empty()) return {base};
   std::vector<fs::path> files;
   for (const fs::path& file : {base, adapter}) {
-    if (fs::exists(file)) files.push_back(file);
+    if (fs::exists(file) || fs::exists(file.parent_path() / shard_name(0, 0, 0))) files.push_back(file);
   }
   if (files.empty()) files.push_back(base);
+  return files;
+}
+
+// The tensor- and pipeline-parallel sizes the model files in `dir` were saved at (0, 0 without files).
+std::pair<int, int> saved_layout(const fs::path& dir) {
+  int tp = 0, pp = 0;
+  while (fs::exists(dir / shard_name(0, tp, 0))) ++tp;
+  while (fs::exists(dir / shard_name(0, 0, pp))) ++pp;
+  return {tp, pp};
+}
+
+// Every model file of the folder of `file`: what a job of another layout reads.
+std::vector<fs::path> every_shard_beside(const fs::path& file) {
+  const auto [tp, pp] = saved_layout(file.parent_path());
+  std::vector<fs::path> files;
+  for (int p = 0; p < pp; ++p) {
+    for (int t = 0; t < tp; ++t) files.push_back(file.parent_path() / shard_name(0, t, p));
+  }
   return files;
 }
 
@@ -429,7 +459,14 @@ std::vector<fs::path> files_to_read(const fs::path& folder, torch::nn::Module* m
   const int tp = get_tensor_model_parallel_rank(), pp = get_pipeline_model_parallel_rank();
   std::vector<fs::path> files;
   if (model != nullptr) {
-    for (const fs::path& file : model_files(folder, *model, shard_name(0, tp, pp))) files.push_back(file);
+    for (const fs::path& file : model_files(folder, *model, shard_name(0, tp, pp))) {
+      const auto [saved_tp, saved_pp] = saved_layout(file.parent_path());
+      if (saved_tp == get_tensor_model_parallel_size() && saved_pp == get_pipeline_model_parallel_size()) {
+        files.push_back(file);
+      } else {
+        for (const fs::path& shard : every_shard_beside(file)) files.push_back(shard);
+      }
+    }
   }
   if (optimizer != nullptr) {
     files.push_back(folder / "optim" / shard_name(optimizer->zero_one() ? get_data_parallel_rank() : 0, tp, pp));
@@ -498,11 +535,28 @@ UserContent load_checkpoint(const std::string& path, const std::string& tag, tor
   if (model != nullptr) {
     const std::vector<std::string> adapter_state = lora_adapter_state_names(*model);
     for (const fs::path& file : model_files(folder, *model, shard_name(0, tp, pp))) {
+      const bool adapter_file = file.parent_path().filename() == kLoraDir;
+      const auto [saved_tp, saved_pp] = saved_layout(file.parent_path());
+      if (saved_tp != tp_size || saved_pp != get_pipeline_model_parallel_size()) {
+        // Saved at another layout: every parameter put back together and split again.
+        if (optimizer != nullptr) {
+          throw Error(BPL_ERR_MISMATCH, "checkpoint " + folder.string() + " was saved at tensor_parallel_size " +
+                                            std::to_string(saved_tp) + ", pipeline_parallel_size " + std::to_string(saved_pp) +
+                                            "; this job has " + std::to_string(tp_size) + " and " +
+                                            std::to_string(get_pipeline_model_parallel_size()) +
+                                            ": the model loads across layouts, the optimizer's state does not yet "
+                                            "(load the model alone)");
+        }
+        load_across_layouts(file.parent_path(), *model, strict, [&](const std::string& name) {
+          if (adapter_state.empty()) return true;
+          return adapter_file ? std::count(adapter_state.begin(), adapter_state.end(), name) > 0 : !is_lora_name(name);
+        });
+        continue;
+      }
       torch::serialize::InputArchive archive = read_archive(file);
       check_tensor_parallel_size(archive, file);
       // With adapters, a model's file holds the base model (the adapters' trained biases too, when saved
       // with it) and an adapter's file the adapters and their trained biases (loaded after it).
-      const bool adapter_file = file.parent_path().filename() == kLoraDir;
       at::NoGradGuard no_grad;
       auto load_into = [&](const std::string& name, at::Tensor& target, bool is_buffer) {
         if (adapter_file ? !std::count(adapter_state.begin(), adapter_state.end(), name) : is_lora_name(name)) return;

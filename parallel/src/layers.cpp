@@ -115,9 +115,13 @@ at::Tensor as_parameter(const at::Tensor& value, at::ScalarType dtype) {
 }
 
 // Records that `parameter` is this rank's partition along `dim` (for clipping, checkpoints, ZeRO-1).
-void mark_partitioned(const at::Tensor& parameter, int64_t dim, int64_t stride, int tp) {
-  set_tensor_model_parallel_attributes(parameter, {dim, stride, tp});
+void mark_partitioned(const at::Tensor& parameter, int64_t dim, int64_t stride, int tp, int64_t unpadded_size = -1,
+                      bool reshardable = true) {
+  set_tensor_model_parallel_attributes(parameter, {dim, stride, tp, unpadded_size, reshardable});
 }
+
+// The unpadded size to record for a padded layer's partitions (-1 when it is not padded).
+int64_t unpadded(int64_t real, int64_t padded) { return real == padded ? -1 : real; }
 
 // (output + bias, undefined), or with skip_bias_add (output, bias) for the caller to fuse.
 std::tuple<at::Tensor, at::Tensor> with_bias(const at::Tensor& output, const at::Tensor& bias, bool skip_bias_add) {
@@ -147,7 +151,7 @@ ColumnParallelLinearImpl::ColumnParallelLinearImpl(ColumnParallelLinearOptions o
       "weight", as_parameter(create_local_weight(zero_padded(master, 0, padded_size_).to(options_.dtype()), 0,
                                                  out_local, options_.stride(), group_->rank(), tp),
                              options_.dtype()));
-  mark_partitioned(weight, 0, options_.stride(), tp);
+  mark_partitioned(weight, 0, options_.stride(), tp, unpadded(options_.output_size(), padded_size_));
   if (options_.keep_master_weight()) master_weight = master;
   if (options_.bias()) {
     at::Tensor full = zero_padded(master_bias(options_.output_size(), options_.input_size()), 0, padded_size_);
@@ -158,7 +162,9 @@ ColumnParallelLinearImpl::ColumnParallelLinearImpl(ColumnParallelLinearOptions o
                            ? full
                            : create_local_weight(full, 0, out_local, options_.stride(), group_->rank(), tp);
     bias = register_parameter("bias", as_parameter(local, options_.dtype()));
-    if (!options_.gather_output()) mark_partitioned(bias, 0, options_.stride(), tp);
+    if (!options_.gather_output()) {
+      mark_partitioned(bias, 0, options_.stride(), tp, unpadded(options_.output_size(), padded_size_));
+    }
   }
 }
 
@@ -201,7 +207,7 @@ RowParallelLinearImpl::RowParallelLinearImpl(RowParallelLinearOptions options)
       "weight", as_parameter(create_local_weight(zero_padded(master, 1, padded_size_).to(options_.dtype()), 1,
                                                  in_local, options_.stride(), group_->rank(), tp),
                              options_.dtype()));
-  mark_partitioned(weight, 1, options_.stride(), tp);
+  mark_partitioned(weight, 1, options_.stride(), tp, unpadded(options_.input_size(), padded_size_));
   if (options_.keep_master_weight()) master_weight = master;
   if (options_.bias()) {
     bias = register_parameter("bias", as_parameter(master_bias(options_.output_size(), options_.input_size()),
@@ -357,7 +363,7 @@ GQAQKVColumnParallelLinearImpl::GQAQKVColumnParallelLinearImpl(GQAQKVColumnParal
       bias_v_ = register_parameter("bias_v", as_parameter(bv, dtype));
     }
   }
-  for (const at::Tensor& parameter : parameters()) mark_partitioned(parameter, 0, 1, tp);
+  for (const at::Tensor& parameter : parameters()) mark_partitioned(parameter, 0, 1, tp, -1, /*reshardable=*/false);
 }
 
 // Part `which` (0 = Q, 1 = K, 2 = V) of the fused tensor, or the separate one.

@@ -53,14 +53,28 @@ void save_checkpoint(const std::string& path, const std::string& tag, torch::nn:
 // that fails its checksums is named, with the file, on every rank that finds it so, and passed over.
 // Errors name the file: a missing or incomplete tag, or no loadable one (BPL_ERR_NOT_FOUND), a file
 // that does not match its checksum, or is corrupt or truncated (BPL_ERR_IO), a checkpoint of another
-// tensor-parallel degree or shape (BPL_ERR_MISMATCH), and with strict, a parameter the checkpoint lacks
-// (BPL_ERR_MISMATCH).
+// shape (BPL_ERR_MISMATCH), and with strict, a parameter the checkpoint lacks (BPL_ERR_MISMATCH). A model
+// saved at another tensor- or pipeline-parallel size loads all the same: each parameter is put back
+// together from the saved partitions and split as this job holds it (the optimizer's state cannot move
+// between layouts yet: BPL_ERR_MISMATCH).
 UserContent load_checkpoint(const std::string& path, const std::string& tag, torch::nn::Module* model,
                             ParallelOptimizer* optimizer, Stateful* scheduler, bool strict = true);
 
 // Finishes an asynchronous save: waits for its writes, then (collectively) marks it complete and applies
 // num_kept_ckpts. A no-op when none is pending. Call it before exiting after an async save.
 void finalize_checkpoint();
+
+// Writes the model of checkpoint `path`/`tag` (empty: the newest complete tag) unsharded into `file`:
+// every parameter whole (tensor-parallel partitions put back together, padding dropped) and every
+// pipeline stage's, by name, nested by module as torch::save writes a module, so that torch::load(module,
+// file) reads it into a module of the same names (the model at tensor-parallel size 1, say). A LoRA
+// checkpoint's adapter goes in too. One process, no process group: it reads every rank's files.
+void export_unsharded_checkpoint(const std::string& path, const std::string& tag, const std::string& file);
+
+// Loads an unsharded file (export_unsharded_checkpoint's, or torch::save of a module of the same names)
+// into `model` as this job's layout holds it: each rank takes its partition of each parameter. Error
+// (BPL_ERR_MISMATCH) naming a parameter the file lacks (with strict) or whose shape does not fit.
+void load_unsharded_checkpoint(const std::string& file, torch::nn::Module& model, bool strict = true);
 
 // `config` with the LoRA fields that shape an adapter (rank, alpha, dropout, bias, target_modules,
 // use_rslora, init_lora_weights) as saved with the adapter in `path`/`tag` (empty: the newest complete

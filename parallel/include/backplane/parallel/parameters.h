@@ -13,6 +13,12 @@ struct TensorParallelAttributes {
   int64_t partition_dim = 0;    // the dim split over the tensor-parallel ranks
   int64_t partition_stride = 1; // interleaved blocks per rank (see create_local_weight)
   int num_partitions = 1;       // the tensor-parallel size
+  // The whole size along partition_dim before padding (pad_model): the partitions together hold it and
+  // then zeros. -1: no padding.
+  int64_t unpadded_size = -1;
+  // Whether the whole tensor is the partitions put back together (checkpoints can then move between
+  // tensor-parallel degrees). Not for GQA's fused QKV weights, whose partitions interleave replicated heads.
+  bool reshardable = true;
 };
 
 // Marks `parameter` as one rank's partition. Error if it is marked already (as neuronx-distributed asserts).

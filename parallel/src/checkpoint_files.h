@@ -1,0 +1,39 @@
+// What checkpoint.cpp (saving, loading, retention) and checkpoint_layouts.cpp (across layouts,
+// unsharded files) share: the files' names and how they are written and read.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/serialize/archive.h>
+
+#include <filesystem>
+#include <string>
+
+namespace backplane::parallel::checkpoint_files {
+
+// The model's files; a LoRA adapter's, apart from its base model's.
+inline constexpr const char* kModelDir = "model";
+inline constexpr const char* kLoraDir = "lora_adapter";
+
+// "dp_rank_DD_tp_rank_TT_pp_rank_PP.pt".
+std::string shard_name(int dp, int tp, int pp);
+// The file (under a temporary name, synced, renamed), then "<file>.crc32" with its size and CRC-32.
+void write_file_atomically(const std::filesystem::path& file, const std::string& bytes);
+std::string serialize(torch::serialize::OutputArchive& archive);
+// A checkpoint file, verified against its checksum, as an archive. Error naming the file: missing
+// (BPL_ERR_NOT_FOUND), corrupt or truncated (BPL_ERR_IO).
+torch::serialize::InputArchive read_archive(const std::filesystem::path& file);
+
+// Writes, for each partitioned parameter of `model`, how its partitions make the whole tensor
+// ("__partition.<name>": partition dim, stride, unpadded size or -1, reshardable), the layout
+// ("__pipeline_parallel_size") and the submodules' names ("__modules"), so that a job of another layout
+// can load the file and an unsharded export has the module tree torch::load reads.
+void write_layout(torch::serialize::OutputArchive& archive, torch::nn::Module& model);
+
+// Loads the model files of `dir` (a checkpoint's model/ or lora_adapter/ folder) saved at another
+// tensor- or pipeline-parallel size into `model`: every parameter put back together from the saved
+// partitions, then split as this job's layout holds it. Only names `wanted` accepts; with `strict`,
+// each of them must be in the checkpoint.
+void load_across_layouts(const std::filesystem::path& dir, torch::nn::Module& model, bool strict,
+                         const std::function<bool(const std::string&)>& wanted);
+
+}  // namespace backplane::parallel::checkpoint_files
