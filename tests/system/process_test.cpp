@@ -244,11 +244,12 @@ std::string fresh_dir(const std::string& name) {
 }
 
 // A run resumed from a checkpoint prints exactly the losses of the run that never stopped.
-void expect_resumed_run_repeats_losses(const std::function<std::vector<std::string>(std::vector<std::string>)>& launch,
+void expect_resumed_run_repeats_losses(const std::string& program,
+                                       const std::function<std::vector<std::string>(std::vector<std::string>)>& launch,
                                        const std::map<std::string, std::string>& env, const std::vector<std::string>& flags) {
-  const std::string dir = fresh_dir("dp-train");
+  const std::string dir = fresh_dir(program);
   auto run = [&](std::vector<std::string> extra) {
-    std::vector<std::string> argv = {kBin + "/dp_train"};
+    std::vector<std::string> argv = {kBin + "/" + program};
     argv.insert(argv.end(), flags.begin(), flags.end());
     argv.insert(argv.end(), extra.begin(), extra.end());
     ProcessResult r = run_process(launch(argv), env, std::chrono::seconds(120));
@@ -273,8 +274,26 @@ std::vector<std::string> under_bpl_run(int ranks, std::vector<std::string> progr
 }
 
 TEST(DpTrain, TensorTimesDataParallelWithZero1OnFourRanks) {
-  expect_resumed_run_repeats_losses([](std::vector<std::string> p) { return under_bpl_run(4, p); },
+  expect_resumed_run_repeats_losses("dp_train", [](std::vector<std::string> p) { return under_bpl_run(4, p); },
                                     {{"NXD_CPU_MODE", "1"}}, {"--tp", "2", "--zero1"});
+}
+
+// The GPT example at TP 2 x PP 2 x DP 2 (8 ranks) trains as the unsharded model does, step by step.
+TEST(GptTrain, TensorPipelineAndDataParallelLossesMatchTheUnshardedModel) {
+  ProcessResult r = run_process(under_bpl_run(8, {kBin + "/gpt_train", "--tp", "2", "--pp", "2", "--steps", "5",
+                                                  "--microbatches", "2", "--recompute", "--check"}),
+                                {{"NXD_CPU_MODE", "1"}}, std::chrono::seconds(180));
+  EXPECT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_NE(r.output.find("tp 2 x pp 2 x dp 2, 2 microbatches, blocks recomputed"), std::string::npos) << r.output;
+  EXPECT_EQ(step_lines(r.output).size(), 5u) << r.output;
+  EXPECT_NE(r.output.find("check: every step's loss matches the unsharded model's"), std::string::npos) << r.output;
+}
+
+// Resumed from a checkpoint (each stage's files), the pipeline repeats the losses of the run that never
+// stopped.
+TEST(GptTrain, AResumedPipelineRepeatsTheLosses) {
+  expect_resumed_run_repeats_losses("gpt_train", [](std::vector<std::string> p) { return under_bpl_run(4, p); },
+                                    {{"NXD_CPU_MODE", "1"}}, {"--tp", "2", "--pp", "2", "--zero1"});
 }
 
 // 6. A checkpoint damaged after it was written (four bytes of its model shard flipped, the size
@@ -420,9 +439,9 @@ TEST(TpMlp, CpuModeAndMpiPrintTheSumOfTheUnshardedMlp) {
 }
 
 TEST(DpTrain, ResumingFromACheckpointRepeatsTheLossesOnGlooAndMpi) {
-  expect_resumed_run_repeats_losses([](std::vector<std::string> p) { return under_bpl_run(2, p); },
+  expect_resumed_run_repeats_losses("dp_train", [](std::vector<std::string> p) { return under_bpl_run(2, p); },
                                     {{"NXD_CPU_MODE", "1"}}, {});
-  expect_resumed_run_repeats_losses([](std::vector<std::string> p) { return mpirun(2, p); }, mpi_env({}), {});
+  expect_resumed_run_repeats_losses("dp_train", [](std::vector<std::string> p) { return mpirun(2, p); }, mpi_env({}), {});
 }
 
 TEST(Mpi, AutoSelectedUnderMpirunAndDescribedByBplInfo) {
