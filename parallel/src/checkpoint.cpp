@@ -392,6 +392,7 @@ void save_checkpoint(const std::string& path, const std::string& tag, torch::nn:
     archive.write("__tensor_parallel_size", c10::IValue(static_cast<int64_t>(get_tensor_model_parallel_size())));
     archive.write("__data_parallel_size", c10::IValue(static_cast<int64_t>(get_data_parallel_size())));
     archive.write("__zero_one", c10::IValue(optimizer->zero_one()));
+    if (model != nullptr) write_optimizer_layout(archive, *model, *optimizer);
     optimizer->save(archive);
     files.emplace_back(folder / "optim" / shard_name(optimizer->zero_one() ? dp : 0, tp, pp), serialize(archive));
   }
@@ -469,7 +470,13 @@ std::vector<fs::path> files_to_read(const fs::path& folder, torch::nn::Module* m
     }
   }
   if (optimizer != nullptr) {
-    files.push_back(folder / "optim" / shard_name(optimizer->zero_one() ? get_data_parallel_rank() : 0, tp, pp));
+    const fs::path file = folder / "optim" / shard_name(optimizer->zero_one() ? get_data_parallel_rank() : 0, tp, pp);
+    const auto [saved_tp, saved_pp] = saved_layout(file.parent_path());
+    if (!optimizer->zero_one() && (saved_tp != get_tensor_model_parallel_size() || saved_pp != get_pipeline_model_parallel_size())) {
+      for (const fs::path& shard : every_shard_beside(file)) files.push_back(shard);
+    } else {
+      files.push_back(file);
+    }
   }
   if (scheduler != nullptr) files.push_back(folder / "scheduler.pt");
   if (fs::exists(folder / "user_content.pt")) files.push_back(folder / "user_content.pt");
@@ -539,14 +546,6 @@ UserContent load_checkpoint(const std::string& path, const std::string& tag, tor
       const auto [saved_tp, saved_pp] = saved_layout(file.parent_path());
       if (saved_tp != tp_size || saved_pp != get_pipeline_model_parallel_size()) {
         // Saved at another layout: every parameter put back together and split again.
-        if (optimizer != nullptr) {
-          throw Error(BPL_ERR_MISMATCH, "checkpoint " + folder.string() + " was saved at tensor_parallel_size " +
-                                            std::to_string(saved_tp) + ", pipeline_parallel_size " + std::to_string(saved_pp) +
-                                            "; this job has " + std::to_string(tp_size) + " and " +
-                                            std::to_string(get_pipeline_model_parallel_size()) +
-                                            ": the model loads across layouts, the optimizer's state does not yet "
-                                            "(load the model alone)");
-        }
         load_across_layouts(file.parent_path(), *model, strict, [&](const std::string& name) {
           if (adapter_state.empty()) return true;
           return adapter_file ? std::count(adapter_state.begin(), adapter_state.end(), name) > 0 : !is_lora_name(name);
@@ -575,10 +574,21 @@ UserContent load_checkpoint(const std::string& path, const std::string& tag, tor
       for (auto& item : model->named_buffers()) load_into(item.key(), item.value(), true);
     }
   }
-  if (optimizer != nullptr) {
-    const fs::path file = folder / "optim" / shard_name(optimizer->zero_one() ? get_data_parallel_rank() : 0, tp, pp);
+  const auto [saved_tp, saved_pp] = saved_layout(folder / "optim");
+  if (optimizer != nullptr && !optimizer->zero_one() &&
+      (saved_tp != tp_size || saved_pp != get_pipeline_model_parallel_size())) {
+    if (model == nullptr) {
+      throw Error(BPL_ERR_INVALID_ARGUMENT, "checkpoint " + folder.string() + " was saved at another layout: its "
+                                            "optimizer state loads with the model (whose names match the state to it)");
+    }
+    load_optimizer_across_layouts(folder / "optim", *model, *optimizer);
+  } else if (optimizer != nullptr) {
+    const fs::path own = folder / "optim" / shard_name(optimizer->zero_one() ? get_data_parallel_rank() : 0, tp, pp);
+    // A ZeRO-1 rank whose shard is missing reads what data-parallel rank 0 saved, to say what the
+    // checkpoint holds instead (a non-ZeRO-1 state, or ZeRO-1 over fewer ranks).
+    const fs::path first = folder / "optim" / shard_name(0, tp, pp);
+    const fs::path file = !fs::exists(own) && optimizer->zero_one() && fs::exists(first) ? first : own;
     torch::serialize::InputArchive archive = read_archive(file);
-    check_tensor_parallel_size(archive, file);
     c10::IValue zero_one, dp_size;
     archive.read("__zero_one", zero_one);
     archive.read("__data_parallel_size", dp_size);
@@ -592,6 +602,8 @@ UserContent load_checkpoint(const std::string& path, const std::string& tag, tor
                                                                      " data-parallel ranks"
                                                                : std::string("not ZeRO-1")));
     }
+    check_tensor_parallel_size(archive, file);  // a ZeRO-1 state at another layout
+    if (file != own) throw Error(BPL_ERR_NOT_FOUND, "checkpoint file " + own.string() + " does not exist");
     try {
       optimizer->load(archive);
     } catch (const Error&) {

@@ -6,7 +6,10 @@
 #include <torch/serialize/archive.h>
 
 #include <filesystem>
+#include <functional>
 #include <string>
+
+#include "backplane/parallel/trainer.h"
 
 namespace backplane::parallel::checkpoint_files {
 
@@ -35,5 +38,17 @@ void write_layout(torch::serialize::OutputArchive& archive, torch::nn::Module& m
 // each of them must be in the checkpoint.
 void load_across_layouts(const std::filesystem::path& dir, torch::nn::Module& model, bool strict,
                          const std::function<bool(const std::string&)>& wanted);
+
+// For an optimizer without ZeRO-1: the names of its parameters, in its order ("__param_names", matched
+// to `model`'s by identity), and their partitions, so that its state can load at another layout.
+void write_optimizer_layout(torch::serialize::OutputArchive& archive, torch::nn::Module& model,
+                            const ParallelOptimizer& optimizer);
+
+// Loads the state of an optimizer without ZeRO-1 saved at another layout (the files of `dir`, a
+// checkpoint's optim/ folder) into `optimizer`, whose parameters are `model`'s: each parameter's state
+// tensors put back together and split as its parameter is; its scalars (step counts) as saved. Adam,
+// AdamW, SGD, RMSprop and Adagrad; Error (BPL_ERR_MISMATCH) for a ZeRO-1 state or another optimizer.
+void load_optimizer_across_layouts(const std::filesystem::path& dir, torch::nn::Module& model,
+                                   ParallelOptimizer& optimizer);
 
 }  // namespace backplane::parallel::checkpoint_files

@@ -2,6 +2,11 @@
 // another, and unsharded files (one tensor per parameter, whole) written from a checkpoint and read
 // into a sharded model.
 #include <ATen/ATen.h>
+#include <torch/optim/adagrad.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/rmsprop.h>
+#include <torch/optim/sgd.h>
 
 #include <map>
 #include <optional>
@@ -52,9 +57,10 @@ at::Tensor unshard(const std::vector<at::Tensor>& parts, const Partition& partit
   return partition.unpadded >= 0 ? whole.narrow(partition.dim, 0, partition.unpadded) : whole;
 }
 
-// Copies `whole` (a parameter whole, unpadded) into `target` as this rank holds it: its partition,
-// padded with zeros as its layer pads, or all of it.
-void assign_whole(const std::string& name, at::Tensor& target, const at::Tensor& whole, const std::string& where) {
+// `whole` (a parameter, or a tensor of its shape, whole and unpadded) as this rank holds `target`: its
+// partition, padded with zeros as its layer pads, or all of it.
+at::Tensor this_ranks_part(const std::string& name, const at::Tensor& target, const at::Tensor& whole,
+                           const std::string& where) {
   at::Tensor value = whole;
   if (const std::optional<TensorParallelAttributes> a = tensor_model_parallel_attributes(target)) {
     if (!a->reshardable && a->num_partitions > 1) {
@@ -77,6 +83,11 @@ void assign_whole(const std::string& name, at::Tensor& target, const at::Tensor&
     throw Error(BPL_ERR_MISMATCH, where + ": '" + name + "' is " + c10::str(whole.sizes()) + " whole, which does not " +
                                       "make this rank's " + c10::str(target.sizes()));
   }
+  return value;
+}
+
+void assign_whole(const std::string& name, at::Tensor& target, const at::Tensor& whole, const std::string& where) {
+  const at::Tensor value = this_ranks_part(name, target, whole, where);
   at::NoGradGuard no_grad;
   target.copy_(value);
 }
@@ -188,9 +199,141 @@ struct ArchiveTree {
   }
 };
 
+// The names of `optimizer`'s parameters in its order, from `model` (empty for one `model` lacks).
+std::vector<std::string> parameter_names(torch::nn::Module& model, const ParallelOptimizer& optimizer) {
+  std::map<const c10::TensorImpl*, std::string> names;
+  for (const auto& item : model.named_parameters()) names.emplace(item.value().unsafeGetTensorImpl(), item.key());
+  std::vector<std::string> ordered;
+  for (const at::Tensor& p : optimizer.parameters()) {
+    const auto found = names.find(p.unsafeGetTensorImpl());
+    ordered.push_back(found == names.end() ? "" : found->second);
+  }
+  return ordered;
+}
+
+// A state object of `optimizer`'s kind, for OptimizerParamState::serialize to fill.
+std::unique_ptr<torch::optim::OptimizerParamState> new_param_state(torch::optim::Optimizer& optimizer) {
+  if (dynamic_cast<torch::optim::Adam*>(&optimizer)) return std::make_unique<torch::optim::AdamParamState>();
+  if (dynamic_cast<torch::optim::AdamW*>(&optimizer)) return std::make_unique<torch::optim::AdamWParamState>();
+  if (dynamic_cast<torch::optim::SGD*>(&optimizer)) return std::make_unique<torch::optim::SGDParamState>();
+  if (dynamic_cast<torch::optim::RMSprop*>(&optimizer)) return std::make_unique<torch::optim::RMSpropParamState>();
+  if (dynamic_cast<torch::optim::Adagrad*>(&optimizer)) return std::make_unique<torch::optim::AdagradParamState>();
+  throw Error(BPL_ERR_MISMATCH, "this optimizer's state cannot move between layouts (Adam, AdamW, SGD, RMSprop and "
+                                "Adagrad can)");
+}
+
+// One saved optimizer file: each named parameter's state archive (LibTorch's format: state by a key per
+// parameter, the keys in parameter order under param_groups) and partition.
+struct SavedOptimizerFile {
+  explicit SavedOptimizerFile(const fs::path& file) : archive(read_archive(file)) {
+    c10::IValue names;
+    if (!archive.try_read("__param_names", names)) {
+      throw Error(BPL_ERR_MISMATCH, "checkpoint file " + file.string() + " has no parameter names (saved without the "
+                                    "model, or by an older version): its state cannot move between layouts");
+    }
+    torch::serialize::InputArchive base, groups;
+    archive.read("base", base);
+    base.read("state", state);
+    base.read("param_groups", groups);
+    at::Tensor group_count;
+    groups.read("param_groups/size", group_count);
+    std::vector<std::string> keys;
+    for (int64_t g = 0; g < group_count.item<int64_t>(); ++g) {
+      torch::serialize::InputArchive group;
+      groups.read("param_groups/" + std::to_string(g), group);
+      at::Tensor size;
+      group.read("params/size", size);
+      for (int64_t i = 0; i < size.item<int64_t>(); ++i) {
+        c10::IValue key;
+        group.read("params/" + std::to_string(i), key);
+        keys.push_back(key.toStringRef());
+      }
+    }
+    const auto& list = names.toListRef();
+    for (size_t i = 0; i < list.size() && i < keys.size(); ++i) key_of[list[i].toStringRef()] = keys[i];
+  }
+  // The state archive of `name`, if it has one (a parameter that never had a gradient has none).
+  std::optional<torch::serialize::InputArchive> state_of(const std::string& name) {
+    const auto found = key_of.find(name);
+    torch::serialize::InputArchive sub;
+    if (found == key_of.end() || !state.try_read(found->second, sub)) return std::nullopt;
+    return sub;
+  }
+
+  torch::serialize::InputArchive archive, state;
+  std::map<std::string, std::string> key_of;
+};
+
 }  // namespace
 
 namespace checkpoint_files {
+
+void write_optimizer_layout(torch::serialize::OutputArchive& archive, torch::nn::Module& model,
+                            const ParallelOptimizer& optimizer) {
+  if (optimizer.zero_one()) return;
+  c10::List<std::string> names;
+  for (const std::string& name : parameter_names(model, optimizer)) names.push_back(name);
+  archive.write("__param_names", c10::IValue(names));
+  write_layout(archive, model);
+}
+
+void load_optimizer_across_layouts(const fs::path& dir, torch::nn::Module& model, ParallelOptimizer& optimizer) {
+  const std::string where = "checkpoint " + dir.string();
+  int saved_tp = 0, saved_pp = 0;
+  while (fs::exists(dir / shard_name(0, saved_tp, 0))) ++saved_tp;
+  while (fs::exists(dir / shard_name(0, 0, saved_pp))) ++saved_pp;
+  if (saved_tp == 0) throw Error(BPL_ERR_NOT_FOUND, "checkpoint file " + (dir / shard_name(0, 0, 0)).string() + " does not exist");
+  std::vector<std::vector<SavedOptimizerFile>> files(static_cast<size_t>(saved_pp));  // [pp][tp]
+  for (int pp = 0; pp < saved_pp; ++pp) {
+    for (int tp = 0; tp < saved_tp; ++tp) files[static_cast<size_t>(pp)].emplace_back(dir / shard_name(0, tp, pp));
+  }
+  torch::optim::Optimizer& base = optimizer.base();
+  const std::vector<std::string> names = parameter_names(model, optimizer);
+  for (size_t i = 0; i < names.size(); ++i) {
+    const std::string& name = names[i];
+    const at::Tensor& parameter = optimizer.parameters()[i];
+    if (name.empty()) throw Error(BPL_ERR_INVALID_ARGUMENT, where + ": an optimizer parameter is not the model's");
+    std::vector<SavedOptimizerFile>* stage = nullptr;
+    for (auto& candidate : files) {
+      if (candidate[0].key_of.count(name)) stage = &candidate;
+    }
+    if (stage == nullptr) throw Error(BPL_ERR_MISMATCH, where + " has no optimizer state for '" + name + "'");
+    std::vector<torch::serialize::InputArchive> parts;
+    for (SavedOptimizerFile& file : *stage) {
+      std::optional<torch::serialize::InputArchive> sub = file.state_of(name);
+      if (!sub) break;
+      parts.push_back(std::move(*sub));
+    }
+    if (parts.size() != stage->size()) continue;  // no state yet: none to load
+    const std::optional<Partition> partition = saved_partition((*stage)[0].archive, name);
+    // Each entry as saved by tensor-parallel rank 0; a tensor shaped like the parameter's partition put
+    // back together from every rank's and split again.
+    torch::serialize::OutputArchive resharded;
+    for (const std::string& key : parts[0].keys()) {
+      c10::IValue first;
+      parts[0].read(key, first);
+      if (first.isTensor() && partition && first.toTensor().dim() == parameter.dim() && first.toTensor().dim() > 0) {
+        std::vector<at::Tensor> pieces;
+        for (auto& part : parts) {
+          at::Tensor piece;
+          part.read(key, piece);
+          pieces.push_back(piece);
+        }
+        resharded.write(key, this_ranks_part(name + " (optimizer state " + key + ")", parameter,
+                                             unshard(pieces, *partition), where));
+      } else {
+        resharded.write(key, first);
+      }
+    }
+    std::stringstream bytes;
+    resharded.save_to(bytes);
+    torch::serialize::InputArchive state_archive;
+    state_archive.load_from(bytes);
+    std::unique_ptr<torch::optim::OptimizerParamState> state = new_param_state(base);
+    state->serialize(state_archive);
+    base.state()[c10::guts::to_string(parameter.unsafeGetTensorImpl())] = std::move(state);
+  }
+}
 
 void write_layout(torch::serialize::OutputArchive& archive, torch::nn::Module& model) {
   archive.write("__pipeline_parallel_size", c10::IValue(static_cast<int64_t>(get_pipeline_model_parallel_size())));

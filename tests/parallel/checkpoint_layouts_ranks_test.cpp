@@ -6,7 +6,7 @@
 #include <gtest/gtest.h>
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/container/sequential.h>
-#include <torch/optim/sgd.h>
+#include <torch/optim/adam.h>
 #include <torch/serialize.h>
 
 #include <filesystem>
@@ -61,50 +61,55 @@ class LayoutCheckpointTest : public ::testing::Test {
   std::string dir;
 };
 
-TEST_F(LayoutCheckpointTest, RoundTripsTp2ToTp1ToTp4WithIdenticalOutputs) {
+// One Adam step on a fixed batch through the wrapped optimizer.
+void adam_step(torch::nn::Sequential& model, bp::ParallelOptimizer& optimizer, int step) {
+  at::manual_seed(95 + step);
+  const at::Tensor x = at::randn({5, 6}), y = at::randn({5, 4});
+  optimizer.zero_grad();
+  at::mse_loss(model->forward(x), y).backward();
+  optimizer.step();
+}
+
+bp::ParallelOptimizer adam_of(torch::nn::Sequential& model) {
+  bp::ParallelConfig config;
+  config.tensor_parallel_size = bp::get_tensor_model_parallel_size();
+  return bp::initialize_parallel_optimizer<torch::optim::Adam>(config, model->parameters(), torch::optim::AdamOptions(0.05));
+}
+
+TEST_F(LayoutCheckpointTest, RoundTripsTp2ToTp1ToTp4WithIdenticalOutputsAndOptimizerState) {
   const int world = bp::get_world_size();
   if (world % 2 != 0) GTEST_SKIP() << "TP 2 needs an even number of ranks";
   const at::Tensor x = probe();
   bp::initialize_model_parallel(2);
   torch::nn::Sequential tp2 = layered_model(1);
-  {  // a step, so that the weights are not what any seed draws
-    torch::optim::SGD sgd(tp2->parameters(), torch::optim::SGDOptions(0.1));
-    tp2->forward(x).square().sum().backward();
-    sgd.step();
-  }
+  bp::ParallelOptimizer tp2_adam = adam_of(tp2);
+  for (int step = 0; step < 3; ++step) adam_step(tp2, tp2_adam, step);  // moments worth moving
   const at::Tensor expected = tp2->forward(x).detach();
-  bp::save_checkpoint(dir, "tp2", tp2.ptr().get(), nullptr, nullptr);
+  bp::save_checkpoint(dir, "tp2", tp2.ptr().get(), &tp2_adam, nullptr);
   if (bp::get_rank() == 0) bp::export_unsharded_checkpoint(dir, "tp2", dir + "/whole.pt");
+  adam_step(tp2, tp2_adam, 3);  // where every layout must get to from the checkpoint in one step
+  const at::Tensor after_step = tp2->forward(x).detach();
   bp::destroy_model_parallel();
 
   bp::initialize_model_parallel(1);
   torch::nn::Sequential tp1 = layered_model(2);
+  bp::ParallelOptimizer tp1_adam = adam_of(tp1);
   ASSERT_FALSE(at::allclose(tp1->forward(x), expected)) << "different weights before loading";
-  bp::load_checkpoint(dir, "tp2", tp1.ptr().get(), nullptr, nullptr);
+  bp::load_checkpoint(dir, "tp2", tp1.ptr().get(), &tp1_adam, nullptr);
   EXPECT_TRUE(at::allclose(tp1->forward(x), expected, 1e-5, 1e-6)) << "TP 2 -> TP 1";
-  // The optimizer's state does not move between layouts: a clear error.
-  torch::nn::Sequential with_optimizer = layered_model(2);
-  bp::ParallelConfig config;
-  auto optimizer = bp::initialize_parallel_optimizer<torch::optim::SGD>(config, with_optimizer->parameters(),
-                                                                        torch::optim::SGDOptions(0.1));
-  bp::save_checkpoint(dir, "tp1", tp1.ptr().get(), nullptr, nullptr);
-  try {
-    bp::load_checkpoint(dir, "tp2", with_optimizer.ptr().get(), &optimizer, nullptr);
-    ADD_FAILURE() << "an optimizer's state loaded across layouts";
-  } catch (const bp::Error& e) {
-    EXPECT_EQ(e.status(), BPL_ERR_MISMATCH);
-    EXPECT_NE(std::string(e.what()).find("was saved at tensor_parallel_size 2, pipeline_parallel_size 1; this job has 1 "
-                                         "and 1: the model loads across layouts, the optimizer's state does not yet"),
-              std::string::npos)
-        << e.what();
-  }
+  bp::save_checkpoint(dir, "tp1", tp1.ptr().get(), &tp1_adam, nullptr);
+  adam_step(tp1, tp1_adam, 3);
+  EXPECT_TRUE(at::allclose(tp1->forward(x), after_step, 1e-5, 1e-6)) << "the next Adam step, with the moved moments";
   bp::destroy_model_parallel();
 
   if (world % 4 == 0) {
     bp::initialize_model_parallel(4);
     torch::nn::Sequential tp4 = layered_model(3);
-    bp::load_checkpoint(dir, "tp1", tp4.ptr().get(), nullptr, nullptr);
+    bp::ParallelOptimizer tp4_adam = adam_of(tp4);
+    bp::load_checkpoint(dir, "tp1", tp4.ptr().get(), &tp4_adam, nullptr);
     EXPECT_TRUE(at::allclose(tp4->forward(x), expected, 1e-5, 1e-6)) << "TP 1 -> TP 4";
+    adam_step(tp4, tp4_adam, 3);
+    EXPECT_TRUE(at::allclose(tp4->forward(x), after_step, 1e-5, 1e-6)) << "the next Adam step at TP 4";
     torch::nn::Sequential imported = layered_model(4);
     bp::get_world_group()->barrier();  // rank 0 wrote whole.pt
     bp::load_unsharded_checkpoint(dir + "/whole.pt", *imported);
@@ -120,6 +125,22 @@ TEST_F(LayoutCheckpointTest, RoundTripsTp2ToTp1ToTp4WithIdenticalOutputs) {
   torch::load(alone, dir + "/whole.pt");
   EXPECT_TRUE(at::allclose(alone->forward(x), expected, 1e-5, 1e-6)) << "torch::load of the export";
   EXPECT_EQ(alone->named_parameters()["4.weight"].size(0), 6) << "the export holds no padding";
+
+  // A ZeRO-1 optimizer's shards do not move between layouts: a clear error.
+  bp::ParallelConfig zero;
+  zero.optimizer_config.zero_one_enabled = true;
+  torch::nn::Sequential sharded = layered_model(6);
+  auto zero_adam = bp::initialize_parallel_optimizer<torch::optim::Adam>(zero, sharded->parameters(), torch::optim::AdamOptions(0.05));
+  try {
+    bp::load_checkpoint(dir, "tp2", sharded.ptr().get(), &zero_adam, nullptr);
+    ADD_FAILURE() << "a ZeRO-1 optimizer loaded a non-ZeRO-1 state";
+  } catch (const bp::Error& e) {
+    EXPECT_EQ(e.status(), BPL_ERR_MISMATCH) << e.what();
+    EXPECT_NE(std::string(e.what()).find("holds a non-ZeRO-1 optimizer; this optimizer is ZeRO-1 over " +
+                                         std::to_string(world) + " data-parallel ranks"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST_F(LayoutCheckpointTest, APipelineSavedAtPp2LoadsUnpipelined) {
