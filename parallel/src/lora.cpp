@@ -8,16 +8,12 @@
 #include <cmath>
 #include <sstream>
 
+#include "joined.h"
+
 namespace backplane::parallel {
 namespace {
 
 Error invalid(const std::string& message) { return Error(BPL_ERR_INVALID_ARGUMENT, "LoraConfig: " + message); }
-
-std::string joined(const std::vector<std::string>& names) {
-  std::string text;
-  for (const std::string& name : names) text += (text.empty() ? "" : ", ") + name;
-  return text;
-}
 
 bool targets(const LoraConfig& config, const std::string& name) {
   for (const std::string& target : config.target_modules) {

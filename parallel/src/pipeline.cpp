@@ -5,16 +5,12 @@
 
 #include <algorithm>
 
+#include "joined.h"
+
 namespace backplane::parallel {
 namespace {
 
 Error invalid(const std::string& message) { return Error(BPL_ERR_INVALID_ARGUMENT, "pipeline: " + message); }
-
-std::string joined(const std::vector<std::string>& names) {
-  std::string text;
-  for (const std::string& name : names) text += (text.empty() ? "" : ", ") + name;
-  return text;
-}
 
 /* ---- transfers between neighbouring stages ---- */
 

@@ -99,6 +99,28 @@ std::pair<int, int> model_build_turns(int sequential_move_factor) {
 
 void end_model_build_turn() { get_world_group()->barrier(); }
 
+torch::nn::Sequential prepare_sequential(torch::nn::Sequential model, const ParallelConfig& config) {
+  if (config.lora_config.enable_lora) model = apply_lora(model, lora_config_to_apply(config.lora_config));
+  if (config.pipeline_config.loss_fn) {
+    model = select_pipeline_stage(model, config.pipeline_config.pipeline_cuts, get_pipeline_model_parallel_rank(),
+                                  get_pipeline_model_parallel_size());
+  }
+  if (config.activation_checkpoint_config.mode != ActivationCheckpointConfig::Mode::kNone) {
+    model = apply_activation_checkpointing(model, config.activation_checkpoint_config);
+  }
+  return model;
+}
+
+void prepare_module(torch::nn::Module& model, const ParallelConfig& config) {
+  require(config.pipeline_parallel_size == 1 && !config.pipeline_config.loss_fn,
+          "pipeline parallelism needs model_fn to return a torch::nn::Sequential (the stages are cut between its "
+          "layers)");
+  require(config.activation_checkpoint_config.mode == ActivationCheckpointConfig::Mode::kNone,
+          "activation_checkpoint_config needs model_fn to return a torch::nn::Sequential (its layers are what is "
+          "recomputed); other modules can call checkpoint()");
+  if (config.lora_config.enable_lora) apply_lora(model, lora_config_to_apply(config.lora_config));
+}
+
 }  // namespace detail
 
 at::ScalarType apply_bf16_environment(torch::nn::Module& module) {

@@ -51,15 +51,7 @@ at::Tensor probe() {
   return at::randn({5, 6});
 }
 
-class LayoutCheckpointTest : public ::testing::Test {
- protected:
-  void SetUp() override { dir = shared_temp_dir(); }
-  void TearDown() override {
-    remove_shared_temp_dir(dir);
-    bp::destroy_model_parallel();
-  }
-  std::string dir;
-};
+class LayoutCheckpointTest : public SharedDirTest {};
 
 // One Adam step on a fixed batch through the wrapped optimizer.
 void adam_step(torch::nn::Sequential& model, bp::ParallelOptimizer& optimizer, int step) {

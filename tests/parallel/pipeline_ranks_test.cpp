@@ -149,15 +149,7 @@ INSTANTIATE_TEST_SUITE_P(Layouts, PipelineTest,
                                   (std::get<2>(info.param) ? "_recomputed" : "");
                          });
 
-class PipelineCheckpointTest : public ::testing::Test {
- protected:
-  void SetUp() override { dir = shared_temp_dir(); }
-  void TearDown() override {
-    remove_shared_temp_dir(dir);
-    bp::destroy_model_parallel();
-  }
-  std::string dir;
-};
+class PipelineCheckpointTest : public SharedDirTest {};
 
 TEST_F(PipelineCheckpointTest, EachStageSavesItsOwnLayersAndAResumedPipelineContinuesExactly) {
   if (bp::get_world_size() % 2 != 0) GTEST_SKIP() << "PP 2 needs an even number of ranks";

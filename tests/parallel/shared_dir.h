@@ -1,6 +1,7 @@
 // A temporary folder that every rank of the world sees, for the checkpoint tests.
 #pragma once
 
+#include <gtest/gtest.h>
 #include <stdlib.h>
 
 #include <filesystem>
@@ -28,5 +29,16 @@ inline void remove_shared_temp_dir(const std::string& dir) {
   parallel::get_world_group()->barrier();
   if (parallel::get_rank() == 0) std::filesystem::remove_all(dir);
 }
+
+// A test with a fresh shared folder, `dir`; the model-parallel state is destroyed after it.
+class SharedDirTest : public ::testing::Test {
+ protected:
+  void SetUp() override { dir = shared_temp_dir(); }
+  void TearDown() override {
+    remove_shared_temp_dir(dir);
+    parallel::destroy_model_parallel();
+  }
+  std::string dir;
+};
 
 }  // namespace backplane::test

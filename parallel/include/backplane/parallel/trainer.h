@@ -80,6 +80,11 @@ namespace detail {
 // per turn: (number of turns, this rank's). Collective over the world.
 std::pair<int, int> model_build_turns(int sequential_move_factor);
 void end_model_build_turn();
+// What the config does to a built Sequential model, in this order: LoRA adapters (on the whole model, so
+// that their draws do not depend on the layout), this rank's pipeline stage, recomputed layers.
+torch::nn::Sequential prepare_sequential(torch::nn::Sequential model, const ParallelConfig& config);
+// To another module: LoRA adapters; an error for what needs a Sequential (pipeline, recomputed layers).
+void prepare_module(torch::nn::Module& model, const ParallelConfig& config);
 // The LoRA config to build adapters with: with load_lora_from_ckpt, the saved adapter's (checkpoint.cpp).
 LoraConfig lora_config_to_apply(const LoraConfig& config);
 // With load_lora_from_ckpt, loads the adapter (and the base model if it was saved with it) into `model`.
@@ -145,36 +150,15 @@ auto initialize_parallel_model(const ParallelConfig& config, ModelFn&& model_fn)
   }
   auto module = std::move(*built);
   if (config.param_init_fn) config.param_init_fn(*module);
-  std::shared_ptr<PipelineEngine> pipeline;
-  if (config.lora_config.enable_lora) {
-    // On the whole model, before it is cut into stages: the adapters' draws do not depend on the layout.
-    const LoraConfig lora = detail::lora_config_to_apply(config.lora_config);
-    if constexpr (std::is_same_v<decltype(module), torch::nn::Sequential>) {
-      module = apply_lora(module, lora);
-    } else {
-      apply_lora(*module, lora);
-    }
-  }
   if constexpr (std::is_same_v<decltype(module), torch::nn::Sequential>) {
-    if (config.pipeline_config.loss_fn) {
-      module = select_pipeline_stage(module, config.pipeline_config.pipeline_cuts,
-                                     get_pipeline_model_parallel_rank(), get_pipeline_model_parallel_size());
-    }
-    if (config.activation_checkpoint_config.mode != ActivationCheckpointConfig::Mode::kNone) {
-      module = apply_activation_checkpointing(module, config.activation_checkpoint_config);
-    }
-  } else if (config.pipeline_parallel_size > 1 || config.pipeline_config.loss_fn) {
-    throw Error(BPL_ERR_INVALID_ARGUMENT,
-                "initialize_parallel_model: pipeline parallelism needs model_fn to return a torch::nn::Sequential "
-                "(the stages are cut between its layers)");
-  } else if (config.activation_checkpoint_config.mode != ActivationCheckpointConfig::Mode::kNone) {
-    throw Error(BPL_ERR_INVALID_ARGUMENT,
-                "initialize_parallel_model: activation_checkpoint_config needs model_fn to return a "
-                "torch::nn::Sequential (its layers are what is recomputed); other modules can call checkpoint()");
+    module = detail::prepare_sequential(module, config);
+  } else {
+    detail::prepare_module(*module, config);
   }
   const at::ScalarType dtype = apply_bf16_environment(*module);
   broadcast_from_data_parallel_source(*module);
   if (config.lora_config.enable_lora) detail::load_lora_checkpoint(*module, config.lora_config);
+  std::shared_ptr<PipelineEngine> pipeline;
   if constexpr (std::is_same_v<decltype(module), torch::nn::Sequential>) {
     if (config.pipeline_config.loss_fn) {
       pipeline = std::make_shared<PipelineEngine>(module, config.pipeline_config, get_pipeline_model_parallel_group());
