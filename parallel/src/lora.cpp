@@ -65,7 +65,7 @@ void LoraConfig::validate() const {
   if (init_lora_weights != "default" && init_lora_weights != "gaussian") {
     throw invalid("init_lora_weights '" + init_lora_weights + "' is not one of default, gaussian");
   }
-  if (target_modules.empty()) throw invalid("target_modules is empty: name the layers to adapt");
+  if (target_modules.empty() && !load_lora_from_ckpt) throw invalid("target_modules is empty: name the layers to adapt");
   if (merge_lora && !save_lora_base) throw invalid("merge_lora needs save_lora_base (the merged base is what is saved)");
   if (load_lora_from_ckpt && lora_save_dir.empty()) throw invalid("load_lora_from_ckpt needs lora_save_dir");
 }

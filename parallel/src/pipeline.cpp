@@ -42,6 +42,12 @@ std::pair<at::Tensor, bool> recv_tensor(const ProcessGroup& group, int peer, int
   at::Tensor header = at::empty({kHeaderWords}, at::kLong);
   group.recv(header, peer, tag);
   auto words = header.accessor<int64_t, 1>();
+  const bool known_dtype = words[0] >= 0 && words[0] < static_cast<int64_t>(at::ScalarType::NumOptions);
+  if (!known_dtype || words[2] < 0 || words[2] > kMaxDims) {
+    throw Error(BPL_ERR_MISMATCH, "pipeline: stage " + std::to_string(peer) + " sent a header that is not one (dtype " +
+                                      std::to_string(words[0]) + ", " + std::to_string(words[2]) +
+                                      " dims): do both stages run the same schedule?");
+  }
   std::vector<int64_t> shape(words.data() + 3, words.data() + 3 + words[2]);
   at::Tensor tensor = at::empty(shape, at::TensorOptions().dtype(static_cast<at::ScalarType>(words[0])));
   group.recv(tensor, peer, tag);

@@ -59,6 +59,7 @@ ParallelConfig initialize_parallel_config(ParallelConfig config) {
               " must be in 1..32");
   require(!config.model_init_config.meta_device_init || config.param_init_fn,
           "meta_device_init needs param_init_fn: the parallel layers' shards are left uninitialised");
+  if (config.lora_config.enable_lora) config.lora_config.validate();
   require(config.allreduce_bucket_cap_mb > 0,
           "allreduce_bucket_cap_mb " + std::to_string(config.allreduce_bucket_cap_mb) + " must be > 0");
   require(!config.sequence_parallel || config.tensor_parallel_size > 1,

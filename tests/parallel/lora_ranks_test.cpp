@@ -214,7 +214,7 @@ TEST_P(LoraCheckpointTest, TheAdapterSavesAloneOrMergedAndLoadsBackWithItsConfig
   bp::ParallelConfig parallel;
   parallel.tensor_parallel_size = tp;
   parallel.lora_config.enable_lora = true;
-  parallel.lora_config.target_modules = {"not-a-layer"};
+  parallel.lora_config.target_modules = {};  // from the checkpoint
   parallel.lora_config.lora_rank = 16;
   parallel.lora_config.load_lora_from_ckpt = true;
   parallel.lora_config.lora_save_dir = dir;
