@@ -178,6 +178,16 @@ bool is_lora_name(const std::string& name) {
 
 namespace {
 
+// Whether LoRA trains parameter `name`: an adapter's, or a bias that `bias` ("all", "lora_only") keeps
+// trainable, given the names of the adapted layers.
+bool trained_with_lora(const std::string& name, const std::string& bias, const std::vector<std::string>& adapted) {
+  const size_t dot = name.rfind('.');
+  const std::string owner = dot == std::string::npos ? "" : name.substr(0, dot);
+  const std::string leaf = dot == std::string::npos ? name : name.substr(dot + 1);
+  return is_lora_name(name) ||
+         (leaf == "bias" && (bias == "all" || (bias == "lora_only" && std::count(adapted.begin(), adapted.end(), owner) > 0)));
+}
+
 // Adapts the tensor-parallel linear layers `config` targets (adding their names to `adapted`) and
 // notes the names of every linear layer (for the error when nothing matches).
 void adapt_parallel_layers(torch::nn::Module& model, const LoraConfig& config, std::vector<std::string>& adapted,
@@ -223,17 +233,7 @@ void adapt_parallel_layers(torch::nn::Module& model, const LoraConfig& config, s
 }
 
 void freeze_all_but_adapters(torch::nn::Module& model, const LoraConfig& config, const std::vector<std::string>& adapted) {
-  for (auto& item : model.named_parameters()) {
-    const std::string& name = item.key();
-    const size_t dot = name.rfind('.');
-    const std::string owner = dot == std::string::npos ? "" : name.substr(0, dot);
-    const std::string leaf = dot == std::string::npos ? name : name.substr(dot + 1);
-    const bool trainable =
-        is_lora_name(name) ||
-        (leaf == "bias" && (config.bias == "all" ||
-                            (config.bias == "lora_only" && std::count(adapted.begin(), adapted.end(), owner) > 0)));
-    item.value().requires_grad_(trainable);
-  }
+  for (auto& item : model.named_parameters()) item.value().requires_grad_(trained_with_lora(item.key(), config.bias, adapted));
 }
 
 void finish(torch::nn::Module& model, const LoraConfig& config, const std::vector<std::string>& adapted,
@@ -291,15 +291,11 @@ std::vector<std::pair<std::string, std::shared_ptr<LoraAdapterImpl>>> lora_adapt
 std::vector<std::string> lora_adapter_state_names(torch::nn::Module& model) {
   const auto adapters = lora_adapters(model);
   if (adapters.empty()) return {};
-  const std::string& bias = adapters.front().second->config().bias;
+  std::vector<std::string> adapted;
+  for (const auto& adapter : adapters) adapted.push_back(adapter.first);
   std::vector<std::string> names;
   for (const auto& item : model.named_parameters()) {
-    const std::string& name = item.key();
-    const size_t dot = name.rfind('.');
-    const bool is_bias = name.compare(dot == std::string::npos ? 0 : dot + 1, std::string::npos, "bias") == 0;
-    const std::string owner = dot == std::string::npos ? "" : name.substr(0, dot);
-    const bool adapted_owner = std::any_of(adapters.begin(), adapters.end(), [&](const auto& a) { return a.first == owner; });
-    if (is_lora_name(name) || (is_bias && (bias == "all" || (bias == "lora_only" && adapted_owner)))) names.push_back(name);
+    if (trained_with_lora(item.key(), adapters.front().second->config().bias, adapted)) names.push_back(item.key());
   }
   return names;
 }
