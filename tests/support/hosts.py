@@ -1,0 +1,227 @@
+#!/usr/bin/env python3
+"""Test hosts: machines of their own on this one, for multi-node tests.
+
+Each host is a set of namespaces held by an anchor process: its own network stack (a veth on a bridge,
+an address in 198.18.0.0/24 -- 198.18.0.0/15 is set aside for network tests --, loopback up), host name
+(UTS), System V IPC, mount namespace (a private tmpfs on /dev/shm and its own /etc/hosts naming every
+test host) and process table (PID namespace). backplane takes two of them for two machines: different
+host names and process spaces, no shared memory between them, only the network.
+
+The bridge lives in a namespace of its own, so nothing is added to the root namespace: removing the
+namespaces removes every interface, and killing a host's anchor (the init of its PID namespace) ends
+every process started in it. Both happen in close(), also when a test fails (use `with`).
+
+    with TestHosts(2) as hosts:
+        hosts.run(0, ["hostname"])                   # CompletedProcess, in host 0
+        p = hosts.start(1, ["sleep", "1"])           # Popen, in host 1
+        hosts.set_link(1, up=False)                  # a partition: no RST, no FIN
+        hosts.address(0)                             # "198.18.0.1"
+
+Command line: hosts.py N -- COMMAND... runs COMMAND in each of N hosts at once, with {host}, {index}
+and {address} replaced and HOST_INDEX set; prints each host's output; exits with the largest exit
+status. Exits 77 (skipped), saying why, where namespaces cannot be made (not root, no permission).
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+SUBNET = "198.18.0"
+INTERFACE = "eth0"
+SKIPPED = 77  # ctest's SKIP_RETURN_CODE
+
+
+def _ip(*args, check=True):
+    return subprocess.run(["ip", *args], check=check, capture_output=True, text=True)
+
+
+def _die_with_parent():
+    """In a child before exec: SIGKILL when this process ends, however it ends (a test killed at its
+    timeout leaves no host running)."""
+    import ctypes
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def remove_abandoned_hosts():
+    """Removes the namespaces of test hosts whose creating process has ended (killed before close())."""
+    listed = _ip("netns", "list", check=False).stdout.split()
+    for name in listed:
+        if not name.startswith("bpl") or "-" not in name:
+            continue
+        creator = name[3:name.index("-")]
+        if creator.isdigit() and not os.path.exists(f"/proc/{creator}"):
+            _ip("netns", "del", name, check=False)
+
+
+def why_hosts_cannot_be_made():
+    """None where this process can make test hosts; else the reason."""
+    if os.geteuid() != 0:
+        return "test hosts need root (network, UTS, IPC, mount and PID namespaces)"
+    for tool in ("ip", "unshare", "nsenter"):
+        if not any(os.access(os.path.join(d, tool), os.X_OK) for d in os.environ.get("PATH", "").split(":") + ["/usr/sbin", "/sbin"]):
+            return f"'{tool}' is not installed (iproute2, util-linux)"
+    probe = f"bplprobe{os.getpid()}"
+    made = _ip("netns", "add", probe, check=False)
+    if made.returncode != 0:
+        return "cannot make a network namespace: " + made.stderr.strip()
+    _ip("netns", "del", probe, check=False)
+    return None
+
+
+class TestHosts:
+    def __init__(self, count, name=None):
+        self.count = count
+        self.name = name or f"bpl{os.getpid()}"
+        self._anchors = []
+        self._namespaces = []
+        self._hosts_file = None
+
+    def host(self, i):
+        return f"{self.name}-h{i}"
+
+    def address(self, i):
+        return f"{SUBNET}.{i + 1}"
+
+    def __enter__(self):
+        try:
+            self._make()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _make(self):
+        remove_abandoned_hosts()
+        bridge = f"{self.name}-br"
+        _ip("netns", "add", bridge)
+        self._namespaces.append(bridge)
+        _ip("-n", bridge, "link", "add", "br0", "type", "bridge")
+        _ip("-n", bridge, "link", "set", "br0", "up")
+        with tempfile.NamedTemporaryFile("w", prefix="bpl-hosts-", delete=False) as hosts_file:
+            hosts_file.write("127.0.0.1 localhost\n")
+            for i in range(self.count):
+                hosts_file.write(f"{self.address(i)} {self.host(i)}\n")
+        self._hosts_file = hosts_file.name
+        os.chmod(self._hosts_file, 0o644)
+        for i in range(self.count):
+            ns = self.host(i)
+            _ip("netns", "add", ns)
+            self._namespaces.append(ns)
+            _ip("-n", bridge, "link", "add", f"v{i}", "type", "veth", "peer", "name", INTERFACE, "netns", ns)
+            _ip("-n", bridge, "link", "set", f"v{i}", "master", "br0")
+            _ip("-n", bridge, "link", "set", f"v{i}", "up")
+            _ip("-n", ns, "addr", "add", f"{self.address(i)}/24", "dev", INTERFACE)
+            _ip("-n", ns, "link", "set", INTERFACE, "up")
+            _ip("-n", ns, "link", "set", "lo", "up")
+            # The anchor: PID 1 of the host's PID namespace, in its own UTS, IPC and mount namespaces.
+            setup = (f"hostname {self.host(i)} && mount -t tmpfs -o mode=1777 tmpfs /dev/shm && "
+                     f"mount --bind {self._hosts_file} /etc/hosts && echo ready && exec sleep infinity")
+            anchor = subprocess.Popen(
+                ["ip", "netns", "exec", ns, "unshare", "--uts", "--ipc", "--mount", "--pid", "--fork",
+                 "--mount-proc", "--kill-child", "sh", "-c", setup],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_die_with_parent)
+            self._anchors.append(anchor)
+            if anchor.stdout.readline().strip() != "ready":
+                raise RuntimeError(f"test host {ns} did not start: {anchor.stderr.read()}")
+        # Each host's interface reaches every other (the bridge forwards once its ports are up).
+        for i in range(self.count):
+            for j in range(self.count):
+                if i != j:
+                    self._wait_for_reach(i, j)
+
+    def _wait_for_reach(self, i, j, seconds=10):
+        # A connection to a closed port of host j refused (its kernel answered) means j is reachable.
+        probe = ("import socket, sys\n"
+                 "s = socket.socket(); s.settimeout(1)\n"
+                 "try: s.connect((sys.argv[1], 9))\n"
+                 "except ConnectionRefusedError: sys.exit(0)\n"
+                 "except OSError: sys.exit(1)\n")
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            reached = subprocess.run(["ip", "netns", "exec", self.host(i), sys.executable, "-c", probe, self.address(j)],
+                                     capture_output=True)
+            if reached.returncode == 0:
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"test host {i} cannot reach {self.address(j)}")
+
+    def _anchor_pid(self, i):
+        """The pid (in this namespace) of host i's init: the child of its unshare."""
+        unshare = self._anchors[i].pid  # `ip netns exec` execs unshare in place
+        with open(f"/proc/{unshare}/task/{unshare}/children") as children:
+            return int(children.read().split()[0])
+
+    def command(self, i, argv):
+        """argv run in host i: every one of its namespaces entered (nsenter forks into its PID namespace)."""
+        return ["nsenter", "--target", str(self._anchor_pid(i)), "--net", "--uts", "--ipc", "--mount", "--pid",
+                f"--wd={os.getcwd()}", "--", *argv]
+
+    def start(self, i, argv, env=None, **popen):
+        environment = dict(os.environ if env is None else env)
+        environment["HOST_INDEX"] = str(i)
+        return subprocess.Popen(self.command(i, argv), env=environment, **popen)
+
+    def run(self, i, argv, env=None, timeout=120):
+        return subprocess.run(self.command(i, argv), env=dict(os.environ if env is None else env, HOST_INDEX=str(i)),
+                              capture_output=True, text=True, timeout=timeout)
+
+    def set_link(self, i, up):
+        """Host i's link at the bridge up or down: down is a partition (packets dropped, nobody told)."""
+        _ip("-n", f"{self.name}-br", "link", "set", f"v{i}", "up" if up else "down")
+
+    def kill_host(self, i):
+        """SIGKILLs every process of host i (its anchor, the init of its PID namespace, takes them along):
+        their sockets are closed by the kernel. The host's network stays."""
+        if i < len(self._anchors) and self._anchors[i].poll() is None:
+            try:
+                os.kill(self._anchor_pid(i), signal.SIGKILL)
+            except (OSError, IndexError, ValueError):
+                pass
+            self._anchors[i].wait(timeout=10)
+
+    def close(self):
+        for i in range(len(self._anchors)):
+            self.kill_host(i)
+            if self._anchors[i].poll() is None:
+                self._anchors[i].kill()
+                self._anchors[i].wait()
+        for ns in reversed(self._namespaces):
+            _ip("netns", "del", ns, check=False)
+        self._namespaces = []
+        self._anchors = []
+        if self._hosts_file:
+            os.unlink(self._hosts_file)
+            self._hosts_file = None
+
+
+def main(argv):
+    if len(argv) < 3 or not argv[0].isdigit() or argv[1] != "--":
+        print("usage: hosts.py N -- COMMAND...  ({host}, {index}, {address} are replaced in each host)", file=sys.stderr)
+        return 2
+    count = int(argv[0])
+    reason = why_hosts_cannot_be_made()
+    if reason:
+        print(f"hosts.py: skipped: {reason}")
+        return SKIPPED
+    template = argv[2:]
+    with TestHosts(count) as hosts:
+        procs = []
+        for i in range(count):
+            words = [w.format(host=hosts.host(i), index=i, address=hosts.address(i)) for w in template]
+            procs.append(hosts.start(i, words, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        status = 0
+        for i, p in enumerate(procs):
+            out, _ = p.communicate()
+            print(f"--- host {i} ({hosts.address(i)}), exit {p.returncode}\n{out}", end="")
+            status = max(status, p.returncode if p.returncode >= 0 else 128 - p.returncode)
+        return status
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
