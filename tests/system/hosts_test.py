@@ -11,6 +11,8 @@ Scenarios:
   gloo_two_hosts_two_ranks two ranks per host: shared memory within each host, TCP between (hierarchical)
   gloo_three_hosts         three hosts, one rank each
   gloo_socket_ifname       GLOO_SOCKET_IFNAME=eth0 is the transport; one no host has is an error naming it
+  torchrun_variables_two_hosts  ranks started with RANK, WORLD_SIZE, MASTER_ADDR (host 0) by hand
+  examples_two_hosts       tp_mlp --check, and dp_train saved on one run and resumed on the next
 """
 
 import os
@@ -99,7 +101,53 @@ def gloo_socket_ifname(bin_dir):
     print("passed: GLOO_SOCKET_IFNAME=nope0 is an error naming it on every host")
 
 
-SCENARIOS = {f.__name__: f for f in (gloo_two_hosts, gloo_two_hosts_two_ranks, gloo_three_hosts, gloo_socket_ifname)}
+def torchrun_variables_two_hosts(bin_dir):
+    """Each rank started by hand with torchrun's variables, MASTER_ADDR being the other host for rank 1."""
+    with TestHosts(2) as hosts:
+        procs = []
+        for i in range(2):
+            env = dict(os.environ, NXD_CPU_MODE="1", BPL_TIMEOUT_MS="60000", RANK=str(i), WORLD_SIZE="2",
+                       LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR=hosts.address(0), MASTER_PORT=MASTER_PORT)
+            procs.append(hosts.start(i, [os.path.join(bin_dir, "bpl-info"), "--init"], env=env,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        results = [(p.wait(timeout=TIMEOUT_S), p.stdout.read()) for p in procs]
+        expect_all_passed(results, "bpl-info --init with RANK/WORLD_SIZE/MASTER_ADDR")
+        expect("Runtime (rank 0 of 2, local 0 of 1, from torchrun)" in results[0][1], "rank 0 of 2 from torchrun's variables",
+               results)
+        expect("gloo over tcp (each rank on a machine of its own)" in results[0][1], "one rank per machine", results)
+    print("passed: torchrun's variables across 2 hosts, MASTER_ADDR on the other host")
+
+
+def examples_two_hosts(bin_dir):
+    """tp_mlp --check and dp_train (saved, then resumed: the checkpoint folder is on a filesystem both hosts
+    see, as a cluster's shared storage) across 2 hosts of 1 rank."""
+    import re
+    import shutil
+    import tempfile
+    with TestHosts(2) as hosts:
+        mlp = launch(hosts, bin_dir, 1, [os.path.join(bin_dir, "tp_mlp"), "--check"])
+        expect_all_passed(mlp, "tp_mlp --check")
+        expect("match" in mlp[0][1] and "MISMATCH" not in mlp[0][1], "the sharded MLP matches the unsharded one", mlp)
+        folder = tempfile.mkdtemp(prefix="bpl-hosts-dp-")
+        try:
+            train = [os.path.join(bin_dir, "dp_train"), "--checkpoint-dir", folder]
+            straight = launch(hosts, bin_dir, 1, train[:1] + ["--steps", "12"])
+            first = launch(hosts, bin_dir, 1, train + ["--steps", "8", "--save-every", "4"])
+            resumed = launch(hosts, bin_dir, 1, train + ["--steps", "12", "--resume"])
+            for results, what in ((straight, "dp_train"), (first, "dp_train, saving"), (resumed, "dp_train --resume")):
+                expect_all_passed(results, what)
+            steps = lambda out: re.findall(r"^step \d+ loss .*$", out, re.M)  # noqa: E731
+            expect(len(steps(straight[0][1])) == 12, "12 step lines from the straight run", straight)
+            expect("resumed from step 8" in resumed[0][1], "the run resumed from step 8", resumed)
+            expect(steps(straight[0][1])[8:] == steps(resumed[0][1]), "the resumed run repeats steps 9-12",
+                   straight + resumed)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+    print("passed: tp_mlp --check and a resumed dp_train across 2 hosts")
+
+
+SCENARIOS = {f.__name__: f for f in (gloo_two_hosts, gloo_two_hosts_two_ranks, gloo_three_hosts, gloo_socket_ifname,
+                                     torchrun_variables_two_hosts, examples_two_hosts)}
 
 
 def main(argv):
