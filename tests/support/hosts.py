@@ -22,11 +22,14 @@ and {address} replaced and HOST_INDEX set; prints each host's output; exits with
 status. Exits 77 (skipped), saying why, where namespaces cannot be made (not root, no permission).
 """
 
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 SUBNET = "198.18.0"
@@ -171,6 +174,41 @@ class TestHosts:
         return subprocess.run(self.command(i, argv), env=dict(os.environ if env is None else env, HOST_INDEX=str(i)),
                               capture_output=True, text=True, timeout=timeout)
 
+    def serve_launches(self):
+        """Lets programs in the hosts start commands in other hosts, as ssh would between machines:
+        hosts_agent.py HOST COMMAND... (mpirun's launch agent, plm_rsh_agent) asks this process, over a
+        Unix socket named by $BPL_HOSTS_RELAY (set here for what starts after), to run COMMAND in HOST with
+        the agent's own stdin, stdout and stderr, and exits with its status."""
+        path = os.path.join(tempfile.gettempdir(), f"{self.name}-relay.sock")
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._listener.bind(path)
+        self._listener.listen(16)
+        self._relay_path = path
+        os.environ["BPL_HOSTS_RELAY"] = path
+        threading.Thread(target=self._relay, daemon=True).start()
+
+    def _relay(self):
+        while True:
+            try:
+                connection, _ = self._listener.accept()
+            except OSError:
+                return  # closed
+            message, fds, _, _ = socket.recv_fds(connection, 1 << 20, 3)
+            request = json.loads(message)
+            index = int(request["host"].rsplit("-h", 1)[1])
+            process = subprocess.Popen(self.command(index, ["sh", "-c", request["command"]]), stdin=fds[0], stdout=fds[1],
+                                       stderr=fds[2], env=request["env"])
+            for fd in fds:
+                os.close(fd)
+
+            def report(process=process, connection=connection):
+                process.wait()
+                try:
+                    connection.sendall(str(process.returncode).encode())
+                finally:
+                    connection.close()
+            threading.Thread(target=report, daemon=True).start()
+
     def set_link(self, i, up):
         """Host i's link at the bridge up or down: down is a partition (packets dropped, nobody told)."""
         _ip("-n", f"{self.name}-br", "link", "set", f"v{i}", "up" if up else "down")
@@ -186,6 +224,10 @@ class TestHosts:
             self._anchors[i].wait(timeout=10)
 
     def close(self):
+        if getattr(self, "_listener", None):
+            self._listener.close()
+            os.unlink(self._relay_path)
+            self._listener = None
         for i in range(len(self._anchors)):
             self.kill_host(i)
             if self._anchors[i].poll() is None:

@@ -13,6 +13,8 @@ Scenarios:
   gloo_socket_ifname       GLOO_SOCKET_IFNAME=eth0 is the transport; one no host has is an error naming it
   torchrun_variables_two_hosts  ranks started with RANK, WORLD_SIZE, MASTER_ADDR (host 0) by hand
   examples_two_hosts       tp_mlp --check, and dp_train saved on one run and resumed on the next
+  mpi_two_hosts            mpirun with a host file and a launch agent into the other host; the conformance
+                           suite passes on the mpi backend
 """
 
 import os
@@ -146,8 +148,35 @@ def examples_two_hosts(bin_dir):
     print("passed: tp_mlp --check and a resumed dp_train across 2 hosts")
 
 
+def mpi_two_hosts(bin_dir):
+    """mpirun in host 0 with a host file naming both hosts; its launch agent (plm_rsh_agent) starts the
+    other host's daemon through hosts_agent.py, as ssh would; the TCP BTL and ORTE's out-of-band channel
+    only on the hosts' interface."""
+    import tempfile
+    agent = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support", "hosts_agent.py")
+    with TestHosts(2) as hosts, tempfile.NamedTemporaryFile("w", prefix="bpl-hostfile-", suffix=".txt") as hostfile:
+        hosts.serve_launches()
+        hostfile.write("".join(f"{hosts.host(i)} slots=1\n" for i in range(2)))
+        hostfile.flush()
+        env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", BPL_BACKEND="mpi",
+                   BPL_TIMEOUT_MS="60000")
+        mpirun = ["mpirun", "--hostfile", hostfile.name, "--mca", "plm_rsh_agent", os.path.abspath(agent),
+                  "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", "eth0", "--mca", "oob_tcp_if_include", "eth0",
+                  "-np", "2"]
+        info = hosts.run(0, mpirun + [os.path.join(bin_dir, "bpl-info"), "--init"], env=env, timeout=TIMEOUT_S)
+        results = [(info.returncode, info.stdout + info.stderr)]
+        expect_all_passed(results, "mpirun bpl-info --init")
+        expect("Runtime (rank 0 of 2, local 0 of 1, from openmpi)" in info.stdout, "2 ranks, one per host", results)
+        suite = hosts.run(0, mpirun + [os.path.join(bin_dir, "bpl-conformance"), "--backend=mpi"], env=env,
+                          timeout=TIMEOUT_S)
+        results = [(suite.returncode, suite.stdout + suite.stderr)]
+        expect_all_passed(results, "mpirun bpl-conformance --backend=mpi")
+        expect("PASSED" in suite.stdout, "rank 0's suite reports its tests passed", results)
+    print("passed: mpirun across 2 hosts (host file, launch agent, TCP BTL on eth0): conformance suite passed")
+
+
 SCENARIOS = {f.__name__: f for f in (gloo_two_hosts, gloo_two_hosts_two_ranks, gloo_three_hosts, gloo_socket_ifname,
-                                     torchrun_variables_two_hosts, examples_two_hosts)}
+                                     torchrun_variables_two_hosts, examples_two_hosts, mpi_two_hosts)}
 
 
 def main(argv):
