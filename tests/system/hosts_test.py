@@ -15,6 +15,8 @@ Scenarios:
   examples_two_hosts       tp_mlp --check, and dp_train saved on one run and resumed on the next
   mpi_two_hosts            mpirun with a host file and a launch agent into the other host; the conformance
                            suite passes on the mpi backend
+  fault_host_killed        every process of one of 3 hosts SIGKILLed mid-allreduce: both survivors fail at
+                           once naming its rank, nothing left running
 """
 
 import os
@@ -175,8 +177,66 @@ def mpi_two_hosts(bin_dir):
     print("passed: mpirun across 2 hosts (host file, launch agent, TCP BTL on eth0): conformance suite passed")
 
 
+ALLREDUCE_LOOP = """
+import array, os, sys, time
+sys.path.insert(0, os.environ["BPL_PYTHON_DIR"])
+import backplane
+start = time.monotonic()
+with backplane.Runtime() as rt:
+    world, data = rt.world, array.array("f", [1.0] * 1024)
+    print(f"rank {world.rank}: running", flush=True)
+    try:
+        while time.monotonic() - start < 120:
+            world.allreduce(data)
+    except backplane.BackplaneError as e:
+        print(f"rank {world.rank}: failed after {time.monotonic() - start:.1f} s: {e}", flush=True)
+        sys.exit(3)
+"""
+
+
+def fault_host_killed(bin_dir):
+    """Three hosts in a loop of allreduces; every process of host 2 SIGKILLed (the kernel closes its
+    sockets): both survivors fail at once, naming rank 2 as on another machine, and leave nothing behind."""
+    import time
+    source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python")
+    env = dict(os.environ, NXD_CPU_MODE="1", BPL_TIMEOUT_MS="30000", BPL_PYTHON_DIR=os.path.abspath(source),
+               BPL_LIBRARY=os.path.join(os.path.dirname(bin_dir), "lib", "libbackplane.so"))
+    with TestHosts(3) as hosts:
+        procs = []
+        for i in range(3):
+            argv = [os.path.join(bin_dir, "bpl-run"), "--nnodes", "3", "--node-rank", str(i), "--master-addr",
+                    hosts.address(0), "--master-port", MASTER_PORT, "--nproc-per-node", "1", sys.executable, "-c",
+                    ALLREDUCE_LOOP]
+            procs.append(hosts.start(i, argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        first = procs[0].stdout.readline()  # rank 0 running: the job has met
+        if "running" not in first:
+            raise Failure(f"the job did not start: {first}")
+        time.sleep(1)
+        killed_at = time.monotonic()
+        hosts.kill_host(2)
+        results = []
+        for p in procs[:2]:
+            try:
+                out, _ = p.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                out, _ = p.communicate()
+                out += "(TIMED OUT)"
+            results.append((p.returncode, out))
+        elapsed = time.monotonic() - killed_at
+        expect(all(code != 0 for code, _ in results), "every survivor fails", results)
+        expect(all("BPL_ERR_REMOTE" in out and "rank 2, on another machine" in out for _, out in results),
+               "every survivor names rank 2, on another machine", results)
+        expect(elapsed < 10, f"the survivors fail at once, well within the 30 s timeout (took {elapsed:.1f} s)", results)
+        for i in range(2):
+            left = hosts.run(i, ["ps", "-e", "-o", "comm="]).stdout.split()
+            expect(set(left) <= {"sleep", "ps"}, f"nothing left running in host {i}: {left}", results)
+    print(f"passed: host 2 killed: both survivors failed in {elapsed:.1f} s naming rank 2; nothing left behind")
+
+
 SCENARIOS = {f.__name__: f for f in (gloo_two_hosts, gloo_two_hosts_two_ranks, gloo_three_hosts, gloo_socket_ifname,
-                                     torchrun_variables_two_hosts, examples_two_hosts, mpi_two_hosts)}
+                                     torchrun_variables_two_hosts, examples_two_hosts, mpi_two_hosts,
+                                     fault_host_killed)}
 
 
 def main(argv):
