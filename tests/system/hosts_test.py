@@ -208,9 +208,12 @@ def fault_host_killed(bin_dir):
                     hosts.address(0), "--master-port", MASTER_PORT, "--nproc-per-node", "1", sys.executable, "-c",
                     ALLREDUCE_LOOP]
             procs.append(hosts.start(i, argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-        first = procs[0].stdout.readline()  # rank 0 running: the job has met
-        if "running" not in first:
-            raise Failure(f"the job did not start: {first}")
+        started = ""
+        while "running" not in started:  # rank 0 is in its loop: the job has met
+            line = procs[0].stdout.readline()
+            if not line:
+                raise Failure(f"the job did not start: {started}")
+            started += line
         time.sleep(1)
         killed_at = time.monotonic()
         hosts.kill_host(2)
@@ -222,7 +225,7 @@ def fault_host_killed(bin_dir):
                 p.kill()
                 out, _ = p.communicate()
                 out += "(TIMED OUT)"
-            results.append((p.returncode, out))
+            results.append((p.returncode, started + out if p is procs[0] else out))
         elapsed = time.monotonic() - killed_at
         expect(all(code != 0 for code, _ in results), "every survivor fails", results)
         expect(all("BPL_ERR_REMOTE" in out and "rank 2, on another machine" in out for _, out in results),
