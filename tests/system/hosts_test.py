@@ -17,6 +17,8 @@ Scenarios:
                            suite passes on the mpi backend
   fault_host_killed        every process of one of 3 hosts SIGKILLed mid-allreduce: both survivors fail at
                            once naming its rank, nothing left running
+  fault_host_never_joins   a host that never starts its rank: TIMEOUT naming the missing rank
+  fault_master_unreachable MASTER_ADDR no host has: an error naming the address, within the timeout
 """
 
 import os
@@ -237,9 +239,43 @@ def fault_host_killed(bin_dir):
     print(f"passed: host 2 killed: both survivors failed in {elapsed:.1f} s naming rank 2; nothing left behind")
 
 
+def alone(hosts, i, bin_dir, master, node_rank, timeout_ms):
+    """bpl-info --init as node `node_rank` of 2 in host i, meeting at `master`; (status, output, seconds)."""
+    import time
+    env = dict(os.environ, NXD_CPU_MODE="1", BPL_TIMEOUT_MS=str(timeout_ms))
+    argv = [os.path.join(bin_dir, "bpl-run"), "--nnodes", "2", "--node-rank", str(node_rank), "--master-addr", master,
+            "--master-port", MASTER_PORT, "--nproc-per-node", "1", os.path.join(bin_dir, "bpl-info"), "--init"]
+    start = time.monotonic()
+    result = hosts.run(i, argv, env=env, timeout=TIMEOUT_S)
+    return result.returncode, result.stdout + result.stderr, time.monotonic() - start
+
+
+def fault_host_never_joins(bin_dir):
+    """Host 1 never starts its rank: host 0's fails within the timeout, naming the missing rank."""
+    with TestHosts(2) as hosts:
+        code, out, seconds = alone(hosts, 0, bin_dir, hosts.address(0), 0, 5000)
+        results = [(code, out)]
+        expect(code != 0 and "BPL_ERR_TIMEOUT" in out and "1/2 joined, missing ranks [1]" in out,
+               "a TIMEOUT naming the missing rank", results)
+        expect(seconds < 15, f"within the 5 s timeout and its slack (took {seconds:.1f} s)", results)
+    print(f"passed: a host that never joins: TIMEOUT naming rank 1 after {seconds:.1f} s")
+
+
+def fault_master_unreachable(bin_dir):
+    """MASTER_ADDR an address of the test subnet that no host has: an error naming it, within the timeout."""
+    with TestHosts(2) as hosts:
+        nobody = f"{hosts.address(0).rsplit('.', 1)[0]}.99"
+        code, out, seconds = alone(hosts, 1, bin_dir, nobody, 1, 5000)
+        results = [(code, out)]
+        expect(code != 0 and f"rendezvous at {nobody}:{MASTER_PORT} as rank 1" in out, "an error naming the address",
+               results)
+        expect(seconds < 15, f"within the 5 s timeout and its slack (took {seconds:.1f} s)", results)
+    print(f"passed: MASTER_ADDR unreachable: an error naming {nobody} after {seconds:.1f} s")
+
+
 SCENARIOS = {f.__name__: f for f in (gloo_two_hosts, gloo_two_hosts_two_ranks, gloo_three_hosts, gloo_socket_ifname,
                                      torchrun_variables_two_hosts, examples_two_hosts, mpi_two_hosts,
-                                     fault_host_killed)}
+                                     fault_host_killed, fault_host_never_joins, fault_master_unreachable)}
 
 
 def main(argv):
