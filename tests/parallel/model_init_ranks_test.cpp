@@ -4,20 +4,18 @@
 // lets at most that many ranks of the machine run model_fn at once. Part of bpl-parallel-test.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
-#include <malloc.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/optim/adam.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <fstream>
-#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "backplane/parallel.h"
+#include "memory.h"
 
 namespace bp = backplane::parallel;
 
@@ -133,15 +131,6 @@ INSTANTIATE_TEST_SUITE_P(Tp, PadModelTest, ::testing::Values(2, 4),
 
 /* ---- meta_device_init ---- */
 
-int64_t status_kib(const char* field) {
-  std::ifstream status("/proc/self/status");
-  const std::string text((std::istreambuf_iterator<char>(status)), std::istreambuf_iterator<char>());
-  std::smatch match;
-  if (!std::regex_search(text, match, std::regex(std::string(field) + R"(:\s+(\d+) kB)"))) return -1;
-  return std::stoll(match[1]);
-}
-bool reset_peak_memory() { return static_cast<bool>(std::ofstream("/proc/self/clear_refs") << "5" << std::flush); }
-
 class ModelInitTest : public ::testing::Test {
  protected:
   void TearDown() override { bp::destroy_model_parallel(); }
@@ -149,8 +138,8 @@ class ModelInitTest : public ::testing::Test {
 
 TEST_F(ModelInitTest, MetaDeviceInitBuildsOnlyTheLocalShardsAndParamInitFnInitialisesThem) {
   if (bp::get_world_size() % 2 != 0) GTEST_SKIP() << "needs an even number of ranks";
-  mallopt(M_MMAP_THRESHOLD, 128 * 1024);  // freed tensors give their pages back: resident memory follows
-  if (!reset_peak_memory() || status_kib("VmHWM") < 0) GTEST_SKIP() << "cannot reset the peak of resident memory here";
+  std::string why;
+  if (!measurable_memory(why)) GTEST_SKIP() << why;
   auto build = [](bool meta) {
     bp::ParallelConfig config;
     config.tensor_parallel_size = 2;
@@ -166,10 +155,10 @@ TEST_F(ModelInitTest, MetaDeviceInitBuildsOnlyTheLocalShardsAndParamInitFnInitia
     });
   };
   auto peak_of = [&](bool meta) {
-    const int64_t before = status_kib("VmRSS");
+    const int64_t before = memory_status("VmRSS");
     reset_peak_memory();
     auto model = build(meta);
-    const int64_t peak = status_kib("VmHWM") - before;
+    const int64_t peak = memory_status("VmHWM") - before;
     for (const at::Tensor& p : model.parameters()) {
       EXPECT_TRUE(p.eq(0.25).all().item<bool>()) << "param_init_fn initialised every parameter";
     }
@@ -185,7 +174,7 @@ TEST_F(ModelInitTest, MetaDeviceInitBuildsOnlyTheLocalShardsAndParamInitFnInitia
   if (bp::get_rank() == 0) {
     std::printf("[ memory   ] peak above the start while building two 8 MiB local shards of 16 MiB weights (TP 2): %.1f MiB with "
                 "full master weights, %.1f MiB with meta_device_init (%.2f of it)\n",
-                whole / 1024.0, deferred / 1024.0, static_cast<double>(deferred) / static_cast<double>(whole));
+                whole / 1048576.0, deferred / 1048576.0, static_cast<double>(deferred) / static_cast<double>(whole));
   }
   // Without, each 16 MiB weight is made whole before its 8 MiB shard is copied out of it.
   EXPECT_LT(deferred, whole * 3 / 4);

@@ -2,19 +2,17 @@
 // partitioning, the one-rank fallback of layers built before initialize_model_parallel, and errors.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
-#include <malloc.h>
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/dropout.h>
 #include <torch/nn/modules/linear.h>
 
 #include <algorithm>
 #include <cstdlib>
-#include <fstream>
-#include <regex>
 #include <string>
 #include <vector>
 
 #include "backplane/parallel.h"
+#include "memory.h"
 
 namespace bp = backplane::parallel;
 
@@ -442,38 +440,19 @@ TEST(ActivationCheckpointTest, GradientsAreIdenticalWithAndWithoutAndLayerNamesS
             std::string::npos);
 }
 
-// This process's peak resident memory (VmHWM) since the last reset_peak_memory(), in bytes.
-int64_t peak_memory() {
-  std::ifstream status("/proc/self/status");
-  const std::string text((std::istreambuf_iterator<char>(status)), std::istreambuf_iterator<char>());
-  std::smatch match;
-  if (!std::regex_search(text, match, std::regex(R"(VmHWM:\s+(\d+) kB)"))) return -1;
-  return std::stoll(match[1]) * 1024;
-}
-int64_t resident_memory() {
-  std::ifstream status("/proc/self/status");
-  const std::string text((std::istreambuf_iterator<char>(status)), std::istreambuf_iterator<char>());
-  std::smatch match;
-  if (!std::regex_search(text, match, std::regex(R"(VmRSS:\s+(\d+) kB)"))) return -1;
-  return std::stoll(match[1]) * 1024;
-}
-bool reset_peak_memory() { return static_cast<bool>(std::ofstream("/proc/self/clear_refs") << "5" << std::flush); }
-
 TEST(ActivationCheckpointTest, PeakActivationMemoryFalls) {
-  // Tensors above 128 KiB get pages of their own and give them back when freed, so that resident memory
-  // follows what is alive.
-  mallopt(M_MMAP_THRESHOLD, 128 * 1024);
-  if (!reset_peak_memory() || peak_memory() < 0) GTEST_SKIP() << "cannot reset the peak of resident memory here (/proc/self/clear_refs)";
+  std::string why;
+  if (!measurable_memory(why)) GTEST_SKIP() << why;
   using Config = bp::ActivationCheckpointConfig;
   const int64_t width = 256, rows = 512, blocks = 8;
   auto peak_of = [&](const Config& config) {
     torch::nn::Sequential model = residual_mlp(width, blocks);
     if (config.mode != Config::Mode::kNone) model = bp::apply_activation_checkpointing(model, config);
     train_once(model, width, rows);  // the gradients' memory, allocated once
-    const int64_t before = resident_memory();
+    const int64_t before = memory_status("VmRSS");
     reset_peak_memory();
     train_once(model, width, rows);
-    return peak_memory() - before;
+    return memory_status("VmHWM") - before;
   };
   peak_of(Config{});  // warm-up: thread pools and the like
   const int64_t none = peak_of(Config{}), full = peak_of(Config::full()),
