@@ -152,6 +152,13 @@ std::string integrity_problem(const fs::path& file, const std::string* bytes = n
 
 }  // namespace
 
+std::pair<int, int> checkpoint_files::saved_layout(const fs::path& dir) {
+  int tp = 0, pp = 0;
+  while (fs::exists(dir / shard_name(0, tp, 0))) ++tp;
+  while (fs::exists(dir / shard_name(0, 0, pp))) ++pp;
+  return {tp, pp};
+}
+
 std::string checkpoint_files::serialize(torch::serialize::OutputArchive& archive) {
   std::ostringstream bytes;
   archive.save_to(bytes);
@@ -433,14 +440,6 @@ std::vector<fs::path> model_files(const fs::path& folder, torch::nn::Module& mod
   }
   if (files.empty()) files.push_back(base);
   return files;
-}
-
-// The tensor- and pipeline-parallel sizes the model files in `dir` were saved at (0, 0 without files).
-std::pair<int, int> saved_layout(const fs::path& dir) {
-  int tp = 0, pp = 0;
-  while (fs::exists(dir / shard_name(0, tp, 0))) ++tp;
-  while (fs::exists(dir / shard_name(0, 0, pp))) ++pp;
-  return {tp, pp};
 }
 
 // Every model file of the folder of `file`: what a job of another layout reads.

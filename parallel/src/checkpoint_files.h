@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <functional>
 #include <string>
+#include <utility>
 
 #include "backplane/parallel/trainer.h"
 
@@ -21,6 +22,9 @@ inline constexpr const char* kLoraDir = "lora_adapter";
 std::string shard_name(int dp, int tp, int pp);
 // The file (under a temporary name, synced, renamed), then "<file>.crc32" with its size and CRC-32.
 void write_file_atomically(const std::filesystem::path& file, const std::string& bytes);
+// The tensor- and pipeline-parallel sizes the files of `dir` (a model/, lora_adapter/ or optim/ folder)
+// were saved at, from the data-parallel rank 0 files there; (0, 0) without files.
+std::pair<int, int> saved_layout(const std::filesystem::path& dir);
 std::string serialize(torch::serialize::OutputArchive& archive);
 // A checkpoint file, verified against its checksum, as an archive. Error naming the file: missing
 // (BPL_ERR_NOT_FOUND), corrupt or truncated (BPL_ERR_IO).

@@ -11,6 +11,7 @@
 #include <map>
 #include <optional>
 #include <sstream>
+#include <tuple>
 
 #include "backplane/parallel/checkpoint.h"
 #include "backplane/parallel/parallel_state.h"
@@ -96,8 +97,7 @@ void assign_whole(const std::string& name, at::Tensor& target, const at::Tensor&
 class SavedShards {
  public:
   explicit SavedShards(fs::path dir) : dir_(std::move(dir)) {
-    while (fs::exists(file(0, tp_))) ++tp_;
-    while (fs::exists(file(pp_, 0))) ++pp_;
+    std::tie(tp_, pp_) = saved_layout(dir_);
     if (tp_ == 0) throw Error(BPL_ERR_NOT_FOUND, "checkpoint file " + file(0, 0).string() + " does not exist");
     for (int pp = 0; pp < pp_; ++pp) {
       for (const std::string& key : archive(pp, 0).keys()) {
@@ -279,9 +279,7 @@ void write_optimizer_layout(torch::serialize::OutputArchive& archive, torch::nn:
 
 void load_optimizer_across_layouts(const fs::path& dir, torch::nn::Module& model, ParallelOptimizer& optimizer) {
   const std::string where = "checkpoint " + dir.string();
-  int saved_tp = 0, saved_pp = 0;
-  while (fs::exists(dir / shard_name(0, saved_tp, 0))) ++saved_tp;
-  while (fs::exists(dir / shard_name(0, 0, saved_pp))) ++saved_pp;
+  const auto [saved_tp, saved_pp] = saved_layout(dir);
   if (saved_tp == 0) throw Error(BPL_ERR_NOT_FOUND, "checkpoint file " + (dir / shard_name(0, 0, 0)).string() + " does not exist");
   std::vector<std::vector<SavedOptimizerFile>> files(static_cast<size_t>(saved_pp));  // [pp][tp]
   for (int pp = 0; pp < saved_pp; ++pp) {

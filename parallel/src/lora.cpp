@@ -2,13 +2,12 @@
 #include "backplane/parallel/lora.h"
 
 #include <ATen/ATen.h>
+#include <c10/util/StringUtil.h>
 #include <torch/nn/init.h>
 
 #include <algorithm>
 #include <cmath>
 #include <sstream>
-
-#include "joined.h"
 
 namespace backplane::parallel {
 namespace {
@@ -239,8 +238,8 @@ void freeze_all_but_adapters(torch::nn::Module& model, const LoraConfig& config,
 void finish(torch::nn::Module& model, const LoraConfig& config, const std::vector<std::string>& adapted,
             const std::vector<std::string>& linear_layers) {
   if (adapted.empty()) {
-    throw invalid("target_modules [" + joined(config.target_modules) + "] match none of the model's linear layers (" +
-                  (linear_layers.empty() ? std::string("it has none") : joined(linear_layers)) + ")");
+    throw invalid("target_modules [" + c10::Join(", ", config.target_modules) + "] match none of the model's linear layers (" +
+                  (linear_layers.empty() ? std::string("it has none") : c10::Join(", ", linear_layers)) + ")");
   }
   freeze_all_but_adapters(model, config, adapted);
 }

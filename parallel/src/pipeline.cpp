@@ -2,10 +2,9 @@
 #include "backplane/parallel/pipeline.h"
 
 #include <ATen/ATen.h>
+#include <c10/util/StringUtil.h>
 
 #include <algorithm>
-
-#include "joined.h"
 
 namespace backplane::parallel {
 namespace {
@@ -73,7 +72,7 @@ std::vector<std::pair<size_t, size_t>> pipeline_stage_bounds(const std::vector<s
     }
   } else {
     if (cuts.size() != static_cast<size_t>(stages - 1)) {
-      throw invalid("pipeline_cuts has " + std::to_string(cuts.size()) + " names (" + joined(cuts) +
+      throw invalid("pipeline_cuts has " + std::to_string(cuts.size()) + " names (" + c10::Join(", ", cuts) +
                     ") for pipeline_parallel_size " + std::to_string(stages) + ": expected " +
                     std::to_string(stages - 1) + ", one after each stage but the last");
     }
@@ -81,7 +80,7 @@ std::vector<std::pair<size_t, size_t>> pipeline_stage_bounds(const std::vector<s
       const auto found = std::find(layer_names.begin(), layer_names.end(), cut);
       if (found == layer_names.end()) {
         throw invalid("pipeline_cuts names '" + cut + "', which is not a layer of the model (its layers: " +
-                      joined(layer_names) + ")");
+                      c10::Join(", ", layer_names) + ")");
       }
       const size_t end = static_cast<size_t>(found - layer_names.begin()) + 1;
       if (!ends.empty() && end <= ends.back()) {

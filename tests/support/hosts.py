@@ -24,6 +24,7 @@ status. Exits 77 (skipped), saying why, where namespaces cannot be made (not roo
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -64,7 +65,7 @@ def why_hosts_cannot_be_made():
     if os.geteuid() != 0:
         return "test hosts need root (network, UTS, IPC, mount and PID namespaces)"
     for tool in ("ip", "unshare", "nsenter"):
-        if not any(os.access(os.path.join(d, tool), os.X_OK) for d in os.environ.get("PATH", "").split(":") + ["/usr/sbin", "/sbin"]):
+        if not shutil.which(tool):
             return f"'{tool}' is not installed (iproute2, util-linux)"
     probe = f"bplprobe{os.getpid()}"
     made = _ip("netns", "add", probe, check=False)

@@ -116,7 +116,10 @@ def torchrun_variables_two_hosts(bin_dir):
                        LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR=hosts.address(0), MASTER_PORT=MASTER_PORT)
             procs.append(hosts.start(i, [os.path.join(bin_dir, "bpl-info"), "--init"], env=env,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-        results = [(p.wait(timeout=TIMEOUT_S), p.stdout.read()) for p in procs]
+        results = []
+        for p in procs:
+            out, _ = p.communicate(timeout=TIMEOUT_S)
+            results.append((p.returncode, out))
         expect_all_passed(results, "bpl-info --init with RANK/WORLD_SIZE/MASTER_ADDR")
         expect("Runtime (rank 0 of 2, local 0 of 1, from torchrun)" in results[0][1], "rank 0 of 2 from torchrun's variables",
                results)
