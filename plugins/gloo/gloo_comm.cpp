@@ -5,6 +5,7 @@
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/transport/tcp/address.h>
 #include <gloo/types.h>
+#include <c10/util/StringUtil.h>
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -17,6 +18,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <iomanip>
 #include <numeric>
 #include <map>
 #include <regex>
@@ -26,6 +28,7 @@
 
 #include "dtypes.h"
 #include "local_process.h"
+#include "peer_reachability.h"
 #include "plugin_support.h"
 #include "rendezvous.h"
 #include "shm_group.h"
@@ -206,7 +209,12 @@ void GlooComm::watch_connections() {
   }
   ::closedir(descriptors);
   std::vector<std::pair<int, int>> watched;
-  for (const PairSocket& socket : sockets_) watched.emplace_back(socket.fd, socket.peer);
+  for (const PairSocket& socket : sockets_) {
+    watched.emplace_back(socket.fd, socket.peer);
+    if (on_another_machine(socket.peer)) probe_while_idle(socket.fd);
+    // The leaders' mesh too: Gloo's messages name a pair by its peer's end.
+    peer_of_address_.emplace(address_of(socket.fd, false), socket.peer);
+  }
   watched_ = shared_->watch->watch(watched, [this](int peer) { connection_ended(peer); });
 }
 
@@ -462,6 +470,10 @@ std::string GlooComm::failed_peers_note(const std::string& message, bpl_status s
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
   }
+  if (status == BPL_ERR_TIMEOUT) {
+    std::string unreachable = unreachable_peers_note();
+    if (!unreachable.empty()) return unreachable;
+  }
   if (closed_by < 0) return "";
   if (local_pid(closed_by) == 0) {
     return " (the connection to rank " + std::to_string(closed_by) +
@@ -469,6 +481,34 @@ std::string GlooComm::failed_peers_note(const std::string& message, bpl_status s
   }
   return " (the connection to rank " + std::to_string(closed_by) + " ended while its process " +
          std::to_string(local_pid(closed_by)) + " on this machine runs: it aborted, or closed it after a failure of its own)";
+}
+
+std::string GlooComm::unreachable_peers_note() const {
+  struct Silent {
+    std::set<int> ranks;
+    std::chrono::milliseconds longest{0};
+  };
+  std::map<std::string, Silent> silent_hosts;  // a peer machine's address → its ranks that do not answer
+  for (const PairSocket& socket : sockets_) {
+    if (!on_another_machine(socket.peer)) continue;
+    const std::optional<std::chrono::milliseconds> waited = unanswered_for(socket.fd);
+    if (!waited) continue;
+    const std::string address = address_of(socket.fd, false);  // "[host]:port", or "" if it cannot be read
+    const size_t end = address.rfind(']');
+    Silent& host = silent_hosts[end == std::string::npos ? "an address unknown here" : address.substr(1, end - 1)];
+    host.ranks.insert(socket.peer);
+    host.longest = std::max(host.longest, *waited);
+  }
+  std::ostringstream note;
+  note << std::fixed << std::setprecision(1);
+  for (const auto& [host, seen] : silent_hosts) {
+    note << (note.tellp() == 0 ? " (" : "; ") << (seen.ranks.size() == 1 ? "rank " : "ranks ")
+         << c10::Join(", ", seen.ranks) << " at " << host << (seen.ranks.size() == 1 ? " is" : " are")
+         << " unreachable: that machine acknowledged nothing this rank sent for " << seen.longest.count() / 1000.0 << " s";
+  }
+  if (silent_hosts.size() == 1) note << "; the network to it is cut, or it is down)";
+  if (silent_hosts.size() > 1) note << "; the network to those machines is cut, or they are down)";
+  return note.str();
 }
 
 namespace {
@@ -514,7 +554,7 @@ Error GlooComm::failure(const std::exception& e) {
   message += peers_note;
   if (status == BPL_ERR_TIMEOUT) {
     message += " (no peer of this rank in the operation made progress within " + std::to_string(timeout().count()) +
-               " ms: one is stopped, stuck or far behind)";
+               (peers_note.empty() ? " ms: one is stopped, stuck or far behind)" : " ms)");
   }
   return recorded_failure(status, message, record_defer(status, peers_note));
 }
@@ -662,7 +702,11 @@ void GlooComm::across_machines(const std::function<void()>& body) {
     throw;
   } catch (const std::exception& e) {
     const auto* own = dynamic_cast<const Error*>(&e);
-    Error error = own != nullptr ? recorded_failure(own->status(), own->what()) : failure(e);
+    // A failure another rank of this machine put in the machine's segment is that rank's to record in
+    // the store: repeating it would only wait on a store that may be unreachable (a partition).
+    const bool told_by_this_machine = own != nullptr && machine_shm_ && machine_shm_->failed_by_another_rank();
+    if (told_by_this_machine) failed_ = true;
+    Error error = told_by_this_machine ? *own : own != nullptr ? recorded_failure(own->status(), own->what()) : failure(e);
     if (machine_shm_) machine_shm_->fail(error.status(), error.what());
     shut_down_connections();
     throw error;

@@ -243,6 +243,12 @@ class GlooComm {
   // `pair_peer`: the peer whose connection Gloo's failure came from, when the operation tells (a send
   // or recv fails only by its own pair); -1 for a collective, whose message's address is looked up.
   std::string failed_peers_note(const std::string& message, bpl_status status, int pair_peer = -1) const;
+  // " (rank R at HOST is unreachable: …)" for each peer on another machine whose connection waits
+  // unanswered (peer_reachability.h), or "".
+  std::string unreachable_peers_note() const;
+  bool on_another_machine(int peer) const {
+    return machine_of_rank_[static_cast<size_t>(peer)] != machine_of_rank_[static_cast<size_t>(rank())];
+  }
   // What a failed Gloo call becomes: its status, its message with the peer's rank named, and, if the
   // group is now broken, every connection closed so that the peers fail at once instead of waiting
   // out their timeout. A rank that fails because a peer closed on it reports the communicator's first

@@ -182,6 +182,8 @@ class ShmGroup {
   // every waiter: every rank's waits then fail at once with the first record's status and reason (an
   // abort is ABORTED on the rank that aborted, REMOTE on the others). Never blocks.
   void fail(bpl_status status, const std::string& reason);
+  // Whether another rank failed the group (its record is the one every wait throws).
+  bool failed_by_another_rank() const;
 
  private:
   struct Header;

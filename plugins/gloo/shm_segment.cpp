@@ -186,6 +186,11 @@ void ShmGroup::fail(bpl_status status, const std::string& reason) {
   }
 }
 
+bool ShmGroup::failed_by_another_rank() const {
+  const uint32_t by = header_->failed_by.load(std::memory_order_acquire);
+  return by != 0 && by != 1 + static_cast<uint32_t>(rank_);
+}
+
 void ShmGroup::throw_failure_record() {
   uint32_t by = header_->failed_by.load(std::memory_order_acquire);
   while (by == UINT32_MAX) {  // being written: a few instructions away

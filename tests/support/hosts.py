@@ -24,6 +24,7 @@ status. Exits 77 (skipped), saying why, where namespaces cannot be made (not roo
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -75,6 +76,21 @@ def why_hosts_cannot_be_made():
     return None
 
 
+# A test host's init: reaps every process orphaned in the host (as a machine's init does; a launcher
+# that dies leaves its ranks to it) until it is killed, which ends the host.
+INIT = """
+import os, signal
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+while True:
+    signal.sigwaitinfo({signal.SIGCHLD})
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0] > 0:
+            pass
+    except ChildProcessError:
+        pass
+"""
+
+
 class TestHosts:
     def __init__(self, count, name=None):
         self.count = count
@@ -82,6 +98,7 @@ class TestHosts:
         self._anchors = []
         self._namespaces = []
         self._hosts_file = None
+        self._started = []  # (host, Popen of the nsenter that started a command there)
 
     def host(self, i):
         return f"{self.name}-h{i}"
@@ -123,9 +140,11 @@ class TestHosts:
             _ip("-n", ns, "addr", "add", f"{self.address(i)}/24", "dev", INTERFACE)
             _ip("-n", ns, "link", "set", INTERFACE, "up")
             _ip("-n", ns, "link", "set", "lo", "up")
-            # The anchor: PID 1 of the host's PID namespace, in its own UTS, IPC and mount namespaces.
+            # The anchor: PID 1 of the host's PID namespace, in its own UTS, IPC and mount namespaces,
+            # reaping what is orphaned there as a machine's init does.
             setup = (f"hostname {self.host(i)} && mount -t tmpfs -o mode=1777 tmpfs /dev/shm && "
-                     f"mount --bind {self._hosts_file} /etc/hosts && echo ready && exec sleep infinity")
+                     f"mount --bind {self._hosts_file} /etc/hosts && echo ready && "
+                     f"exec {shlex.quote(sys.executable)} -c {shlex.quote(INIT)}")
             anchor = subprocess.Popen(
                 ["ip", "netns", "exec", ns, "unshare", "--uts", "--ipc", "--mount", "--pid", "--fork",
                  "--mount-proc", "--kill-child", "sh", "-c", setup],
@@ -169,7 +188,9 @@ class TestHosts:
     def start(self, i, argv, env=None, **popen):
         environment = dict(os.environ if env is None else env)
         environment["HOST_INDEX"] = str(i)
-        return subprocess.Popen(self.command(i, argv), env=environment, **popen)
+        process = subprocess.Popen(self.command(i, argv), env=environment, **popen)
+        self._started.append((i, process))
+        return process
 
     def run(self, i, argv, env=None, timeout=120):
         return subprocess.run(self.command(i, argv), env=dict(os.environ if env is None else env, HOST_INDEX=str(i)),
@@ -206,6 +227,8 @@ class TestHosts:
                 process.wait()
                 try:
                     connection.sendall(str(process.returncode).encode())
+                except OSError:
+                    pass  # the agent is gone (its launcher ended first)
                 finally:
                     connection.close()
             threading.Thread(target=report, daemon=True).start()
@@ -213,6 +236,21 @@ class TestHosts:
     def set_link(self, i, up):
         """Host i's link at the bridge up or down: down is a partition (packets dropped, nobody told)."""
         _ip("-n", f"{self.name}-br", "link", "set", f"v{i}", "up" if up else "down")
+
+    def processes(self, i):
+        """'PID COMMAND' of every process in host i but its init (and the ps that looks)."""
+        listed = self.run(i, ["ps", "-e", "-o", "pid=,stat=,comm="]).stdout.splitlines()
+        return [line.strip() for line in listed if line.split()[0] != "1" and line.split()[-1] != "ps"]
+
+    def signal_host(self, i, signal_name):
+        """Sends SIGname to every process of host i but its init (the anchor): STOP leaves its kernel
+        answering, as a machine whose processes hang does. CONT also continues the nsenter of each
+        command start() ran there, outside the host: it stops itself when its child stops."""
+        self.run(i, ["kill", f"-{signal_name}", "-1"])
+        if signal_name == "CONT":
+            for host, process in self._started:
+                if host == i and process.poll() is None:
+                    process.send_signal(signal.SIGCONT)
 
     def kill_host(self, i):
         """SIGKILLs every process of host i (its anchor, the init of its PID namespace, takes them along):

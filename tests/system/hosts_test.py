@@ -17,6 +17,13 @@ Scenarios:
                            suite passes on the mpi backend
   fault_host_killed        every process of one of 3 hosts SIGKILLed mid-allreduce: both survivors fail at
                            once naming its rank, nothing left running
+  fault_link_down          one of 3 hosts' link taken down mid-allreduce (a partition): every rank fails within the
+                           timeout naming the rank and address it cannot reach, nothing left running
+  fault_link_down_two_ranks  the same with 2 hosts of 2 ranks (the hierarchical path)
+  fault_host_stopped       one of 3 hosts' processes stopped, its network up: TIMEOUT that calls no one unreachable
+  fault_link_returns       a link down for 2 s, then up again, within the timeout: the allreduce completes
+  fault_mpi_host_killed    mpirun over 2 hosts, one's processes SIGKILLed: the job ends at once naming the host
+  fault_mpi_link_down      mpirun over 2 hosts, one's link down: rank 0's TIMEOUT, the job ends naming the host
   fault_host_never_joins   a host that never starts its rank: TIMEOUT naming the missing rank
   fault_master_unreachable MASTER_ADDR no host has: an error naming the address, within the timeout
 """
@@ -24,6 +31,7 @@ Scenarios:
 import os
 import subprocess
 import sys
+import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
 from hosts import SKIPPED, TestHosts, why_hosts_cannot_be_made  # noqa: E402
@@ -155,21 +163,33 @@ def examples_two_hosts(bin_dir):
     print("passed: tp_mlp --check and a resumed dp_train across 2 hosts")
 
 
-def mpi_two_hosts(bin_dir):
-    """mpirun in host 0 with a host file naming both hosts; its launch agent (plm_rsh_agent) starts the
-    other host's daemon through hosts_agent.py, as ssh would; the TCP BTL and ORTE's out-of-band channel
-    only on the hosts' interface."""
-    import tempfile
+MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "BPL_BACKEND": "mpi"}
+
+
+def mpirun_command(hosts, hostfile, *options):
+    """mpirun over every host, to be run in host 0: a host file naming them (one slot each), the launch
+    agent (plm_rsh_agent) hosts_agent.py starting the other hosts' daemons as ssh would, the TCP BTL
+    and ORTE's out-of-band channel only on the hosts' interface. Calls hosts.serve_launches()."""
     agent = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support", "hosts_agent.py")
-    with TestHosts(2) as hosts, tempfile.NamedTemporaryFile("w", prefix="bpl-hostfile-", suffix=".txt") as hostfile:
-        hosts.serve_launches()
-        hostfile.write("".join(f"{hosts.host(i)} slots=1\n" for i in range(2)))
-        hostfile.flush()
-        env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", BPL_BACKEND="mpi",
-                   BPL_TIMEOUT_MS="60000")
-        mpirun = ["mpirun", "--hostfile", hostfile.name, "--mca", "plm_rsh_agent", os.path.abspath(agent),
-                  "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", "eth0", "--mca", "oob_tcp_if_include", "eth0",
-                  "-np", "2"]
+    hosts.serve_launches()
+    hostfile.write("".join(f"{hosts.host(i)} slots=1\n" for i in range(hosts.count)))
+    hostfile.flush()
+    return ["mpirun", "--hostfile", hostfile.name, "--mca", "plm_rsh_agent", os.path.abspath(agent),
+            "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", "eth0", "--mca", "oob_tcp_if_include", "eth0",
+            *options, "-np", str(hosts.count)]
+
+
+def host_file():
+    import tempfile
+    return tempfile.NamedTemporaryFile("w", prefix="bpl-hostfile-", suffix=".txt")
+
+
+def mpi_two_hosts(bin_dir):
+    """mpirun in host 0 with a host file naming both hosts (mpirun_command): bpl-info sees 2 ranks, one
+    per host, and the conformance suite passes on the mpi backend."""
+    with TestHosts(2) as hosts, host_file() as hostfile:
+        mpirun = mpirun_command(hosts, hostfile)
+        env = dict(os.environ, BPL_TIMEOUT_MS="60000", **MPI_ENV)
         info = hosts.run(0, mpirun + [os.path.join(bin_dir, "bpl-info"), "--init"], env=env, timeout=TIMEOUT_S)
         results = [(info.returncode, info.stdout + info.stderr)]
         expect_all_passed(results, "mpirun bpl-info --init")
@@ -186,65 +206,257 @@ ALLREDUCE_LOOP = """
 import array, os, sys, time
 sys.path.insert(0, os.environ["BPL_PYTHON_DIR"])
 import backplane
+seconds = float(sys.argv[1])
 start = time.monotonic()
 with backplane.Runtime() as rt:
-    world, data = rt.world, array.array("f", [1.0] * 1024)
+    world, longest, done = rt.world, 0.0, 0
+    expected = world.size * (world.size + 1) / 2
     print(f"rank {world.rank}: running", flush=True)
     try:
-        while time.monotonic() - start < 120:
+        while True:
+            # The last element counts the ranks whose time is not up: all stop after the same allreduce.
+            data = array.array("f", [float(world.rank + 1)] * 1023 + [float(time.monotonic() - start < seconds)])
+            began = time.monotonic()
             world.allreduce(data)
+            longest = max(longest, time.monotonic() - began)
+            if any(x != expected for x in data[:-1]):
+                print(f"rank {world.rank}: WRONG RESULT {data[0]} (expected {expected})", flush=True)
+                sys.exit(4)
+            done += 1
+            if data[-1] < world.size:
+                break
     except backplane.BackplaneError as e:
-        print(f"rank {world.rank}: failed after {time.monotonic() - start:.1f} s: {e}", flush=True)
+        print(f"rank {world.rank}: failed after {time.monotonic() - start:.1f} s (at {time.time():.2f}): {e}",
+              flush=True)
         sys.exit(3)
+    print(f"rank {world.rank}: {done} allreduces correct, the longest {longest:.2f} s", flush=True)
 """
+
+
+class AllreduceLoop:
+    """`ranks_per_host` ranks in each host in a loop of allreduces (each result checked) for `seconds`,
+    with the group timeout `timeout_ms`, launched by bpl-run --nnodes in every host, or by `mpirun` (a
+    command from mpirun_command) in host 0 on the mpi backend; returns once the job has met."""
+
+    def __init__(self, hosts, bin_dir, timeout_ms, seconds=120, ranks_per_host=1, mpirun=None):
+        source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python")
+        env = dict(os.environ, NXD_CPU_MODE="1", BPL_TIMEOUT_MS=str(timeout_ms), BPL_PYTHON_DIR=os.path.abspath(source),
+                   BPL_LIBRARY=os.path.join(os.path.dirname(bin_dir), "lib", "libbackplane.so"))
+        program = [sys.executable, "-c", ALLREDUCE_LOOP, str(seconds)]
+        launches = [(0, mpirun + program)] if mpirun else [
+            (i, [os.path.join(bin_dir, "bpl-run"), "--nnodes", str(hosts.count), "--node-rank", str(i),
+                 "--master-addr", hosts.address(0), "--master-port", MASTER_PORT, "--nproc-per-node",
+                 str(ranks_per_host), *program]) for i in range(hosts.count)]
+        if mpirun:
+            env.update(MPI_ENV)
+        self.hosts = hosts
+        self.procs = [hosts.start(i, argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                      for i, argv in launches]
+        self.started = ""
+        while "running" not in self.started:  # rank 0 is in its loop: the job has met
+            line = self.procs[0].stdout.readline()
+            if not line:
+                raise Failure(f"the job did not start: {self.started}")
+            self.started += line
+
+    def results(self, which=None, timeout=60):
+        """[(exit status, output)] of the launchers in the given hosts (every one by default), each waited
+        for at most `timeout` s, then its host's processes killed."""
+        results = []
+        for i in range(len(self.procs)) if which is None else which:
+            p = self.procs[i]
+            try:
+                out, _ = p.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                for host in range(self.hosts.count):  # mpirun's output comes from every host
+                    self.hosts.signal_host(host, "KILL")
+                p.kill()
+                out, _ = p.communicate()
+                out += "(TIMED OUT)"
+            results.append((p.returncode, self.started + out if i == 0 else out))
+        return results
+
+    def expect_nothing_left(self, which, results):
+        for i in which:
+            left = self.hosts.processes(i)
+            expect(not left, f"nothing left in host {i}: {left}", results)
 
 
 def fault_host_killed(bin_dir):
     """Three hosts in a loop of allreduces; every process of host 2 SIGKILLed (the kernel closes its
     sockets): both survivors fail at once, naming rank 2 as on another machine, and leave nothing behind."""
-    import time
-    source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python")
-    env = dict(os.environ, NXD_CPU_MODE="1", BPL_TIMEOUT_MS="30000", BPL_PYTHON_DIR=os.path.abspath(source),
-               BPL_LIBRARY=os.path.join(os.path.dirname(bin_dir), "lib", "libbackplane.so"))
     with TestHosts(3) as hosts:
-        procs = []
-        for i in range(3):
-            argv = [os.path.join(bin_dir, "bpl-run"), "--nnodes", "3", "--node-rank", str(i), "--master-addr",
-                    hosts.address(0), "--master-port", MASTER_PORT, "--nproc-per-node", "1", sys.executable, "-c",
-                    ALLREDUCE_LOOP]
-            procs.append(hosts.start(i, argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-        started = ""
-        while "running" not in started:  # rank 0 is in its loop: the job has met
-            line = procs[0].stdout.readline()
-            if not line:
-                raise Failure(f"the job did not start: {started}")
-            started += line
+        job = AllreduceLoop(hosts, bin_dir, 30000)
         time.sleep(1)
         killed_at = time.monotonic()
         hosts.kill_host(2)
-        results = []
-        for p in procs[:2]:
-            try:
-                out, _ = p.communicate(timeout=60)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                out, _ = p.communicate()
-                out += "(TIMED OUT)"
-            results.append((p.returncode, started + out if p is procs[0] else out))
+        results = job.results([0, 1])
         elapsed = time.monotonic() - killed_at
         expect(all(code != 0 for code, _ in results), "every survivor fails", results)
         expect(all("BPL_ERR_REMOTE" in out and "rank 2, on another machine" in out for _, out in results),
                "every survivor names rank 2, on another machine", results)
         expect(elapsed < 10, f"the survivors fail at once, well within the 30 s timeout (took {elapsed:.1f} s)", results)
-        for i in range(2):
-            left = hosts.run(i, ["ps", "-e", "-o", "comm="]).stdout.split()
-            expect(set(left) <= {"sleep", "ps"}, f"nothing left running in host {i}: {left}", results)
+        job.expect_nothing_left([0, 1], results)
     print(f"passed: host 2 killed: both survivors failed in {elapsed:.1f} s naming rank 2; nothing left behind")
+
+
+def link_down(bin_dir, count, ranks_per_host):
+    """`count` hosts in a loop of allreduces; the last host's link taken down (a partition: no RST, no
+    FIN, its processes running): every rank, on both sides, fails with TIMEOUT within the 5 s timeout and
+    its slack, naming the ranks and address of every host it cannot reach, and every host's processes
+    end."""
+    timeout_s = 5
+    cut = count - 1
+    with TestHosts(count) as hosts:
+        job = AllreduceLoop(hosts, bin_dir, timeout_s * 1000, ranks_per_host=ranks_per_host)
+        time.sleep(1)
+        cut_at = time.monotonic()
+        hosts.set_link(cut, up=False)
+        results = job.results()
+        elapsed = time.monotonic() - cut_at
+        expect(all(code != 0 for code, _ in results), "every host's job fails, the cut-off one's too", results)
+        failures = [[line for line in out.splitlines() if "failed after" in line] for _, out in results]
+        expect(all(len(lines) == ranks_per_host for lines in failures), "every rank reports its failure", results)
+        expect(all("BPL_ERR_TIMEOUT" in line for lines in failures for line in lines), "every rank's is a TIMEOUT",
+               results)
+        def unreachable(i):  # what a rank says of host i when it cannot reach it
+            ranks = list(range(i * ranks_per_host, (i + 1) * ranks_per_host))
+            return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} at {hosts.address(i)} " \
+                   f"{'are' if len(ranks) > 1 else 'is'} unreachable"
+        expect(all(unreachable(cut) in line for lines in failures[:cut] for line in lines),
+               f"every connected rank names the cut-off host's ranks and address: '{unreachable(cut)}'", results)
+        expect(all(all(unreachable(i) in line for i in range(cut)) for line in failures[cut]),
+               "every cut-off rank names every host it cannot reach, with its ranks and address", results)
+        expect(elapsed < timeout_s * 3, f"within the {timeout_s} s timeout and its slack (took {elapsed:.1f} s)",
+               results)
+        job.expect_nothing_left(range(count), results)
+    for lines in failures:
+        print("\n".join(lines))
+    print(f"passed: {count} hosts x {ranks_per_host} rank(s), host {cut}'s link down: every rank failed in "
+          f"{elapsed:.1f} s (timeout {timeout_s} s), naming the unreachable rank and address; nothing left behind")
+
+
+def fault_link_down(bin_dir):
+    link_down(bin_dir, 3, 1)
+
+
+def fault_link_down_two_ranks(bin_dir):
+    link_down(bin_dir, 2, 2)
+
+
+def fault_host_stopped(bin_dir):
+    """Every process of host 2 stopped (SIGSTOP) mid-allreduce, its network up: its kernel still
+    answers, so the survivors' TIMEOUT must not call it unreachable; once it is continued, it fails too
+    (the survivors closed their connections) and nothing is left running."""
+    timeout_s = 5
+    with TestHosts(3) as hosts:
+        job = AllreduceLoop(hosts, bin_dir, timeout_s * 1000)
+        time.sleep(1)
+        stopped_at = time.monotonic()
+        hosts.signal_host(2, "STOP")
+        results = job.results([0, 1])
+        elapsed = time.monotonic() - stopped_at
+        hosts.signal_host(2, "CONT")
+        results += job.results([2])
+        expect(all(code != 0 for code, _ in results), "every rank fails, the stopped one once continued", results)
+        expect(all("BPL_ERR_TIMEOUT" in out for _, out in results[:2]), "both survivors report a TIMEOUT", results)
+        expect(not any("unreachable" in out for _, out in results), "no rank calls a stopped machine unreachable",
+               results)
+        expect(elapsed < timeout_s * 3, f"within the {timeout_s} s timeout and its slack (took {elapsed:.1f} s)",
+               results)
+        job.expect_nothing_left(range(3), results)
+    print(f"passed: host 2 stopped: both survivors failed with TIMEOUT in {elapsed:.1f} s, calling no machine "
+          "unreachable; rank 2 failed once continued; nothing left behind")
+
+
+def fault_mpi_host_killed(bin_dir):
+    """mpirun over 2 hosts in a loop of allreduces on the mpi backend; every process of host 1 SIGKILLed:
+    Open MPI's promise, the job ends at once naming the lost host, and nothing is left in host 0."""
+    with TestHosts(2) as hosts, host_file() as hostfile:
+        job = AllreduceLoop(hosts, bin_dir, 30000, mpirun=mpirun_command(hosts, hostfile))
+        time.sleep(1)
+        killed_at = time.monotonic()
+        hosts.kill_host(1)
+        results = job.results()
+        elapsed = time.monotonic() - killed_at
+        expect(results[0][0] != 0, "mpirun fails", results)
+        expect(f"on node {hosts.host(1)}" in results[0][1], f"mpirun names the lost host {hosts.host(1)}", results)
+        expect(elapsed < 10, f"at once, well within the 30 s timeout (took {elapsed:.1f} s)", results)
+        job.expect_nothing_left([0], results)
+    print(f"passed: mpirun, host 1 killed: the job ended in {elapsed:.1f} s naming {hosts.host(1)}; nothing left")
+
+
+# ORTE's out-of-band channel probes an idle connection after 2 s, then every second, and gives up after
+# 3 unanswered probes: a daemon cut off is lost in about 5 s (Open MPI's defaults: 300 s, 20 s, 9 probes).
+MPI_OOB_KEEPALIVE = ["--mca", "oob_tcp_keepalive_time", "2", "--mca", "oob_tcp_keepalive_intvl", "1",
+                     "--mca", "oob_tcp_keepalive_probes", "3"]
+
+
+# A connection whose data goes unacknowledged gets no keepalive: TCP retransmits it tcp_retries2 times
+# (Linux's 15: about 15 minutes) before it gives up. Host 1's daemon forwards its rank's output to
+# mpirun over such a connection, so it learns of the cut only then; 5 (about 12 s) is what a cluster
+# tuned for quick failure detection sets.
+TCP_RETRIES = 5
+
+
+def fault_mpi_link_down(bin_dir):
+    """mpirun over 2 hosts in a loop of allreduces on the mpi backend; host 1's link down: rank 0 fails
+    with TIMEOUT after backplane's 3 s and mpirun ends the job naming it; host 1's daemon learns of the cut
+    when TCP gives up (TCP_RETRIES, MPI_OOB_KEEPALIVE) and ends its rank and itself."""
+    import re
+    with TestHosts(2) as hosts, host_file() as hostfile:
+        for i in range(2):
+            hosts.run(i, ["sysctl", "-q", f"net.ipv4.tcp_retries2={TCP_RETRIES}"])
+        job = AllreduceLoop(hosts, bin_dir, 3000, mpirun=mpirun_command(hosts, hostfile, *MPI_OOB_KEEPALIVE))
+        time.sleep(1)
+        cut_at = time.monotonic()
+        cut_time = time.time()
+        hosts.set_link(1, up=False)
+        results = job.results()
+        elapsed = time.monotonic() - cut_at
+        expect(results[0][0] != 0, "mpirun fails", results)
+        expect("rank 0: failed" in results[0][1] and "BPL_ERR_TIMEOUT" in results[0][1], "rank 0 reports a TIMEOUT",
+               results)
+        expect(re.search(r"Process name: *\[\[\d+,1\],0\]", results[0][1]) is not None,
+               "mpirun ends the job naming rank 0, the rank that failed", results)
+        failed_at = re.search(r"rank 0: failed after [0-9.]+ s \(at ([0-9.]+)\)", results[0][1])
+        failed_after = float(failed_at.group(1)) - cut_time if failed_at else float("inf")
+        expect(failed_after < 3 * 3, f"rank 0 fails within the 3 s timeout and its slack (took {failed_after:.1f} s)",
+               results)
+        expect(elapsed < 60, f"mpirun ends the job once TCP gives up (took {elapsed:.1f} s)", results)
+        job.expect_nothing_left([0], results)
+        deadline = time.monotonic() + 60
+        while hosts.processes(1) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        job.expect_nothing_left([1], results)
+        cut_off_ended = time.monotonic() - cut_at
+    print(f"passed: mpirun, host 1's link down: rank 0 TIMEOUT {failed_after:.1f} s after the cut, "
+          f"the job ended in {elapsed:.1f} s naming rank 0; "
+          f"host 1's daemon and rank ended {cut_off_ended:.1f} s after the cut")
+
+
+def fault_link_returns(bin_dir):
+    """Host 1's link down for 2 s mid-loop, then up again, well within the 10 s timeout: the allreduce in
+    flight completes (TCP retransmits what the cut dropped; nothing was lost, nothing timed out) and
+    every result, before and after, is right."""
+    import re
+    with TestHosts(2) as hosts:
+        job = AllreduceLoop(hosts, bin_dir, 10000, seconds=8)
+        time.sleep(1)
+        hosts.set_link(1, up=False)
+        time.sleep(2)
+        hosts.set_link(1, up=True)
+        results = job.results()
+        expect_all_passed(results, "both ranks finish their loop")
+        longest = [float(m.group(1)) for m in (re.search(r"the longest ([0-9.]+) s", out) for _, out in results) if m]
+        expect(len(longest) == 2 and min(longest) >= 1.5,
+               f"the cut stalled an allreduce on both ranks, which then completed (longest {longest} s)", results)
+    print(f"passed: host 1's link down for 2 s: the stalled allreduce completed (longest {max(longest):.1f} s), "
+          "every result right")
 
 
 def alone(hosts, i, bin_dir, master, node_rank, timeout_ms):
     """bpl-info --init as node `node_rank` of 2 in host i, meeting at `master`; (status, output, seconds)."""
-    import time
     env = dict(os.environ, NXD_CPU_MODE="1", BPL_TIMEOUT_MS=str(timeout_ms))
     argv = [os.path.join(bin_dir, "bpl-run"), "--nnodes", "2", "--node-rank", str(node_rank), "--master-addr", master,
             "--master-port", MASTER_PORT, "--nproc-per-node", "1", os.path.join(bin_dir, "bpl-info"), "--init"]
@@ -278,7 +490,10 @@ def fault_master_unreachable(bin_dir):
 
 SCENARIOS = {f.__name__: f for f in (gloo_two_hosts, gloo_two_hosts_two_ranks, gloo_three_hosts, gloo_socket_ifname,
                                      torchrun_variables_two_hosts, examples_two_hosts, mpi_two_hosts,
-                                     fault_host_killed, fault_host_never_joins, fault_master_unreachable)}
+                                     fault_host_killed, fault_link_down, fault_link_down_two_ranks,
+                                     fault_host_stopped, fault_link_returns, fault_mpi_host_killed,
+                                     fault_mpi_link_down, fault_host_never_joins,
+                                     fault_master_unreachable)}
 
 
 def main(argv):
