@@ -446,9 +446,20 @@ std::string GlooComm::failed_peers_note(const std::string& message, bpl_status s
   int closed_by = status == BPL_ERR_REMOTE ? first_ended_.load() : -1;
   if (closed_by < 0 && status == BPL_ERR_REMOTE) closed_by = pair_peer;
   static const std::regex address_in_message(R"(\[[^\]]*\]:\d+)");
+  auto host_of = [](const std::string& address) { return address.substr(0, address.rfind(':')); };
   for (std::sregex_iterator it(message.begin(), message.end(), address_in_message), end; closed_by < 0 && it != end; ++it) {
     const auto known = peer_of_address_.find(it->str());
-    if (known != peer_of_address_.end()) closed_by = known->second;
+    if (known != peer_of_address_.end()) {
+      closed_by = known->second;
+      break;
+    }
+    // Gloo names some pairs by a port of the peer that is not the connection's (the one it listened
+    // on): the host then tells, when a single rank of this communicator runs there.
+    std::set<int> there;
+    for (const auto& [address, peer] : peer_of_address_) {
+      if (host_of(address) == host_of(it->str())) there.insert(peer);
+    }
+    if (there.size() == 1) closed_by = *there.begin();
   }
   auto local_pid = [&](int r) { return local_pid_of_peer_.empty() ? 0 : local_pid_of_peer_[static_cast<size_t>(r)]; };
   const bool any_local_peer = std::any_of(local_pid_of_peer_.begin(), local_pid_of_peer_.end(), [](pid_t pid) { return pid != 0; });

@@ -17,9 +17,9 @@ every process started in it. Both happen in close(), also when a test fails (use
         hosts.set_link(1, up=False)                  # a partition: no RST, no FIN
         hosts.address(0)                             # "198.18.0.1"
 
-Command line: hosts.py N -- COMMAND... runs COMMAND in each of N hosts at once, with {host}, {index}
-and {address} replaced and HOST_INDEX set; prints each host's output; exits with the largest exit
-status. Exits 77 (skipped), saying why, where namespaces cannot be made (not root, no permission).
+Command line: hosts.py N [--first] -- COMMAND... (USAGE below): COMMAND in each of N hosts at once,
+or in host 0 reaching the others as across machines (a host file, a launch agent); HOST_INDEX set.
+Exits 77 (skipped), saying why, where namespaces cannot be made (not root, no permission).
 """
 
 import json
@@ -281,9 +281,19 @@ class TestHosts:
             self._hosts_file = None
 
 
+USAGE = """usage: hosts.py N [--first] -- COMMAND...
+  runs COMMAND in each of N test hosts at once ({host}, {index}, {address} replaced in each) and prints
+  each host's output; with --first, in host 0 only, its output straight through, with the launch relay
+  served so that {agent} HOST CMD (hosts_agent.py) runs CMD in any host, and {hostfile} an Open MPI host
+  file naming the hosts (8 slots each). Exits with the largest exit status."""
+
+
 def main(argv):
+    first = argv[1:2] == ["--first"]
+    if first:
+        argv = argv[:1] + argv[2:]
     if len(argv) < 3 or not argv[0].isdigit() or argv[1] != "--":
-        print("usage: hosts.py N -- COMMAND...  ({host}, {index}, {address} are replaced in each host)", file=sys.stderr)
+        print(USAGE, file=sys.stderr)
         return 2
     count = int(argv[0])
     reason = why_hosts_cannot_be_made()
@@ -291,11 +301,19 @@ def main(argv):
         print(f"hosts.py: skipped: {reason}")
         return SKIPPED
     template = argv[2:]
-    with TestHosts(count) as hosts:
-        procs = []
-        for i in range(count):
-            words = [w.format(host=hosts.host(i), index=i, address=hosts.address(i)) for w in template]
-            procs.append(hosts.start(i, words, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    agent = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hosts_agent.py")
+    with TestHosts(count) as hosts, tempfile.NamedTemporaryFile("w", prefix="bpl-hostfile-", suffix=".txt") as hostfile:
+        hostfile.write("".join(f"{hosts.host(i)} slots=8\n" for i in range(count)))
+        hostfile.flush()
+
+        def words(i):
+            return [w.format(host=hosts.host(i), index=i, address=hosts.address(i), hostfile=hostfile.name, agent=agent)
+                    for w in template]
+        if first:
+            hosts.serve_launches()
+            return hosts.start(0, words(0)).wait()
+        procs = [hosts.start(i, words(i), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                 for i in range(count)]
         status = 0
         for i, p in enumerate(procs):
             out, _ = p.communicate()

@@ -15,10 +15,12 @@ Scenarios:
   examples_two_hosts       tp_mlp --check, and dp_train saved on one run and resumed on the next
   mpi_two_hosts            mpirun with a host file and a launch agent into the other host; the conformance
                            suite passes on the mpi backend
+  bench_two_hosts          bpl-bench-compare --hostfile across 2 hosts (1 and 2 ranks each), gloo and mpi
   fault_host_killed        every process of one of 3 hosts SIGKILLed mid-allreduce: both survivors fail at
                            once naming its rank, nothing left running
   fault_link_down          one of 3 hosts' link taken down mid-allreduce (a partition): every rank fails within the
                            timeout naming the rank and address it cannot reach, nothing left running
+  fault_link_down_master   the same with the link of host 0 (rank 0's, the store's) taken down
   fault_link_down_two_ranks  the same with 2 hosts of 2 ranks (the hierarchical path)
   fault_host_stopped       one of 3 hosts' processes stopped, its network up: TIMEOUT that calls no one unreachable
   fault_link_returns       a link down for 2 s, then up again, within the timeout: the allreduce completes
@@ -166,28 +168,32 @@ def examples_two_hosts(bin_dir):
 MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "BPL_BACKEND": "mpi"}
 
 
+AGENT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support", "hosts_agent.py"))
+
+
 def mpirun_command(hosts, hostfile, *options):
-    """mpirun over every host, to be run in host 0: a host file naming them (one slot each), the launch
-    agent (plm_rsh_agent) hosts_agent.py starting the other hosts' daemons as ssh would, the TCP BTL
-    and ORTE's out-of-band channel only on the hosts' interface. Calls hosts.serve_launches()."""
-    agent = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support", "hosts_agent.py")
+    """mpirun over the hosts of `hostfile` (host_file), to be run in host 0: the launch agent
+    (plm_rsh_agent) hosts_agent.py starts the other hosts' daemons as ssh would, the TCP BTL and ORTE's
+    out-of-band channel only on the hosts' interface. Calls hosts.serve_launches()."""
     hosts.serve_launches()
-    hostfile.write("".join(f"{hosts.host(i)} slots=1\n" for i in range(hosts.count)))
-    hostfile.flush()
-    return ["mpirun", "--hostfile", hostfile.name, "--mca", "plm_rsh_agent", os.path.abspath(agent),
+    return ["mpirun", "--hostfile", hostfile.name, "--mca", "plm_rsh_agent", AGENT,
             "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", "eth0", "--mca", "oob_tcp_if_include", "eth0",
             *options, "-np", str(hosts.count)]
 
 
-def host_file():
+def host_file(hosts, slots=1):
+    """An Open MPI host file naming every host with `slots` slots (a NamedTemporaryFile: use `with`)."""
     import tempfile
-    return tempfile.NamedTemporaryFile("w", prefix="bpl-hostfile-", suffix=".txt")
+    hostfile = tempfile.NamedTemporaryFile("w", prefix="bpl-hostfile-", suffix=".txt")
+    hostfile.write("".join(f"{hosts.host(i)} slots={slots}\n" for i in range(hosts.count)))
+    hostfile.flush()
+    return hostfile
 
 
 def mpi_two_hosts(bin_dir):
     """mpirun in host 0 with a host file naming both hosts (mpirun_command): bpl-info sees 2 ranks, one
     per host, and the conformance suite passes on the mpi backend."""
-    with TestHosts(2) as hosts, host_file() as hostfile:
+    with TestHosts(2) as hosts, host_file(hosts) as hostfile:
         mpirun = mpirun_command(hosts, hostfile)
         env = dict(os.environ, BPL_TIMEOUT_MS="60000", **MPI_ENV)
         info = hosts.run(0, mpirun + [os.path.join(bin_dir, "bpl-info"), "--init"], env=env, timeout=TIMEOUT_S)
@@ -200,6 +206,42 @@ def mpi_two_hosts(bin_dir):
         expect_all_passed(results, "mpirun bpl-conformance --backend=mpi")
         expect("PASSED" in suite.stdout, "rank 0's suite reports its tests passed", results)
     print("passed: mpirun across 2 hosts (host file, launch agent, TCP BTL on eth0): conformance suite passed")
+
+
+def bench_two_hosts(bin_dir):
+    """bpl-bench-compare --hostfile across 2 hosts, 1 and 2 ranks on each: gloo (bpl-run on each host
+    through the launch agent) and mpi (mpirun with the host file) each beside its raw library; the
+    table says where it ran and has backplane/raw for every row, and gloo took the path asked for."""
+    import re
+    import tempfile
+    with TestHosts(2) as hosts, host_file(hosts, slots=2) as hostfile:
+        hosts.serve_launches()
+        for per_host, path in ((1, "gloo over tcp (each rank on a machine of its own)"),
+                               (2, "shared memory within each of 2 machines, gloo over tcp between them")):
+            with tempfile.TemporaryDirectory(prefix="bpl-hosts-bench-") as out:
+                argv = [os.path.join(bin_dir, "bpl-bench-compare"), "--hostfile", hostfile.name, "--agent", AGENT,
+                        "--nproc", str(per_host), "--out", out, "--mpirun-args",
+                        "--mca btl tcp,vader,self --mca btl_tcp_if_include eth0 --mca oob_tcp_if_include eth0 "
+                        "--mca mpi_yield_when_idle 1",
+                        "--", "--ops=allreduce,pingpong", "--dtypes=f32", "--max-bytes=1K", "--step-factor=256", "--repetitions=2",
+                        "--max-iterations=10"]
+                run = hosts.run(0, argv, timeout=TIMEOUT_S)
+                results = [(run.returncode, run.stdout + run.stderr)]
+                expect_all_passed(results, f"bpl-bench-compare across 2 hosts, {per_host} rank(s) each")
+                with open(os.path.join(out, "collectives.md")) as f:
+                    table = f.read()
+                results = [(run.returncode, table)]
+                expect(f"Across 2 machines ({hosts.host(0)}, {hosts.host(1)}), {per_host} rank(s) on each" in table,
+                       "the table says where it ran", results)
+                expect(f"collectives of world: {path}" in table, f"gloo's path: {path}", results)
+                expect(f"ranks {2 * per_host} ({per_host} on this host)" in table, "the ranks of both runs", results)
+                cells = [[cell.strip() for cell in line.strip("|").split("|")] for line in table.splitlines()
+                         if line.startswith("| ")]
+                header, rows = cells[0], [row for row in cells[1:] if row[0] in ("allreduce", "pingpong")]
+                wanted = [header.index(f"{b}{column}") for b in ("gloo", "mpi") for column in (" µs", "/raw")]
+                expect(len(rows) == 4 and all(re.fullmatch(r"[0-9.]+", row[i]) for row in rows for i in wanted),
+                       "4 rows, each with backplane's time and backplane/raw for gloo and for mpi", results)
+    print("passed: bpl-bench-compare --hostfile across 2 hosts, 1 and 2 ranks each: gloo and mpi beside raw")
 
 
 ALLREDUCE_LOOP = """
@@ -300,13 +342,12 @@ def fault_host_killed(bin_dir):
     print(f"passed: host 2 killed: both survivors failed in {elapsed:.1f} s naming rank 2; nothing left behind")
 
 
-def link_down(bin_dir, count, ranks_per_host):
-    """`count` hosts in a loop of allreduces; the last host's link taken down (a partition: no RST, no
+def link_down(bin_dir, count, ranks_per_host, cut):
+    """`count` hosts in a loop of allreduces; host `cut`'s link taken down (a partition: no RST, no
     FIN, its processes running): every rank, on both sides, fails with TIMEOUT within the 5 s timeout and
     its slack, naming the ranks and address of every host it cannot reach, and every host's processes
     end."""
     timeout_s = 5
-    cut = count - 1
     with TestHosts(count) as hosts:
         job = AllreduceLoop(hosts, bin_dir, timeout_s * 1000, ranks_per_host=ranks_per_host)
         time.sleep(1)
@@ -323,9 +364,10 @@ def link_down(bin_dir, count, ranks_per_host):
             ranks = list(range(i * ranks_per_host, (i + 1) * ranks_per_host))
             return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} at {hosts.address(i)} " \
                    f"{'are' if len(ranks) > 1 else 'is'} unreachable"
-        expect(all(unreachable(cut) in line for lines in failures[:cut] for line in lines),
+        connected = [i for i in range(count) if i != cut]
+        expect(all(unreachable(cut) in line for i in connected for line in failures[i]),
                f"every connected rank names the cut-off host's ranks and address: '{unreachable(cut)}'", results)
-        expect(all(all(unreachable(i) in line for i in range(cut)) for line in failures[cut]),
+        expect(all(all(unreachable(i) in line for i in connected) for line in failures[cut]),
                "every cut-off rank names every host it cannot reach, with its ranks and address", results)
         expect(elapsed < timeout_s * 3, f"within the {timeout_s} s timeout and its slack (took {elapsed:.1f} s)",
                results)
@@ -337,11 +379,15 @@ def link_down(bin_dir, count, ranks_per_host):
 
 
 def fault_link_down(bin_dir):
-    link_down(bin_dir, 3, 1)
+    link_down(bin_dir, 3, 1, cut=2)
+
+
+def fault_link_down_master(bin_dir):
+    link_down(bin_dir, 3, 1, cut=0)  # the host of rank 0 and of the store
 
 
 def fault_link_down_two_ranks(bin_dir):
-    link_down(bin_dir, 2, 2)
+    link_down(bin_dir, 2, 2, cut=1)
 
 
 def fault_host_stopped(bin_dir):
@@ -372,7 +418,7 @@ def fault_host_stopped(bin_dir):
 def fault_mpi_host_killed(bin_dir):
     """mpirun over 2 hosts in a loop of allreduces on the mpi backend; every process of host 1 SIGKILLed:
     Open MPI's promise, the job ends at once naming the lost host, and nothing is left in host 0."""
-    with TestHosts(2) as hosts, host_file() as hostfile:
+    with TestHosts(2) as hosts, host_file(hosts) as hostfile:
         job = AllreduceLoop(hosts, bin_dir, 30000, mpirun=mpirun_command(hosts, hostfile))
         time.sleep(1)
         killed_at = time.monotonic()
@@ -404,7 +450,7 @@ def fault_mpi_link_down(bin_dir):
     with TIMEOUT after backplane's 3 s and mpirun ends the job naming it; host 1's daemon learns of the cut
     when TCP gives up (TCP_RETRIES, MPI_OOB_KEEPALIVE) and ends its rank and itself."""
     import re
-    with TestHosts(2) as hosts, host_file() as hostfile:
+    with TestHosts(2) as hosts, host_file(hosts) as hostfile:
         for i in range(2):
             hosts.run(i, ["sysctl", "-q", f"net.ipv4.tcp_retries2={TCP_RETRIES}"])
         job = AllreduceLoop(hosts, bin_dir, 3000, mpirun=mpirun_command(hosts, hostfile, *MPI_OOB_KEEPALIVE))
@@ -490,8 +536,8 @@ def fault_master_unreachable(bin_dir):
 
 SCENARIOS = {f.__name__: f for f in (gloo_two_hosts, gloo_two_hosts_two_ranks, gloo_three_hosts, gloo_socket_ifname,
                                      torchrun_variables_two_hosts, examples_two_hosts, mpi_two_hosts,
-                                     fault_host_killed, fault_link_down, fault_link_down_two_ranks,
-                                     fault_host_stopped, fault_link_returns, fault_mpi_host_killed,
+                                     fault_host_killed, fault_link_down, fault_link_down_master, fault_link_down_two_ranks,
+                                     fault_host_stopped, fault_link_returns, fault_mpi_host_killed, bench_two_hosts,
                                      fault_mpi_link_down, fault_host_never_joins,
                                      fault_master_unreachable)}
 
