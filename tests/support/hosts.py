@@ -238,7 +238,7 @@ class TestHosts:
         _ip("-n", f"{self.name}-br", "link", "set", f"v{i}", "up" if up else "down")
 
     def processes(self, i):
-        """'PID COMMAND' of every process in host i but its init (and the ps that looks)."""
+        """'PID STAT COMMAND' of every process in host i but its init (and the ps that looks)."""
         listed = self.run(i, ["ps", "-e", "-o", "pid=,stat=,comm="]).stdout.splitlines()
         return [line.strip() for line in listed if line.split()[0] != "1" and line.split()[-1] != "ps"]
 
@@ -311,7 +311,8 @@ def main(argv):
                     for w in template]
         if first:
             hosts.serve_launches()
-            return hosts.start(0, words(0)).wait()
+            status = hosts.start(0, words(0)).wait()
+            return status if status >= 0 else 128 - status
         procs = [hosts.start(i, words(i), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
                  for i in range(count)]
         status = 0
