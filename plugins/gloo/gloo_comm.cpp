@@ -434,7 +434,8 @@ void GlooComm::learn_peers(::gloo::rendezvous::Store& store) {
 }
 
 // Names the peer behind a failure, or says what is unknown here, never a wrong one. The peers of this
-// machine whose process ended (REMOTE) or is stopped (TIMEOUT) are named first. A connection that
+// machine whose process ended (REMOTE) or is stopped (TIMEOUT) are named first; for a timeout, then the
+// peers on machines that acknowledge nothing (unreachable_peers_note). A connection that
 // ended names its peer as the cause only if that peer's process ended, or runs here and failed on its
 // own (it aborted): a peer on another machine may have closed it after a failure it saw itself, and
 // is then only said to have closed it (the store's record, when it can be read, names the cause).
