@@ -248,7 +248,7 @@ ALLREDUCE_LOOP = """
 import array, os, sys, time
 sys.path.insert(0, os.environ["BPL_PYTHON_DIR"])
 import backplane
-seconds = float(sys.argv[1])
+seconds, count = float(sys.argv[1]), int(sys.argv[2])
 start = time.monotonic()
 with backplane.Runtime() as rt:
     world, longest, done = rt.world, 0.0, 0
@@ -257,7 +257,7 @@ with backplane.Runtime() as rt:
     try:
         while True:
             # The last element counts the ranks whose time is not up: all stop after the same allreduce.
-            data = array.array("f", [float(world.rank + 1)] * 1023 + [float(time.monotonic() - start < seconds)])
+            data = array.array("f", [float(world.rank + 1)] * (count - 1) + [float(time.monotonic() - start < seconds)])
             began = time.monotonic()
             world.allreduce(data)
             longest = max(longest, time.monotonic() - began)
@@ -276,15 +276,15 @@ with backplane.Runtime() as rt:
 
 
 class AllreduceLoop:
-    """`ranks_per_host` ranks in each host in a loop of allreduces (each result checked) for `seconds`,
-    with the group timeout `timeout_ms`, launched by bpl-run --nnodes in every host, or by `mpirun` (a
+    """`ranks_per_host` ranks in each host in a loop of allreduces of `count` floats (each result
+    checked) for `seconds`, with the group timeout `timeout_ms`, launched by bpl-run --nnodes in every host, or by `mpirun` (a
     command from mpirun_command) in host 0 on the mpi backend; returns once the job has met."""
 
-    def __init__(self, hosts, bin_dir, timeout_ms, seconds=120, ranks_per_host=1, mpirun=None):
+    def __init__(self, hosts, bin_dir, timeout_ms, seconds=120, ranks_per_host=1, mpirun=None, count=1024):
         source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python")
         env = dict(os.environ, NXD_CPU_MODE="1", BPL_TIMEOUT_MS=str(timeout_ms), BPL_PYTHON_DIR=os.path.abspath(source),
                    BPL_LIBRARY=os.path.join(os.path.dirname(bin_dir), "lib", "libbackplane.so"))
-        program = [sys.executable, "-c", ALLREDUCE_LOOP, str(seconds)]
+        program = [sys.executable, "-c", ALLREDUCE_LOOP, str(seconds), str(count)]
         launches = [(0, mpirun + program)] if mpirun else [
             (i, [os.path.join(bin_dir, "bpl-run"), "--nnodes", str(hosts.count), "--node-rank", str(i),
                  "--master-addr", hosts.address(0), "--master-port", MASTER_PORT, "--nproc-per-node",
@@ -391,12 +391,13 @@ def fault_link_down_two_ranks(bin_dir):
 
 
 def fault_host_stopped(bin_dir):
-    """Every process of host 2 stopped (SIGSTOP) mid-allreduce, its network up: its kernel still
-    answers, so the survivors' TIMEOUT must not call it unreachable; once it is continued, it fails too
+    """Every process of host 2 stopped (SIGSTOP) mid-allreduce of 64 MiB, its network up: its kernel
+    still answers, also once its receive buffers are full (it acknowledges the senders' zero-window
+    probes), so the survivors' TIMEOUT must not call it unreachable; once it is continued, it fails too
     (the survivors closed their connections) and nothing is left running."""
     timeout_s = 5
     with TestHosts(3) as hosts:
-        job = AllreduceLoop(hosts, bin_dir, timeout_s * 1000)
+        job = AllreduceLoop(hosts, bin_dir, timeout_s * 1000, count=1 << 24)
         time.sleep(1)
         stopped_at = time.monotonic()
         hosts.signal_host(2, "STOP")
