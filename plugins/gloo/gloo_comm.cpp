@@ -213,7 +213,8 @@ void GlooComm::watch_connections() {
     watched.emplace_back(socket.fd, socket.peer);
     if (on_another_machine(socket.peer)) probe_while_idle(socket.fd);
     // The leaders' mesh too: Gloo's messages name a pair by its peer's end.
-    peer_of_address_.emplace(address_of(socket.fd, false), socket.peer);
+    const std::string peer_end = address_of(socket.fd, false);
+    if (!peer_end.empty()) peer_of_address_.emplace(peer_end, socket.peer);
   }
   watched_ = shared_->watch->watch(watched, [this](int peer) { connection_ended(peer); });
 }
@@ -454,8 +455,8 @@ std::string GlooComm::failed_peers_note(const std::string& message, bpl_status s
       closed_by = known->second;
       break;
     }
-    // Gloo names some pairs by a port of the peer that is not the connection's (the one it listened
-    // on): the host then tells, when a single rank of this communicator runs there.
+    // Gloo sometimes names a pair by a port of the peer that is neither end known here (seen across
+    // test hosts): the host then tells, when a single rank of this communicator runs there.
     std::set<int> there;
     for (const auto& [address, peer] : peer_of_address_) {
       if (host_of(address) == host_of(it->str())) there.insert(peer);

@@ -52,14 +52,23 @@ def launch(hosts, bin_dir, ranks_per_host, program, env_extra=None):
                 "--master-addr", hosts.address(0), "--master-port", MASTER_PORT,
                 "--nproc-per-node", str(ranks_per_host), *program]
         procs.append(hosts.start(i, argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    return outputs(hosts, procs)
+
+
+def outputs(hosts, procs, timeout=TIMEOUT_S):
+    """[(exit status, output)] of processes started in the hosts (stdout piped, stderr with it), each
+    waited for at most `timeout` s. On a timeout every host's processes are killed first: they hold the
+    output's pipe (mpirun's too, from the other hosts), which killing the nsenter alone would leave open."""
     results = []
     for p in procs:
         try:
-            out, _ = p.communicate(timeout=TIMEOUT_S)
+            out, _ = p.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
+            for host in range(hosts.count):
+                hosts.signal_host(host, "KILL")
             p.kill()
             out, _ = p.communicate()
-            out += f"\n(TIMED OUT after {TIMEOUT_S} s)"
+            out += f"\n(TIMED OUT after {timeout} s)"
         results.append((p.returncode, out))
     return results
 
@@ -126,10 +135,7 @@ def torchrun_variables_two_hosts(bin_dir):
                        LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR=hosts.address(0), MASTER_PORT=MASTER_PORT)
             procs.append(hosts.start(i, [os.path.join(bin_dir, "bpl-info"), "--init"], env=env,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-        results = []
-        for p in procs:
-            out, _ = p.communicate(timeout=TIMEOUT_S)
-            results.append((p.returncode, out))
+        results = outputs(hosts, procs)
         expect_all_passed(results, "bpl-info --init with RANK/WORLD_SIZE/MASTER_ADDR")
         expect("Runtime (rank 0 of 2, local 0 of 1, from torchrun)" in results[0][1], "rank 0 of 2 from torchrun's variables",
                results)
@@ -302,21 +308,11 @@ class AllreduceLoop:
             self.started += line
 
     def results(self, which=None, timeout=60):
-        """[(exit status, output)] of the launchers in the given hosts (every one by default), each waited
-        for at most `timeout` s, then its host's processes killed."""
-        results = []
-        for i in range(len(self.procs)) if which is None else which:
-            p = self.procs[i]
-            try:
-                out, _ = p.communicate(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                for host in range(self.hosts.count):  # mpirun's output comes from every host
-                    self.hosts.signal_host(host, "KILL")
-                p.kill()
-                out, _ = p.communicate()
-                out += "(TIMED OUT)"
-            results.append((p.returncode, self.started + out if i == 0 else out))
-        return results
+        """[(exit status, output)] of the launchers in the given hosts (every one by default), as
+        outputs() gives them; rank 0's with what it printed before the job met."""
+        which = range(len(self.procs)) if which is None else list(which)
+        results = outputs(self.hosts, [self.procs[i] for i in which], timeout)
+        return [(code, self.started + out if i == 0 else out) for i, (code, out) in zip(which, results)]
 
     def expect_nothing_left(self, which, results):
         for i in which:
