@@ -2,12 +2,21 @@
 // thread when nothing is pending (a blocking call pays no thread hand-off) and on a worker thread for
 // asynchronous requests. Backends whose library calls block (Gloo) get the request model of
 // backplane.h from this; every wait here is bounded.
+//
+// A small request posted to an idle queue is most often waited for at once (torch.distributed's
+// blocking calls post a request and wait for it), and its waiter then runs it itself. Waking the worker
+// for it anyway cost more than the operation: on a machine whose cores the ranks already fill, the
+// woken worker takes one from a rank for a few microseconds (bench/results/2026-11-25-torch-backend).
+// Such a request is posted `Start::when_unclaimed`: the worker runs it only if no waiter has taken it
+// within kUnclaimedGrace, or as soon as someone tests, frees or briefly waits for it, or posts behind
+// it; a loop of them wakes the worker about once per grace, not once per request.
 #pragma once
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -25,6 +34,12 @@ namespace backplane::plugin {
 // microseconds away (the other side of a hand-off): sleeping and waking again costs tens of
 // microseconds on a virtual machine.
 constexpr std::chrono::microseconds kHandOffSpin{50};
+
+// How late the worker may start a request posted Start::when_unclaimed that nobody waits for (Open
+// MPI's non-blocking collectives do not move at all until their caller enters MPI again). A loop of
+// such requests wakes the worker about once per grace, each wake costing the ranks tens of
+// microseconds where they fill the machine's cores: the longer the grace, the smaller that share.
+constexpr std::chrono::milliseconds kUnclaimedGrace{2};
 
 // Spins on `ready()` for up to `limit`; true as soon as it holds.
 template <typename Ready>
@@ -122,8 +137,12 @@ class OpQueue {
     op_timeout_ = op_timeout;
   }
 
+  // When the worker starts a posted operation that is next in line: at once, or only if no waiter
+  // has taken it within kUnclaimedGrace (see the top of this file).
+  enum class Start { now, when_unclaimed };
+
   // Posts `body` to run after everything posted before it; returns at once.
-  std::shared_ptr<Operation> post(std::function<void()> body) {
+  std::shared_ptr<Operation> post(std::function<void()> body, Start start = Start::now) {
     auto op = std::make_shared<Operation>(std::move(body));
     std::lock_guard<std::mutex> lock(mutex_);
     const auto ahead = static_cast<int64_t>(pending_.size()) + (busy_ ? 1 : 0);
@@ -131,8 +150,27 @@ class OpQueue {
     if (!worker_.joinable()) worker_ = std::thread([this] { work(); });
     pending_.push_back(op);
     queued_.fetch_add(1, std::memory_order_release);
-    changed_.notify_all();
+    const auto now = std::chrono::steady_clock::now();
+    if (ahead == 0 && start == Start::when_unclaimed) {
+      front_due_ = now + kUnclaimedGrace;
+      ++deferred_posts_;
+      if (worker_asleep_) changed_.notify_all();  // to sleep again with that deadline
+    } else {
+      // Queued behind another (or not deferrable): everything pending is due.
+      front_due_ = now;
+      changed_.notify_all();
+    }
     return op;
+  }
+
+  // Makes the operation next in line due now, if it was waiting to be claimed: someone tests or frees
+  // a request, or waits for it without running it.
+  void hurry() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto now = std::chrono::steady_clock::now();
+    if (pending_.empty() || front_due_ <= now) return;
+    front_due_ = now;
+    changed_.notify_all();
   }
 
   // Runs `body` after everything posted before it and returns when it ended. When the queue is idle
@@ -206,10 +244,27 @@ class OpQueue {
  private:
   void work() {
     std::unique_lock<std::mutex> lock(mutex_);
+    uint64_t deferred_posts_seen = 0;
     for (;;) {
-      // Idle, not waiting on a peer: post() and shut_down() wake it.
-      changed_.wait(lock, [this] { return (!pending_.empty() && !busy_) || (stopping_ && pending_.empty()); });
-      if (pending_.empty()) return;  // stopping
+      if (pending_.empty() || busy_) {
+        if (stopping_ && pending_.empty()) return;
+        // Nothing to run: not waiting on a peer. Right after requests left for their waiters it wakes
+        // once more a grace later (a loop of them costs a wake per grace); otherwise only post(),
+        // hurry(), the end of an operation run inline, and shut_down() wake it.
+        if (deferred_posts_ != deferred_posts_seen) {
+          deferred_posts_seen = deferred_posts_;
+          changed_.wait_for(lock, kUnclaimedGrace);
+        } else {
+          worker_asleep_ = true;
+          changed_.wait(lock);
+          worker_asleep_ = false;
+        }
+        continue;
+      }
+      if (!stopping_ && std::chrono::steady_clock::now() < front_due_) {
+        changed_.wait_until(lock, front_due_);  // left for its waiter to run: runs here if still unclaimed
+        continue;
+      }
       std::shared_ptr<Operation> op = pending_.front();
       pending_.pop_front();
       queued_.fetch_sub(1, std::memory_order_release);
@@ -236,6 +291,10 @@ class OpQueue {
   std::atomic<size_t> queued_{0};  // pending_.size(), readable without the lock, for the spinning worker
   bool busy_ = false;  // an operation is running (on the worker or inline)
   bool stopping_ = false;
+  // When the worker may start the operation next in line (see post()).
+  std::chrono::steady_clock::time_point front_due_;
+  uint64_t deferred_posts_ = 0;  // posts left for their waiters, so far
+  bool worker_asleep_ = false;   // the worker sleeps with no deadline: a post must wake it
   std::thread worker_;
 };
 

@@ -70,10 +70,13 @@ class QueuedRequest : public Request {
       : op_(std::move(op)), queue_(queue) {}
   bpl_status test(int32_t* done) override {
     *done = op_->ended() ? 1 : 0;
+    if (!*done && queue_ != nullptr) queue_->hurry();  // whoever polls expects it to move now
     return *done ? result() : BPL_OK;
   }
   bpl_status wait(std::chrono::milliseconds timeout) override {
-    if (queue_ != nullptr && !op_->ended() && timeout >= queue_->op_timeout()) queue_->run_if_next(op_);
+    if (queue_ != nullptr && !op_->ended()) {
+      if (timeout < queue_->op_timeout() || !queue_->run_if_next(op_)) queue_->hurry();
+    }
     if (!op_->wait_for(timeout)) {
       plugin::host()->set_error(("gloo: the operation has not ended after " + std::to_string(timeout.count()) +
                                  " ms; it is still in flight")
@@ -83,6 +86,7 @@ class QueuedRequest : public Request {
     return result();
   }
   bpl_status finish() override {
+    if (queue_ != nullptr && !op_->ended()) queue_->hurry();
     if (op_->wait_for_deadline()) return BPL_OK;
     plugin::host()->set_error("gloo: the operation did not end within its timeout; its buffers may still be in use");
     return BPL_ERR_TIMEOUT;
@@ -643,8 +647,13 @@ Error GlooComm::recorded_failure(bpl_status status, const std::string& message, 
                                  first.substr(bar1 + 1, bar2 - bar1 - 1) + "; here: " + message + "]");
 }
 
-void GlooComm::post(std::function<void()> body, bpl_plugin_request** req) {
-  *req = reinterpret_cast<bpl_plugin_request*>(static_cast<Request*>(new QueuedRequest(queue_.post(std::move(body)), &queue_)));
+void GlooComm::post(size_t bytes, std::function<void()> body, bpl_plugin_request** req) {
+  // A small request is left for its waiter to run (op_queue.h): waking the worker costs more than it.
+  // A large one starts at once, so that it overlaps with what its caller does before waiting (a DDP
+  // bucket's allreduce during the backward pass), and a wake is nothing beside it.
+  constexpr size_t kLeftForWaiterBytes = 64 << 10;
+  const auto start = bytes <= kLeftForWaiterBytes ? plugin::OpQueue::Start::when_unclaimed : plugin::OpQueue::Start::now;
+  *req = reinterpret_cast<bpl_plugin_request*>(static_cast<Request*>(new QueuedRequest(queue_.post(std::move(body), start), &queue_)));
 }
 
 void GlooComm::rethrow_classified(const std::exception_ptr& thrown) {

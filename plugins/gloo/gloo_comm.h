@@ -18,6 +18,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <numeric>
 #include <optional>
 #include <string>
 #include <thread>
@@ -88,49 +89,50 @@ class GlooComm {
   // The plugin's entries (plugin_entry.h): each runs its operation in this communicator's order, now
   // (req == NULL) or as a request in *req.
   void allreduce(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_reduce_op op, bpl_plugin_request** req) {
-    submit([=] { run_allreduce(send, recv, count, dtype, op); }, req);
+    submit(count * plugin::dtype_size(dtype), [=] { run_allreduce(send, recv, count, dtype, op); }, req);
   }
   void broadcast(void* buf, size_t count, bpl_dtype dtype, int root, bpl_plugin_request** req) {
-    submit([=] { run_broadcast(buf, count, dtype, root); }, req);
+    submit(count * plugin::dtype_size(dtype), [=] { run_broadcast(buf, count, dtype, root); }, req);
   }
   void reduce(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_reduce_op op, int root,
               bpl_plugin_request** req) {
-    submit([=] { run_reduce(send, recv, count, dtype, op, root); }, req);
+    submit(count * plugin::dtype_size(dtype), [=] { run_reduce(send, recv, count, dtype, op, root); }, req);
   }
   void allgather(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_plugin_request** req) {
-    submit([=] { run_allgather(send, recv, count, dtype); }, req);
+    submit(count * plugin::dtype_size(dtype), [=] { run_allgather(send, recv, count, dtype); }, req);
   }
   void reduce_scatter(const void* send, void* recv, size_t recvcount, bpl_dtype dtype, bpl_reduce_op op,
                       bpl_plugin_request** req) {
-    submit([=] { run_reduce_scatter(send, recv, recvcount, dtype, op); }, req);
+    submit(recvcount * plugin::dtype_size(dtype), [=] { run_reduce_scatter(send, recv, recvcount, dtype, op); }, req);
   }
   void alltoall(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_plugin_request** req) {
-    submit([=] { run_alltoall(send, recv, count, dtype); }, req);
+    submit(count * plugin::dtype_size(dtype), [=] { run_alltoall(send, recv, count, dtype); }, req);
   }
   void barrier(bpl_plugin_request** req) {
-    submit([=] { run_barrier(); }, req);
+    submit(0, [=] { run_barrier(); }, req);
   }
   void gather(const void* send, void* recv, size_t count, bpl_dtype dtype, int root, bpl_plugin_request** req) {
-    submit([=] { run_gather(send, recv, count, dtype, root); }, req);
+    submit(count * plugin::dtype_size(dtype), [=] { run_gather(send, recv, count, dtype, root); }, req);
   }
   void scatter(const void* send, void* recv, size_t count, bpl_dtype dtype, int root, bpl_plugin_request** req) {
-    submit([=] { run_scatter(send, recv, count, dtype, root); }, req);
+    submit(count * plugin::dtype_size(dtype), [=] { run_scatter(send, recv, count, dtype, root); }, req);
   }
   void allgatherv(const void* send, size_t sendcount, void* recv, plugin::Counts recvcounts, plugin::Counts displs,
                   bpl_dtype dtype, bpl_plugin_request** req) {
-    submit([=, recvcounts = std::move(recvcounts), displs = std::move(displs)] {
+    submit(sendcount * plugin::dtype_size(dtype), [=, recvcounts = std::move(recvcounts), displs = std::move(displs)] {
       run_allgatherv(send, sendcount, recv, recvcounts, displs, dtype);
     }, req);
   }
   void alltoallv(const void* send, plugin::Counts sendcounts, plugin::Counts sdispls, void* recv, plugin::Counts recvcounts,
                  plugin::Counts rdispls, bpl_dtype dtype, bpl_plugin_request** req) {
-    submit([=, sendcounts = std::move(sendcounts), sdispls = std::move(sdispls), recvcounts = std::move(recvcounts),
+    const size_t bytes = std::accumulate(sendcounts.begin(), sendcounts.end(), size_t{0}) * plugin::dtype_size(dtype);
+    submit(bytes, [=, sendcounts = std::move(sendcounts), sdispls = std::move(sdispls), recvcounts = std::move(recvcounts),
             rdispls = std::move(rdispls)] { run_alltoallv(send, sendcounts, sdispls, recv, recvcounts, rdispls, dtype); },
            req);
   }
   std::unique_ptr<GlooComm> split(int color, int key) {
     std::unique_ptr<GlooComm> child;
-    submit([&] { child = run_split(color, key); }, nullptr);
+    submit(0, [&] { child = run_split(color, key); }, nullptr);
     return child;
   }
   // Point to point: posted now, in call order; completion waited for here (req == NULL) or by a request.
@@ -147,10 +149,10 @@ class GlooComm {
   static constexpr uint8_t kPointToPointSlotPrefix = 0x41;
   static constexpr uint8_t kCollectiveSlotPrefix = 0x42;  // gather, scatter, allgatherv, alltoallv
 
-  // Runs `body` in this communicator's order: now (req == NULL) or as a request in *req. Now, on an
-  // idle communicator, it runs on this thread without being copied.
+  // Runs `body`, an operation on `bytes` per rank, in this communicator's order: now (req == NULL) or
+  // as a request in *req. Now, on an idle communicator, it runs on this thread without being copied.
   template <typename Body>
-  void submit(Body&& body, bpl_plugin_request** req) {
+  void submit(size_t bytes, Body&& body, bpl_plugin_request** req) {
     // Owns `body`: it may run on the worker (queued behind a request), even after a caller gave up.
     auto checked = [this, body = std::forward<Body>(body)]() mutable {
       try {
@@ -159,7 +161,7 @@ class GlooComm {
         rethrow_classified(std::current_exception());
       }
     };
-    if (req != nullptr) return post(std::function<void()>(std::move(checked)), req);
+    if (req != nullptr) return post(bytes, std::function<void()>(std::move(checked)), req);
     try {
       queue_.run(std::move(checked));
     } catch (const plugin::OpQueue::QueuedFailure&) {
@@ -232,8 +234,9 @@ class GlooComm {
   // The watch's call when a connection of this communicator ends: unless that peer left normally (it
   // destroyed the communicator, and said so in the store first), fail every connection here too.
   void connection_ended(int peer);
-  // Queues `body` behind this communicator's earlier operations, as the request in *req.
-  void post(std::function<void()> body, bpl_plugin_request** req);
+  // Queues `body`, an operation on `bytes` per rank, behind this communicator's earlier operations,
+  // as the request in *req.
+  void post(size_t bytes, std::function<void()> body, bpl_plugin_request** req);
   // Throws what a body threw as the plugin's Error: Gloo's and the queue's failures classified, the
   // plugin's own and bad_alloc as they are.
   [[noreturn]] void rethrow_classified(const std::exception_ptr& thrown);
