@@ -96,8 +96,18 @@ void ShmGroup::broadcast(void* buf, size_t bytes, int root, std::chrono::millise
   auto* data = static_cast<char*>(buf);
   const uint32_t kind = with_root(kBroadcast, root);
   if (takes_single_copy(bytes, kSingleCopyBroadcastMaxBytes)) {
+    // The root, which would only wait, writes the last share of every peer's buffer while each peer
+    // reads the rest from the root's: every rank copies (size - 1) / size of the message.
     const uint32_t buffers = publish_buffers(kind, bytes, buf, buf, deadline);
-    if (rank_ != root) read_peer(root, data, progress_[root].send_address[buffers % 2], bytes);
+    const size_t pushed = bytes / static_cast<size_t>(size_) / kLine * kLine;
+    const size_t pulled = bytes - pushed;
+    if (rank_ == root) {
+      for (int q = 0; q < size_ && pushed > 0; ++q) {
+        if (q != root) write_peer(q, progress_[q].recv_address[buffers % 2] + pulled, data + pulled, pushed);
+      }
+    } else {
+      read_peer(root, data, progress_[root].send_address[buffers % 2], pulled);
+    }
     return finish_single_copy(kind, bytes, deadline);
   }
   const CopyFn copy_out = output_copy(bytes);

@@ -48,6 +48,19 @@ void copy_whole_lines(char*& dst, const char*& src, size_t& n) {
 }
 #endif
 
+// Whether this process runs on an AMD processor: its copies take other paths than on Intel (below).
+static bool on_amd() {
+#if defined(__SSE2__)
+  static const bool amd = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_is("amd") != 0;
+  }();
+  return amd;
+#else
+  return false;
+#endif
+}
+
 // Copies between a caller's buffer and the segment: memcpy, except on AMD. glibc 2.36 copies a few
 // KiB and more with `rep movsb`, which on AMD Zen runs 4-7x slower when source and destination lie a
 // few bytes apart modulo 4096 (page aliasing, glibc bug 30994), and that is the common case here: a
@@ -59,11 +72,7 @@ void copy_whole_lines(char*& dst, const char*& src, size_t& n) {
 void copy_bytes(void* to, const void* from, size_t n) {
   if (n == 0) return;  // an empty block's buffer may be NULL, which memcpy may not be given
 #if defined(__SSE2__)
-  static const bool avoid_rep_movsb = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_is("amd") != 0;
-  }();
-  if (avoid_rep_movsb) {
+  if (on_amd()) {  // avoid `rep movsb`
     auto* dst = static_cast<char*>(to);
     const auto* src = static_cast<const char*>(from);
     copy_whole_lines</*streaming=*/false>(dst, src, n);
@@ -79,13 +88,23 @@ void copy_bytes(void* to, const void* from, size_t n) {
 // KiB: 2.0 and 1.7).
 constexpr size_t kStreamingCopyBytes = 2048;
 
-// Copies data into this rank's part of the segment, for its peers to read. A peer that read the slot
-// last time still holds its lines, and an ordinary store must take each line back from that peer's
-// cache first: 5-6 GB/s on an EPYC VM, where streaming (non-temporal) stores, which write whole lines
-// without reading them, run at 25-38 GB/s, and the peer then reads the data as fast as before (23-25
-// GB/s). Allreduce of 1 MiB on 2 ranks went from 220 to 80 us in a stand-alone test. Not for data this
-// rank reads back soon: streamed lines leave its cache.
-void copy_to_peers(void* to, const void* from, size_t n) { copy_streaming(to, from, n); }
+// Copies data into this rank's part of the segment, for its peers to read. On AMD, streaming stores: a
+// peer that read the slot last time still holds its lines, and an ordinary store must take each line
+// back from that peer's cache first: 5-6 GB/s on an EPYC VM (whose two vCPUs need not share a
+// last-level cache), where streaming (non-temporal) stores, which write whole lines without reading
+// them, run at 25-38 GB/s, and the peer then reads the data as fast as before (23-25 GB/s). Allreduce
+// of 1 MiB on 2 ranks went from 220 to 80 us in a stand-alone test. On Intel, whose cores share one
+// last-level cache, ordinary stores: the lines stay in that cache for the peer to read, where streamed
+// ones go out to memory and are read back from there (2 ranks of a Xeon VM: allreduce 0.5-0.75x and
+// reduce_scatter 0.65-0.9x the time with streaming stores, 64 KiB to 16 MiB;
+// bench/results/2026-11-26-torch-backend-3).
+void copy_to_peers(void* to, const void* from, size_t n) {
+  if (on_amd()) {
+    copy_streaming(to, from, n);
+  } else {
+    copy_bytes(to, from, n);
+  }
+}
 
 // An operation's output larger than the last-level cache (32 MiB on the machines measured) would only
 // evict it: its lines are written once and not read back before they leave. An ordinary store first

@@ -12,8 +12,8 @@
 // process_vm_readv, as Open MPI's shared-memory transport uses), the collectives that only move data
 // (broadcast, allgather, alltoall, gather, scatter and the v-forms) skip the segment at middling sizes
 // (kSingleCopyMinBytes): each rank publishes its buffers' addresses in a step and reads its peers' data
-// straight from their buffers: one copy instead of two, and two steps in all instead of one per slot's
-// worth. Above kSingleCopyMaxBytes the segment is faster again (a copy into it streams; the kernel's
+// straight from their buffers (a broadcast's root also writes into theirs, process_vm_writev): one
+// copy instead of two, and two steps in all instead of one per slot's worth. Above kSingleCopyMaxBytes the segment is faster again (a copy into it streams; the kernel's
 // copy pins every page). Send and recv go that way at every size, through a mailbox per pair of ranks
 // (see post_send). Whether every rank may is settled once, collectively (enable_single_copy).
 //
@@ -73,18 +73,20 @@ class ShmGroup {
   static constexpr size_t kFlatAllreduceBytes = 4 * 1024;
   // Where single copy is enabled, the sizes (of a rank's largest buffer) at which allgather, alltoall,
   // gather, scatter and the v-forms (the ranks' largest block times their number), and broadcast,
-  // take it. Allreduce and reduce_scatter never do: since the segment is written with
-  // streaming stores (copy_to_peers), staging through it runs faster at every size (allreduce on 2
-  // ranks of an EPYC VM, staged against single copy: 4 MiB 433 against 473-515 us, 16 MiB 2.0-2.2
-  // against 2.8-5.5 ms, 64 MiB 9.5 against 16.6-39.6 ms). For the others, measured there on 2 ranks:
-  // below 256 KiB the system calls and the extra step cost more than the copy saved (64 KiB allgather:
-  // 5.0 us staged, 7.5 single); from 256 KiB to 4 MiB single copy is faster (allgather 256 KiB: 13.7
-  // against 15.9 us; 4 MiB: 195 against 216); above, staging is again (16 MiB: 1.4 against 1.7 ms; 64
-  // MiB: 6.2 against 10.2), and for a broadcast already above 512 KiB, where the root's core copies
-  // in while the others copy out, and with single copy it idles (1 MiB: 48 staged, 78 single).
+  // take it. Allreduce and reduce_scatter never do: staging through the segment runs faster at every
+  // size (allreduce on 2 ranks of an EPYC VM, staged against single copy: 4 MiB 433 against 473-515
+  // us, 16 MiB 2.0-2.2 against 2.8-5.5 ms, 64 MiB 9.5 against 16.6-39.6 ms). For the others, measured
+  // there on 2 ranks: below 256 KiB the system calls and the extra step cost more than the copy saved
+  // (64 KiB allgather: 5.0 us staged, 7.5 single); from 256 KiB to 4 MiB single copy is faster
+  // (allgather 256 KiB: 13.7 against 15.9 us; 4 MiB: 195 against 216); above, staging is again (16
+  // MiB: 1.4 against 1.7 ms; 64 MiB: 6.2 against 10.2). A broadcast's root, which reading peers would
+  // leave idle, writes a share of each peer's buffer itself (ShmGroup::broadcast), so that every core
+  // copies: on 2 ranks of a Xeon VM 0.38-0.39x the staged time at 1 MiB, 0.54-0.57x at 4 MiB and
+  // 0.60-0.70x at 16 MiB, but 0.84-1.40x at 64 MiB, where the kernel's copies (which pin every page
+  // first) fall behind memcpy's (bench/results/2026-11-26-torch-backend-3).
   static constexpr size_t kSingleCopyMinBytes = 256 * 1024;
   static constexpr size_t kSingleCopyMaxBytes = 4 * 1024 * 1024;
-  static constexpr size_t kSingleCopyBroadcastMaxBytes = 512 * 1024;
+  static constexpr size_t kSingleCopyBroadcastMaxBytes = 16 * 1024 * 1024;
 
   // The segment's size for `size` ranks.
   static size_t segment_bytes(int size);
@@ -246,8 +248,15 @@ class ShmGroup {
   // `two_threads`, from kTwoThreadReadBytes a second thread reads half: for a receive, whose sender
   // waits meanwhile, not for a collective's reads, where every rank's thread is reading at once.
   void read_peer(int peer, void* to, uint64_t address, size_t n, bool two_threads = false);
-  // process_vm_readv until all `n` bytes are read: 0, or errno (EIO when a read returned nothing).
-  static int read_all(pid_t pid, char* to, uint64_t address, size_t n);
+  // Copies `n` bytes from `from` to `address` in rank `peer`'s process; on failure, fails the group.
+  void write_peer(int peer, uint64_t address, const void* from, size_t n);
+  // What read_peer and write_peer throw when the copy failed with `error`: the failure record of a
+  // peer that failed first, a peer's end, or `what` (a format naming the peer's rank with %d).
+  [[noreturn]] void fail_cross_copy(int peer, int error, const char* what);
+  // process_vm_readv (kRead: from `address` in `pid` to `local`) or process_vm_writev (kWrite: from
+  // `local` to there) until all `n` bytes are copied: 0, or errno (EIO when a call copied nothing).
+  enum class CrossCopy { kRead, kWrite };
+  static int cross_copy(pid_t pid, char* local, uint64_t address, size_t n, CrossCopy direction);
   class ReadHelper;
   // read_peer's second thread, once a read needed it; used by one receive at a time (they hold
   // p2p_mutex_ while they read).

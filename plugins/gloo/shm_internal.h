@@ -224,7 +224,7 @@ class ShmGroup::ReadHelper {
       if (!job_.pending) return;
       Job job = job_;
       lock.unlock();
-      job.error = read_all(job.pid, job.to, job.address, job.n);
+      job.error = cross_copy(job.pid, job.to, job.address, job.n, CrossCopy::kRead);
       lock.lock();
       job_.error = job.error;
       job_.pending = false;

@@ -97,15 +97,16 @@ void ShmGroup::finish_single_copy(uint32_t kind, uint64_t bytes, const Deadline&
   wait_for_all(done, deadline);
 }
 
-int ShmGroup::read_all(pid_t pid, char* to, uint64_t address, size_t n) {
+int ShmGroup::cross_copy(pid_t pid, char* local, uint64_t address, size_t n, CrossCopy direction) {
   while (n > 0) {
-    iovec local{to, n};
-    iovec remote{reinterpret_cast<void*>(address), n};
-    const ssize_t got = ::process_vm_readv(pid, &local, 1, &remote, 1, 0);
-    if (got <= 0) return got < 0 ? errno : EIO;
-    to += got;
-    address += static_cast<uint64_t>(got);
-    n -= static_cast<size_t>(got);
+    iovec here{local, n};
+    iovec there{reinterpret_cast<void*>(address), n};
+    const ssize_t done = direction == CrossCopy::kRead ? ::process_vm_readv(pid, &here, 1, &there, 1, 0)
+                                                       : ::process_vm_writev(pid, &here, 1, &there, 1, 0);
+    if (done <= 0) return done < 0 ? errno : EIO;
+    local += done;
+    address += static_cast<uint64_t>(done);
+    n -= static_cast<size_t>(done);
   }
   return 0;
 }
@@ -127,26 +128,39 @@ void ShmGroup::read_peer(int peer, void* to, uint64_t address, size_t n, bool tw
     if (!read_helper_) read_helper_ = std::make_unique<ReadHelper>();
     const size_t first_half = n / 2 / kLine * kLine;
     read_helper_->start(pid, into + first_half, address + first_half, n - first_half);
-    error = read_all(pid, into, address, first_half);
+    error = cross_copy(pid, into, address, first_half, CrossCopy::kRead);
     const int helper_error = read_helper_->finish();
     if (error == 0) error = helper_error;
   } else {
-    error = read_all(pid, into, address, n);
+    error = cross_copy(pid, into, address, n, CrossCopy::kRead);
   }
   header_->readers.fetch_sub(threads, std::memory_order_relaxed);
-  if (error == 0) return;
+  if (error != 0) fail_cross_copy(peer, error, "reading rank %d's buffer (process_vm_readv)");
+}
+
+void ShmGroup::write_peer(int peer, uint64_t address, const void* from, size_t n) {
+  header_->readers.fetch_add(1, std::memory_order_relaxed);  // a core busy copying, as a reader's
+  const int error = cross_copy(peer_pid(peer), const_cast<char*>(static_cast<const char*>(from)), address, n, CrossCopy::kWrite);
+  header_->readers.fetch_sub(1, std::memory_order_relaxed);
+  if (error != 0) fail_cross_copy(peer, error, "writing into rank %d's buffer (process_vm_writev)");
+}
+
+void ShmGroup::fail_cross_copy(int peer, int error, const char* what) {
   // A peer that failed first (an abort, say) may have let its caller free the buffer: its record
   // says what happened.
   if (header_->failed_by.load(std::memory_order_acquire) != 0) throw_failure_record();
   // ESRCH: the process is gone, or ending (its memory released before /proc shows it ended).
-  const std::string reason =
-      error == ESRCH || plugin::process_state(pid) == plugin::ProcessState::kEnded
-          ? "shared memory: " + plugin::local_peer_description(rank_name(peer), pid, plugin::ProcessState::kEnded)
-          : "shared memory: reading rank " + std::to_string(rank_name(peer)) + "'s buffer (process_vm_readv) failed: " +
-                std::strerror(error);
+  const pid_t pid = peer_pid(peer);
+  std::string reason;
+  if (error == ESRCH || plugin::process_state(pid) == plugin::ProcessState::kEnded) {
+    reason = "shared memory: " + plugin::local_peer_description(rank_name(peer), pid, plugin::ProcessState::kEnded);
+  } else {
+    char action[96];
+    std::snprintf(action, sizeof(action), what, rank_name(peer));
+    reason = std::string("shared memory: ") + action + " failed: " + std::strerror(error);
+  }
   fail(BPL_ERR_REMOTE, reason);
   throw plugin::Error(BPL_ERR_REMOTE, reason);
 }
-
 
 }  // namespace backplane::gloo_plugin

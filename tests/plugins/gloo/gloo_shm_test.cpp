@@ -181,7 +181,10 @@ TEST_P(ShmGroupRanks, BroadcastFromEveryRoot) {
   const int size = this->size();
   Segment segment(size);
   auto groups = this->groups(segment);
+  // Single-copy sizes too, where the root writes a share of every peer's buffer: shares of whole lines
+  // and a remainder that the peers read.
   for (size_t bytes : {size_t{1}, size_t{1000}, ShmGroup::kSlotBytes, 2 * ShmGroup::kSlotBytes + 3,
+                       ShmGroup::kSingleCopyMinBytes, ShmGroup::kSingleCopyMinBytes + 3 * 64 + 5,
                        ShmGroup::kSingleCopyBroadcastMaxBytes, ShmGroup::kSingleCopyBroadcastMaxBytes + 1}) {
     for (int root = 0; root < size; ++root) {
       run_threads(groups, [&](int rank, ShmGroup& group) {
