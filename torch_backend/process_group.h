@@ -4,6 +4,7 @@
 // group's completion thread. Errors are backplane's messages, raised as RuntimeError in Python.
 #pragma once
 
+#include <c10/util/SmallVector.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <chrono>
@@ -19,6 +20,8 @@ namespace backplane::torch_backend {
 
 class Runtime;
 class Communicator;
+// A Work's backplane requests, in posting order: most operations have one.
+using Requests = c10::SmallVector<bpl_request*, 1>;
 class CompletionQueue;
 class ScratchBuffers;
 
@@ -80,6 +83,12 @@ class ProcessGroupBackplane : public c10d::ProcessGroup {
   c10::intrusive_ptr<c10d::Work> post(c10d::OpType type, const char* name, const std::function<bpl_status(bpl_request**)>& start,
                                       std::function<void()> finish, std::vector<at::Tensor> outputs,
                                       std::vector<at::Tensor> keep);
+  // The same for an operation of `count` requests, `start(i, req)` posting the i-th; its Work ends
+  // when all have, or with the first that failed.
+  c10::intrusive_ptr<c10d::Work> post_each(c10d::OpType type, const char* name, int count,
+                                           const std::function<bpl_status(int, bpl_request**)>& start,
+                                           std::function<void()> finish, std::vector<at::Tensor> outputs,
+                                           std::vector<at::Tensor> keep);
 
   // Shared with the group's works, which may outlive it: the destructor waits for neither (torch may
   // drop a group while holding Python's GIL, which its futures' callbacks need).

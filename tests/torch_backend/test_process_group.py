@@ -46,7 +46,14 @@ def same(actual, expected, what):
         ok = torch.allclose(actual, expected, rtol=1e-5, atol=1e-6)
     else:
         ok = torch.equal(actual, expected)
-    check(ok and actual.dtype == expected.dtype, f"{what}: got {actual.tolist()} expected {expected.tolist()}")
+    if ok and actual.dtype == expected.dtype:
+        return
+    if actual.numel() <= 16 or actual.shape != expected.shape:
+        check(False, f"{what}: got {actual.tolist()} expected {expected.tolist()}")
+    wrong = (actual.double() - expected.double()).abs().flatten().nonzero()
+    first = int(wrong[0]) if wrong.numel() else 0
+    check(False, f"{what}: {wrong.numel()} of {actual.numel()} elements differ ({actual.dtype} vs {expected.dtype}), "
+                 f"the first at [{first}]: got {actual.flatten()[first].item()} expected {expected.flatten()[first].item()}")
 
 
 def inputs_of_every_rank(mine, gloo):
@@ -171,6 +178,42 @@ def test_collectives(gloo):
             req.wait()
         same(got, torch.full((4,), float(prv)), "send/recv ring")
     dist.barrier()
+
+
+def test_large_list_gather(gloo):
+    """all_gather into a list from 256 KiB per rank: one broadcast per rank, each straight into its
+    tensor of the list (unless one is not contiguous: then through a flat buffer), blocking and async."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    for dtype, n in ((torch.float32, 70000), (torch.int8, 300000), (torch.bfloat16, 140000)):
+        mine = (torch.arange(n) % 97 + 3 * rank).to(dtype)
+        everyone = inputs_of_every_rank(mine, gloo)
+        out = [torch.full_like(mine, -1) for _ in range(world)]
+        dist.all_gather(out, mine)
+        for r in range(world):
+            same(out[r], everyone[r], f"all_gather of {n} {dtype} from {r}")
+        same(mine, everyone[rank], f"all_gather of {n} {dtype} left its input alone")
+        # this rank's own tensor of the list is its input
+        out = [mine if r == rank else torch.full_like(mine, -1) for r in range(world)]
+        dist.all_gather(out, mine)
+        for r in range(world):
+            same(out[r], everyone[r], f"all_gather of {n} {dtype} into a list holding the input, from {r}")
+        # one tensor of the list is not contiguous
+        out = [torch.full((n, 2), -1, dtype=dtype)[:, 1] if r == world - 1 else torch.full_like(mine, -1) for r in range(world)]
+        dist.all_gather(out, mine)
+        for r in range(world):
+            same(out[r], everyone[r], f"all_gather of {n} {dtype} into a list with a non-contiguous tensor, from {r}")
+    # several in flight, one completed through its future, as DDP-style hooks do
+    n = 70000
+    lists = [[torch.empty(n) for _ in range(world)] for _ in range(3)]
+    works = [dist.all_gather(lists[i], torch.full((n,), float(10 * rank + i)), async_op=True) for i in range(3)]
+    future = works[1].get_future()
+    works[2].wait()
+    works[0].wait()
+    future.wait()
+    for i in range(3):
+        for r in range(world):
+            same(lists[i][r], torch.full((n,), float(10 * r + i)), f"all_gather {i} of a large list in flight, from rank {r}")
+    check(all(w.is_completed() for w in works), "every large all_gather completed")
 
 
 def test_asynchronous_work_and_futures():
@@ -319,8 +362,9 @@ def main():
         dist.init_process_group("backplane", timeout=timeout)
     gloo = dist.new_group(backend="gloo")
     print(f"rank {dist.get_rank()}: {dist.group.WORLD.describe()}", flush=True)
-    for test in (lambda: test_collectives(gloo), test_asynchronous_work_and_futures, test_subgroups,
-                 lambda: test_ddp_matches_gloo(gloo), test_bad_input_is_an_exception):
+    tests = (lambda: test_collectives(gloo), lambda: test_large_list_gather(gloo), test_asynchronous_work_and_futures,
+             test_subgroups, lambda: test_ddp_matches_gloo(gloo), test_bad_input_is_an_exception)
+    for test in tests:
         test()
     leave_a_callback_releasing_at_exit()
     dist.barrier()
