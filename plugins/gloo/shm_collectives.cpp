@@ -236,12 +236,13 @@ void ShmGroup::gather(const void* send, void* recv, size_t block_bytes, int root
   auto* out = static_cast<char*>(recv);  // NULL on the others, as may be `send` of a scatter
   char* own = rank_ == root ? out + block_bytes * static_cast<size_t>(rank_) : nullptr;
   if (takes_single_copy(block_bytes * static_cast<size_t>(size_))) {
+    // Each rank writes its block into the root's buffer, all at once: the root, which would otherwise
+    // read every block itself, copies only its own.
     const uint32_t buffers = publish_buffers(kind, block_bytes, send, recv, deadline);
-    if (rank_ == root) {
-      for (int q = 0; q < size_; ++q) {
-        if (q != rank_) read_peer(q, out + block_bytes * static_cast<size_t>(q), progress_[q].send_address[buffers % 2], block_bytes);
-      }
-      if (own != in) copy_bytes(own, in, block_bytes);
+    if (rank_ != root) {
+      write_peer(root, progress_[root].recv_address[buffers % 2] + block_bytes * static_cast<size_t>(rank_), in, block_bytes);
+    } else if (own != in) {
+      copy_bytes(own, in, block_bytes);
     }
     return finish_single_copy(kind, block_bytes, deadline);
   }

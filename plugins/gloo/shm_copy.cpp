@@ -95,8 +95,8 @@ constexpr size_t kStreamingCopyBytes = 2048;
 // them, run at 25-38 GB/s, and the peer then reads the data as fast as before (23-25 GB/s). Allreduce
 // of 1 MiB on 2 ranks went from 220 to 80 us in a stand-alone test. On Intel, whose cores share one
 // last-level cache, ordinary stores: the lines stay in that cache for the peer to read, where streamed
-// ones go out to memory and are read back from there (2 ranks of a Xeon VM: allreduce 0.5-0.75x and
-// reduce_scatter 0.65-0.9x the time with streaming stores, 64 KiB to 16 MiB;
+// ones go out to memory and are read back from there (2 ranks of a Xeon VM, three runs: allreduce
+// 0.48-0.85x and reduce_scatter 0.55-0.93x the time with streaming stores from 64 KiB to 16 MiB;
 // bench/results/2026-11-26-torch-backend-3).
 void copy_to_peers(void* to, const void* from, size_t n) {
   if (on_amd()) {

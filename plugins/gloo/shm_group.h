@@ -12,8 +12,9 @@
 // process_vm_readv, as Open MPI's shared-memory transport uses), the collectives that only move data
 // (broadcast, allgather, alltoall, gather, scatter and the v-forms) skip the segment at middling sizes
 // (kSingleCopyMinBytes): each rank publishes its buffers' addresses in a step and reads its peers' data
-// straight from their buffers (a broadcast's root also writes into theirs, process_vm_writev): one
-// copy instead of two, and two steps in all instead of one per slot's worth. Above kSingleCopyMaxBytes the segment is faster again (a copy into it streams; the kernel's
+// straight from their buffers, or writes into theirs (process_vm_writev: a broadcast's root, a
+// gather's other ranks), so that every rank's core copies: one copy instead of two, and two steps in
+// all instead of one per slot's worth. Above kSingleCopyMaxBytes the segment is faster again (a copy into it streams; the kernel's
 // copy pins every page). Send and recv go that way at every size, through a mailbox per pair of ranks
 // (see post_send). Whether every rank may is settled once, collectively (enable_single_copy).
 //
@@ -83,7 +84,10 @@ class ShmGroup {
   // leave idle, writes a share of each peer's buffer itself (ShmGroup::broadcast), so that every core
   // copies: on 2 ranks of a Xeon VM 0.38-0.39x the staged time at 1 MiB, 0.54-0.57x at 4 MiB and
   // 0.60-0.70x at 16 MiB, but 0.84-1.40x at 64 MiB, where the kernel's copies (which pin every page
-  // first) fall behind memcpy's (bench/results/2026-11-26-torch-backend-3).
+  // first) fall behind memcpy's (bench/results/2026-11-26-torch-backend-3). Likewise a gather's
+  // ranks write their blocks into the root's buffer rather than the root reading them all (there:
+  // 256 KiB-4 MiB 0.35-0.78x the time of the root's reads; 16-64 MiB 0.76-1.24x the staged time, so
+  // not above).
   static constexpr size_t kSingleCopyMinBytes = 256 * 1024;
   static constexpr size_t kSingleCopyMaxBytes = 4 * 1024 * 1024;
   static constexpr size_t kSingleCopyBroadcastMaxBytes = 16 * 1024 * 1024;
