@@ -159,10 +159,20 @@ class ScratchBuffers {
         chosen = &buffers_.back();
       }
     }
-    return at::empty({0}, at::TensorOptions().dtype(dtype)).set_(chosen->storage(), 0, {numel}, {1});
+    return view_of(*chosen, numel, dtype);
   }
 
  private:
+  // `numel` elements of `dtype` at the start of `buffer`'s storage. Made without the dispatcher:
+  // at::empty and set_ together cost about half a microsecond more per list operation (all_gather of a
+  // list of 4 B tensors, 2 ranks, C++ side: 3.4 against 3.9-4.2 µs).
+  static at::Tensor view_of(const at::Tensor& buffer, int64_t numel, at::ScalarType dtype) {
+    auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(buffer.storage()), buffer.key_set(),
+                                                     c10::scalarTypeToTypeMeta(dtype));
+    impl->set_sizes_contiguous({numel});
+    return at::Tensor(std::move(impl));
+  }
+
   static constexpr size_t kKept = 4;  // operations of list form in flight at once, each with its buffer
   std::mutex mutex_;
   std::vector<at::Tensor> buffers_;
@@ -254,30 +264,30 @@ void copy_back(const at::Tensor& target, const at::Tensor& result) {
   if (!target.is_same(result)) const_cast<at::Tensor&>(target).copy_(result.view_as(target));
 }
 
-// The tensors' elements in order in `flat` (as many elements as they have together).
+// The tensors' elements in order in `flat` (as many elements as they have together). Contiguous ones of
+// flat's dtype are copied as copy_ would, without its dispatch or a slice of `flat` (an all_gather of a
+// list of two 4 B tensors took 2.4-3.5 µs less from Python without the slices).
 at::Tensor flat_of(const std::vector<at::Tensor>& tensors, at::Tensor flat) {
   int64_t offset = 0;
   for (const at::Tensor& t : tensors) {
-    at::Tensor part = flat.slice(0, offset, offset + t.numel());
-    if (t.is_contiguous() && t.scalar_type() == flat.scalar_type()) {  // as copy_ does, without its dispatch
-      if (t.numel() > 0) std::memcpy(part.data_ptr(), t.data_ptr(), t.nbytes());
+    if (t.is_contiguous() && t.scalar_type() == flat.scalar_type()) {
+      if (t.numel() > 0) std::memcpy(static_cast<char*>(flat.data_ptr()) + offset * flat.element_size(), t.data_ptr(), t.nbytes());
     } else {
-      part.view_as(t).copy_(t);
+      flat.slice(0, offset, offset + t.numel()).view_as(t).copy_(t);
     }
     offset += t.numel();
   }
   return flat;
 }
 
-// `flat`'s elements into the tensors in order.
+// `flat`'s elements into the tensors in order (the same shortcut).
 void copy_slices(const at::Tensor& flat, const std::vector<at::Tensor>& targets) {
   int64_t offset = 0;
   for (const at::Tensor& t : targets) {
-    at::Tensor part = flat.slice(0, offset, offset + t.numel());
     if (t.is_contiguous() && t.scalar_type() == flat.scalar_type()) {
-      if (t.numel() > 0) std::memcpy(t.data_ptr(), part.data_ptr(), t.nbytes());
+      if (t.numel() > 0) std::memcpy(t.data_ptr(), static_cast<const char*>(flat.data_ptr()) + offset * flat.element_size(), t.nbytes());
     } else {
-      const_cast<at::Tensor&>(t).copy_(part.view_as(t));
+      const_cast<at::Tensor&>(t).copy_(flat.slice(0, offset, offset + t.numel()).view_as(t));
     }
     offset += t.numel();
   }
