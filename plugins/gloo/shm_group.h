@@ -14,8 +14,8 @@
 // (kSingleCopyMinBytes): each rank publishes its buffers' addresses in a step and reads its peers' data
 // straight from their buffers, or writes into theirs (process_vm_writev: a broadcast's root, a
 // gather's other ranks), so that every rank's core copies: one copy instead of two, and two steps in
-// all instead of one per slot's worth. Above kSingleCopyMaxBytes the segment is faster again (a copy into it streams; the kernel's
-// copy pins every page). Send and recv go that way at every size, through a mailbox per pair of ranks
+// all instead of one per slot's worth. Above kSingleCopyMaxBytes the segment is faster again (the
+// kernel's copy pins every page first). Send and recv go that way at every size, through a mailbox per pair of ranks
 // (see post_send). Whether every rank may is settled once, collectively (enable_single_copy).
 //
 // Waiting: a spin (20 us then yields where the machine's ranks outnumber its cores, else 1 ms without
@@ -254,13 +254,13 @@ class ShmGroup {
   void read_peer(int peer, void* to, uint64_t address, size_t n, bool two_threads = false);
   // Copies `n` bytes from `from` to `address` in rank `peer`'s process; on failure, fails the group.
   void write_peer(int peer, uint64_t address, const void* from, size_t n);
-  // What read_peer and write_peer throw when the copy failed with `error`: the failure record of a
-  // peer that failed first, a peer's end, or `what` (a format naming the peer's rank with %d).
-  [[noreturn]] void fail_cross_copy(int peer, int error, const char* what);
   // process_vm_readv (kRead: from `address` in `pid` to `local`) or process_vm_writev (kWrite: from
   // `local` to there) until all `n` bytes are copied: 0, or errno (EIO when a call copied nothing).
   enum class CrossCopy { kRead, kWrite };
   static int cross_copy(pid_t pid, char* local, uint64_t address, size_t n, CrossCopy direction);
+  // What read_peer and write_peer throw when their copy with rank `peer` failed with `error`: the
+  // failure record of a peer that failed first, the peer's end, or the failed call. Fails the group.
+  [[noreturn]] void fail_cross_copy(int peer, int error, CrossCopy direction);
   class ReadHelper;
   // read_peer's second thread, once a read needed it; used by one receive at a time (they hold
   // p2p_mutex_ while they read).

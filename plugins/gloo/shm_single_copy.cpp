@@ -135,17 +135,17 @@ void ShmGroup::read_peer(int peer, void* to, uint64_t address, size_t n, bool tw
     error = cross_copy(pid, into, address, n, CrossCopy::kRead);
   }
   header_->readers.fetch_sub(threads, std::memory_order_relaxed);
-  if (error != 0) fail_cross_copy(peer, error, "reading rank %d's buffer (process_vm_readv)");
+  if (error != 0) fail_cross_copy(peer, error, CrossCopy::kRead);
 }
 
 void ShmGroup::write_peer(int peer, uint64_t address, const void* from, size_t n) {
   header_->readers.fetch_add(1, std::memory_order_relaxed);  // a core busy copying, as a reader's
   const int error = cross_copy(peer_pid(peer), const_cast<char*>(static_cast<const char*>(from)), address, n, CrossCopy::kWrite);
   header_->readers.fetch_sub(1, std::memory_order_relaxed);
-  if (error != 0) fail_cross_copy(peer, error, "writing into rank %d's buffer (process_vm_writev)");
+  if (error != 0) fail_cross_copy(peer, error, CrossCopy::kWrite);
 }
 
-void ShmGroup::fail_cross_copy(int peer, int error, const char* what) {
+void ShmGroup::fail_cross_copy(int peer, int error, CrossCopy direction) {
   // A peer that failed first (an abort, say) may have let its caller free the buffer: its record
   // says what happened.
   if (header_->failed_by.load(std::memory_order_acquire) != 0) throw_failure_record();
@@ -155,9 +155,11 @@ void ShmGroup::fail_cross_copy(int peer, int error, const char* what) {
   if (error == ESRCH || plugin::process_state(pid) == plugin::ProcessState::kEnded) {
     reason = "shared memory: " + plugin::local_peer_description(rank_name(peer), pid, plugin::ProcessState::kEnded);
   } else {
-    char action[96];
-    std::snprintf(action, sizeof(action), what, rank_name(peer));
-    reason = std::string("shared memory: ") + action + " failed: " + std::strerror(error);
+    const std::string buffer = "rank " + std::to_string(rank_name(peer)) + "'s buffer";
+    reason = "shared memory: " +
+             (direction == CrossCopy::kRead ? "reading " + buffer + " (process_vm_readv)"
+                                            : "writing into " + buffer + " (process_vm_writev)") +
+             " failed: " + std::strerror(error);
   }
   fail(BPL_ERR_REMOTE, reason);
   throw plugin::Error(BPL_ERR_REMOTE, reason);
