@@ -655,17 +655,24 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::allgather(std::vector<std:
   for (size_t r = 0; r < outputs[0].size(); ++r) require_same(input, outputs[0][r], op_name, "output tensor " + std::to_string(r));
   at::Tensor source = contiguous(input);
   std::vector<at::Tensor> targets = outputs[0];
-  if (source.nbytes() >= kBroadcastListBytes &&
-      std::all_of(targets.begin(), targets.end(), [](const at::Tensor& t) { return t.is_contiguous(); })) {
+  if (source.nbytes() >= kBroadcastListBytes) {
     // Each rank's block broadcast by it straight into its output tensor on every rank: no flat buffer
-    // to copy out of, which from this size costs more than the operations' fixed costs.
-    copy_back(targets[static_cast<size_t>(getRank())], source);
+    // to copy out of, which from this size costs more than the operations' fixed costs. Chosen by the
+    // size alone, which every rank shares; a tensor of the list that is not contiguous (a layout of
+    // this rank's own) receives into a contiguous one, copied into it after.
+    std::vector<at::Tensor> blocks;
+    blocks.reserve(targets.size());
+    for (const at::Tensor& t : targets) blocks.push_back(t.is_contiguous() ? t : at::empty_like(t, at::MemoryFormat::Contiguous));
+    copy_back(blocks[static_cast<size_t>(getRank())], source);
     return post_each(
         c10d::OpType::ALLGATHER, op_name, getSize(),
         [&](int root, bpl_request** req) {
-          return bpl_broadcast(comm_, targets[static_cast<size_t>(root)].data_ptr(), source.numel(), dtype, root, req);
+          return bpl_broadcast(comm_, blocks[static_cast<size_t>(root)].data_ptr(), source.numel(), dtype, root, req);
         },
-        nullptr, targets, targets);
+        [blocks, targets] {
+          for (size_t r = 0; r < targets.size(); ++r) copy_back(targets[r], blocks[r]);
+        },
+        targets, blocks);
   }
   at::Tensor gathered = scratch_->take(getSize() * input.numel(), input.scalar_type());
   return post(

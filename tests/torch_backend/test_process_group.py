@@ -182,7 +182,7 @@ def test_collectives(gloo):
 
 def test_large_list_gather(gloo):
     """all_gather into a list from 256 KiB per rank: one broadcast per rank, each straight into its
-    tensor of the list (unless one is not contiguous: then through a flat buffer), blocking and async."""
+    tensor of the list (a non-contiguous one through a contiguous tensor of its own), blocking and async."""
     rank, world = dist.get_rank(), dist.get_world_size()
     for dtype, n in ((torch.float32, 70000), (torch.int8, 300000), (torch.bfloat16, 140000)):
         mine = (torch.arange(n) % 97 + 3 * rank).to(dtype)
@@ -197,11 +197,13 @@ def test_large_list_gather(gloo):
         dist.all_gather(out, mine)
         for r in range(world):
             same(out[r], everyone[r], f"all_gather of {n} {dtype} into a list holding the input, from {r}")
-        # one tensor of the list is not contiguous
-        out = [torch.full((n, 2), -1, dtype=dtype)[:, 1] if r == world - 1 else torch.full_like(mine, -1) for r in range(world)]
+        # one tensor of the list is not contiguous, on rank 0 only (a layout of its own: every rank still
+        # takes the same path)
+        out = [torch.full((n, 2), -1, dtype=dtype)[:, 1] if rank == 0 and r == world - 1 else torch.full_like(mine, -1)
+               for r in range(world)]
         dist.all_gather(out, mine)
         for r in range(world):
-            same(out[r], everyone[r], f"all_gather of {n} {dtype} into a list with a non-contiguous tensor, from {r}")
+            same(out[r], everyone[r], f"all_gather of {n} {dtype} into a list with a non-contiguous tensor on rank 0, from {r}")
     # several in flight, one completed through its future, as DDP-style hooks do
     n = 70000
     lists = [[torch.empty(n) for _ in range(world)] for _ in range(3)]
