@@ -13,7 +13,7 @@ namespace backplane::gloo_plugin {
 void HierarchicalPath::allreduce_work(void* work, size_t count, bpl_dtype acc, bpl_reduce_op op) {
   const plugin::ReduceFn reduce = plugin::reduce_function(acc, op);
   comm_.across_machines([&] {
-    if (comm_.machine_shm_) comm_.machine_shm_->allreduce(work, work, count, acc, reduce, comm_.timeout());
+    if (comm_.machine_shm_) comm_.machine_shm_->allreduce(work, work, count, acc, op, comm_.timeout());
     if (comm_.leaders_) {
       ::gloo::AllreduceOptions options(comm_.leaders_);
       with_element_type(acc, [&](auto zero) { options.setOutput(static_cast<decltype(zero)*>(work), count); });

@@ -22,15 +22,21 @@
 
 namespace backplane::gloo_plugin {
 
-namespace {
-
-// out = a[0] op a[1] op ... in rank order, so that every rank computes bit-identical results.
-void reduce_in_rank_order(void* out, const std::vector<const char*>& inputs, size_t count, plugin::ReduceFn reduce) {
-  reduce(out, inputs[0], inputs[1], count);
-  for (size_t q = 2; q < inputs.size(); ++q) reduce(out, out, inputs[q], count);
+void ShmGroup::reduce_in_rank_order(void* out, const std::vector<const char*>& inputs, size_t count, size_t element,
+                                    plugin::ReduceFn reduce, plugin::ReduceFn streamed) {
+  const size_t last = inputs.size() - 1;
+  if (streamed == nullptr || last == 1) {
+    (streamed != nullptr ? streamed : reduce)(out, inputs[0], inputs[1], count);
+    for (size_t q = 2; q <= last; ++q) reduce(out, out, inputs[q], count);
+    return;
+  }
+  // Streamed on more than 2 ranks: a pass that read `out` back after streaming it would read memory.
+  partial_.resize(std::max(partial_.size(), count * element));
+  void* partial = partial_.data();
+  reduce(partial, inputs[0], inputs[1], count);
+  for (size_t q = 2; q < last; ++q) reduce(partial, partial, inputs[q], count);
+  streamed(out, partial, inputs[last], count);
 }
-
-}  // namespace
 
 const char* ShmGroup::own_operand(const char* own, const char* result, size_t bytes) {
   if (rank_ < 2 || own != result) return own;
@@ -39,10 +45,11 @@ const char* ShmGroup::own_operand(const char* own, const char* result, size_t by
   return scratch_.data();
 }
 
-void ShmGroup::allreduce(const void* send, void* recv, size_t count, bpl_dtype acc, plugin::ReduceFn reduce,
+void ShmGroup::allreduce(const void* send, void* recv, size_t count, bpl_dtype acc, bpl_reduce_op op,
                          std::chrono::milliseconds timeout) {
   const Deadline deadline(timeout, count * plugin::dtype_size(acc));
   const size_t element = plugin::dtype_size(acc);
+  const plugin::ReduceFn reduce = plugin::reduce_function(acc, op);
   const size_t total = count * element;
   const auto* in = static_cast<const char*>(send);
   auto* out = static_cast<char*>(recv);
@@ -54,7 +61,7 @@ void ShmGroup::allreduce(const void* send, void* recv, size_t count, bpl_dtype a
     publish(kAllreduce, total);
     wait_for_all(step, deadline);
     for (int q = 0; q < size_; ++q) inputs[static_cast<size_t>(q)] = slot(step, q);
-    reduce_in_rank_order(out, inputs, count, reduce);
+    reduce_in_rank_order(out, inputs, count, element, reduce);
     return;
   }
   const CopyFn copy_out = output_copy(total);
@@ -79,7 +86,7 @@ void ShmGroup::allreduce(const void* send, void* recv, size_t count, bpl_dtype a
     inputs[static_cast<size_t>(rank_)] = own;
     const uint32_t reduce_step = next_step();
     if (mine_n > 0) {
-      reduce_in_rank_order(result, inputs, mine_n, reduce);
+      reduce_in_rank_order(result, inputs, mine_n, element, reduce);
       copy_to_peers(slot(reduce_step, rank_) + mine * element, result, mine_n * element);
     }
     publish(kAllreduce, total);
@@ -149,10 +156,14 @@ void ShmGroup::allgather(const void* send, void* recv, size_t block_bytes, std::
   }
 }
 
-void ShmGroup::reduce_scatter(const void* send, void* recv, size_t count, bpl_dtype acc, plugin::ReduceFn reduce,
+void ShmGroup::reduce_scatter(const void* send, void* recv, size_t count, bpl_dtype acc, bpl_reduce_op op,
                               std::chrono::milliseconds timeout) {
   const Deadline deadline(timeout, count * plugin::dtype_size(acc) * static_cast<size_t>(size_));
   const size_t element = plugin::dtype_size(acc);
+  const plugin::ReduceFn reduce = plugin::reduce_function(acc, op);
+  // The result is written once and not read here again: streamed when larger than the cache.
+  const plugin::ReduceFn streamed =
+      streams_output(count * element) ? plugin::reduce_function(acc, op, plugin::Stores::kStreamed) : nullptr;
   const auto* in = static_cast<const char*>(send);
   auto* out = static_cast<char*>(recv);
   // Each step carries the same `n` elements of every block but this rank's own, which it reads straight
@@ -175,7 +186,7 @@ void ShmGroup::reduce_scatter(const void* send, void* recv, size_t count, bpl_dt
     wait_for_all(step, deadline);
     for (int q = 0; q < size_; ++q) inputs[static_cast<size_t>(q)] = slot(step, q) + n * element * static_cast<size_t>(rank_);
     inputs[static_cast<size_t>(rank_)] = own;
-    reduce_in_rank_order(result, inputs, n, reduce);
+    reduce_in_rank_order(result, inputs, n, element, reduce, streamed);
   }
 }
 

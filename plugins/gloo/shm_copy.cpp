@@ -108,10 +108,13 @@ void copy_to_peers(void* to, const void* from, size_t n) {
 
 // An operation's output larger than the last-level cache (32 MiB on the machines measured) would only
 // evict it: its lines are written once and not read back before they leave. An ordinary store first
-// reads the line it writes; a streamed one does not, a third less memory traffic for a copy.
+// reads the line it writes; a streamed one does not, a third less memory traffic for a copy (or for a
+// reduction's result: dtypes.h's Stores).
 constexpr size_t kStreamingOutputBytes = size_t{32} << 20;
 
-CopyFn output_copy(size_t output_bytes) { return output_bytes > kStreamingOutputBytes ? copy_streaming : copy_bytes; }
+bool streams_output(size_t output_bytes) { return output_bytes > kStreamingOutputBytes; }
+
+CopyFn output_copy(size_t output_bytes) { return streams_output(output_bytes) ? copy_streaming : copy_bytes; }
 
 void copy_streaming(void* to, const void* from, size_t n) {
 #if defined(__SSE2__)

@@ -155,13 +155,13 @@ class ShmGroup {
   void wait_received(const std::shared_ptr<PendingRecv>& recv, std::chrono::milliseconds timeout);
 
   // Collectives, on this rank's buffers; each wait is bounded by `timeout`. Reductions run in `acc`
-  // (the caller has widened the data) with `reduce`; send may equal recv.
-  void allreduce(const void* send, void* recv, size_t count, bpl_dtype acc, plugin::ReduceFn reduce,
+  // (the caller has widened the data) with `op` (its sum for AVG); send may equal recv.
+  void allreduce(const void* send, void* recv, size_t count, bpl_dtype acc, bpl_reduce_op op,
                  std::chrono::milliseconds timeout);
   void broadcast(void* buf, size_t bytes, int root, std::chrono::milliseconds timeout);
   void allgather(const void* send, void* recv, size_t block_bytes, std::chrono::milliseconds timeout);
   // `send` holds size() blocks of `count` elements of `acc`; this rank's block of the reduction goes to recv.
-  void reduce_scatter(const void* send, void* recv, size_t count, bpl_dtype acc, plugin::ReduceFn reduce,
+  void reduce_scatter(const void* send, void* recv, size_t count, bpl_dtype acc, bpl_reduce_op op,
                       std::chrono::milliseconds timeout);
   // `send` holds size() blocks of `block_bytes`, block q for rank q; recv gets block `rank()` of every
   // rank, in rank order. send may equal recv.
@@ -243,6 +243,11 @@ class ShmGroup {
   // This rank's operand at `own` of a reduction (in rank order) into `result`, or a copy of it where
   // the reduction would overwrite it before reading it.
   const char* own_operand(const char* own, const char* result, size_t bytes);
+  // out = inputs[0] op inputs[1] op ... (in rank order, so that every rank computes bit-identical
+  // results) over `count` elements of `element` bytes. With `streamed` (plugin::Stores::kStreamed), the
+  // last pass writes `out`; the passes before it, on more than 2 ranks, run in partial_, in cache.
+  void reduce_in_rank_order(void* out, const std::vector<const char*>& inputs, size_t count, size_t element,
+                            plugin::ReduceFn reduce, plugin::ReduceFn streamed = nullptr);
   // Whether a collective whose largest buffer holds `bytes` reads the peers' buffers directly.
   bool takes_single_copy(size_t bytes, size_t max_bytes = kSingleCopyMaxBytes) const {
     return single_copy_ && bytes >= kSingleCopyMinBytes && bytes <= max_bytes;
@@ -290,6 +295,7 @@ class ShmGroup {
   // a later send took before they were waited for.
   std::map<std::pair<int, uint64_t>, uint64_t> refused_sends_;
   std::vector<char> scratch_;  // see own_operand
+  std::vector<char> partial_;  // see reduce_in_rank_order
   std::vector<pid_t> peer_pids_;
   std::vector<int> communicator_ranks_;
 };

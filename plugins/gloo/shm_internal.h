@@ -110,8 +110,10 @@ void copy_bytes(void* to, const void* from, size_t n);
 void copy_to_peers(void* to, const void* from, size_t n);
 // Copies with streaming (non-temporal) stores from 2 KiB: lines written, not read first, and not kept.
 void copy_streaming(void* to, const void* from, size_t n);
-// How an operation whose output (this rank's recv) holds `output_bytes` copies into it: copy_bytes, or
-// copy_streaming where the output is larger than the last-level cache (shm_copy.cpp).
+// Whether an operation whose output (this rank's recv) holds `output_bytes` writes it with streaming
+// stores: where it is larger than the last-level cache (shm_copy.cpp).
+bool streams_output(size_t output_bytes);
+// How such an operation copies into its output: copy_streaming where it streams, else copy_bytes.
 using CopyFn = void (*)(void* to, const void* from, size_t n);
 CopyFn output_copy(size_t output_bytes);
 

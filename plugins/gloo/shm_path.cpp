@@ -13,7 +13,7 @@ void ShmPath::allreduce(const void* send, void* recv, size_t count, bpl_dtype dt
   ShmGroup& shm = *comm_.shm_;
   const bpl_dtype acc = plugin::accumulation_dtype(dtype, op);
   if (acc == dtype) {  // straight from send to recv, no copy beforehand
-    shm.allreduce(send, recv, count, acc, plugin::reduce_function(acc, op), comm_.timeout());
+    shm.allreduce(send, recv, count, acc, op, comm_.timeout());
     plugin::finish_reduction(recv, acc, recv, dtype, count, op, comm_.size());
     return;
   }
@@ -25,7 +25,7 @@ void ShmPath::allreduce(const void* send, void* recv, size_t count, bpl_dtype dt
   for (size_t first = 0; first < count; first += piece) {
     const size_t n = std::min(piece, count - first);
     plugin::convert(static_cast<const char*>(send) + first * element, dtype, work, acc, n);
-    shm.allreduce(work, work, n, acc, plugin::reduce_function(acc, op), comm_.timeout());
+    shm.allreduce(work, work, n, acc, op, comm_.timeout());
     plugin::finish_reduction(work, acc, static_cast<char*>(recv) + first * element, dtype, n, op, comm_.size());
   }
 }
@@ -34,7 +34,7 @@ void ShmPath::reduce(const void* send, void* recv, size_t count, bpl_dtype dtype
   const bpl_dtype acc = plugin::accumulation_dtype(dtype, op);
   void* work = reduce_work(send, recv, count, dtype, acc, root);
   // An allreduce whose result only the root keeps.
-  comm_.shm_->allreduce(work, work, count, acc, plugin::reduce_function(acc, op), comm_.timeout());
+  comm_.shm_->allreduce(work, work, count, acc, op, comm_.timeout());
   if (comm_.rank() == root) plugin::finish_reduction(work, acc, recv, dtype, count, op, comm_.size());
 }
 
@@ -47,14 +47,14 @@ void ShmPath::allgather(const void* send, void* recv, size_t block) {
 void ShmPath::reduce_scatter(const void* send, void* recv, size_t recvcount, bpl_dtype dtype, bpl_reduce_op op) {
   const bpl_dtype acc = plugin::accumulation_dtype(dtype, op);
   if (acc == dtype) {  // straight from send to recv: a copy of the whole send first doubled its time
-    comm_.shm_->reduce_scatter(send, recv, recvcount, acc, plugin::reduce_function(acc, op), comm_.timeout());
+    comm_.shm_->reduce_scatter(send, recv, recvcount, acc, op, comm_.timeout());
     plugin::finish_reduction(recv, acc, recv, dtype, recvcount, op, comm_.size());
     return;
   }
   const size_t block = recvcount * plugin::dtype_size(acc);
   char* work = static_cast<char*>(accumulation_copy(send, dtype, acc, recvcount * static_cast<size_t>(comm_.size())));
   char* own = work + block * static_cast<size_t>(comm_.rank());
-  comm_.shm_->reduce_scatter(work, own, recvcount, acc, plugin::reduce_function(acc, op), comm_.timeout());
+  comm_.shm_->reduce_scatter(work, own, recvcount, acc, op, comm_.timeout());
   plugin::finish_reduction(own, acc, recv, dtype, recvcount, op, comm_.size());
 }
 

@@ -31,7 +31,6 @@ namespace {
 
 using backplane::gloo_plugin::ShmGroup;
 using backplane::plugin::Error;
-using backplane::plugin::reduce_function;
 using std::chrono::milliseconds;
 
 constexpr milliseconds kTimeout{20000};
@@ -104,14 +103,13 @@ TEST_P(ShmGroupRanks, AllreduceSumsAtEverySizeInPlaceAndNot) {
   const int size = this->size();
   Segment segment(size);
   auto groups = this->groups(segment);
-  const auto sum = reduce_function(BPL_DTYPE_F32, BPL_OP_SUM);
   for (size_t count : f32_counts()) {
     for (bool in_place : {false, true}) {
       run_threads(groups, [&](int rank, ShmGroup& group) {
         std::vector<float> send(count), recv(count, -1.0f);
         for (size_t i = 0; i < count; ++i) send[i] = value(rank, i);
         float* out = in_place ? send.data() : recv.data();
-        group.allreduce(send.data(), out, count, BPL_DTYPE_F32, sum, kTimeout);
+        group.allreduce(send.data(), out, count, BPL_DTYPE_F32, BPL_OP_SUM, kTimeout);
         for (size_t i = 0; i < count; ++i) {
           float expected = 0;
           for (int q = 0; q < size; ++q) expected += value(q, i);
@@ -139,7 +137,7 @@ TEST_P(ShmGroupRanks, AllreduceResultsAreBitIdenticalOnEveryRank) {
       std::vector<float> send(count);
       for (float& x : send) x = uniform(random) / static_cast<float>(rank + 3);
       group.allreduce(send.data(), results[static_cast<size_t>(rank)].data(), count, BPL_DTYPE_F32,
-                      reduce_function(BPL_DTYPE_F32, BPL_OP_SUM), kTimeout);
+                      BPL_OP_SUM, kTimeout);
     });
     for (int r = 1; r < size; ++r) {
       EXPECT_EQ(std::memcmp(results[0].data(), results[static_cast<size_t>(r)].data(), count * 4), 0)
@@ -156,7 +154,7 @@ TEST_P(ShmGroupRanks, MaxAndInt64ProdReduce) {
   run_threads(groups, [&](int rank, ShmGroup& group) {
     std::vector<int64_t> data(count);
     for (size_t i = 0; i < count; ++i) data[i] = static_cast<int64_t>(i % 5) + rank + 1;
-    group.allreduce(data.data(), data.data(), count, BPL_DTYPE_I64, reduce_function(BPL_DTYPE_I64, BPL_OP_PROD), kTimeout);
+    group.allreduce(data.data(), data.data(), count, BPL_DTYPE_I64, BPL_OP_PROD, kTimeout);
     for (size_t i = 0; i < count; ++i) {
       int64_t expected = 1;
       for (int q = 0; q < size; ++q) expected *= static_cast<int64_t>(i % 5) + q + 1;
@@ -167,7 +165,7 @@ TEST_P(ShmGroupRanks, MaxAndInt64ProdReduce) {
     }
     std::vector<float> values(7);
     for (size_t i = 0; i < values.size(); ++i) values[i] = value(rank, i);
-    group.allreduce(values.data(), values.data(), values.size(), BPL_DTYPE_F32, reduce_function(BPL_DTYPE_F32, BPL_OP_MAX),
+    group.allreduce(values.data(), values.data(), values.size(), BPL_DTYPE_F32, BPL_OP_MAX,
                     kTimeout);
     for (size_t i = 0; i < values.size(); ++i) {
       float expected = value(0, i);
@@ -222,13 +220,13 @@ TEST_P(ShmGroupRanks, AllgatherAndReduceScatter) {
       // reduce_scatter: rank r's input block b holds value(r, b * count + i); rank b gets the sum.
       std::vector<float> blocks(count * static_cast<size_t>(size)), mine(count);
       for (size_t i = 0; i < blocks.size(); ++i) blocks[i] = value(rank, i);
-      group.reduce_scatter(blocks.data(), mine.data(), count, BPL_DTYPE_F32, reduce_function(BPL_DTYPE_F32, BPL_OP_SUM),
+      group.reduce_scatter(blocks.data(), mine.data(), count, BPL_DTYPE_F32, BPL_OP_SUM,
                            kTimeout);
       // In place, as the plugin calls them: reduce_scatter into this rank's own block of the input,
       // allgather from this rank's block of the output.
       std::vector<float> in_place = blocks;
       float* own_block = in_place.data() + static_cast<size_t>(rank) * count;
-      group.reduce_scatter(in_place.data(), own_block, count, BPL_DTYPE_F32, reduce_function(BPL_DTYPE_F32, BPL_OP_SUM),
+      group.reduce_scatter(in_place.data(), own_block, count, BPL_DTYPE_F32, BPL_OP_SUM,
                            kTimeout);
       for (size_t i = 0; i < count; ++i) {
         float expected = 0;
@@ -292,12 +290,11 @@ TEST_P(ShmGroupRanks, ManyCollectivesInARowReuseTheBuffersSafely) {
   // addresses share the progress records with the staged steps.
   const size_t counts[] = {5, ShmGroup::kSlotBytes / 4 + 9, 2000, 4 * ShmGroup::kSlotBytes / 4 + 3};
   run_threads(groups, [&](int rank, ShmGroup& group) {
-    const auto sum = reduce_function(BPL_DTYPE_F32, BPL_OP_SUM);
-    for (int round = 0; round < 300; ++round) {
+      for (int round = 0; round < 300; ++round) {
       const size_t count = counts[round % 4];
       std::vector<float> data(count);
       for (size_t i = 0; i < count; ++i) data[i] = value(rank, i + static_cast<size_t>(round));
-      group.allreduce(data.data(), data.data(), count, BPL_DTYPE_F32, sum, kTimeout);
+      group.allreduce(data.data(), data.data(), count, BPL_DTYPE_F32, BPL_OP_SUM, kTimeout);
       for (size_t i = 0; i < count; ++i) {
         float expected = 0;
         for (int q = 0; q < size; ++q) expected += value(q, i + static_cast<size_t>(round));
@@ -344,6 +341,32 @@ TEST(ShmGroupLargeOutputs, StreamedCopiesDeliverEveryByte) {
     if (rank == 1) std::fill(recv.begin(), recv.end(), 'x');
     group.broadcast(recv.data(), recv.size(), 0, kTimeout);
     for (size_t i = 0; i < recv.size(); i += 4093) ASSERT_EQ(recv[i], byte(i / block, 0, i % block)) << "broadcast [" << i << "]";
+  });
+}
+
+// A reduce_scatter whose result is larger than the last-level cache writes it with streaming stores
+// (dtypes.h's Stores): 3 ranks, so that the passes before the last run in the group's partial buffer,
+// into a result 4 bytes past a line's start (its first line and its last written through the cache),
+// in place and not.
+TEST(ShmGroupLargeOutputs, StreamedReductionsDeliverEveryElement) {
+  constexpr int kRanks = 3;
+  Segment segment(kRanks);
+  auto groups = segment.groups(false);
+  const size_t count = (size_t{33} << 20) / 4 + 5;  // a rank's result: just over 33 MiB
+  run_threads(groups, [&](int rank, ShmGroup& group) {
+    const auto me = static_cast<size_t>(rank);
+    std::vector<float> blocks(count * kRanks), mine(count + 1);
+    for (size_t i = 0; i < blocks.size(); ++i) blocks[i] = value(rank, i);
+    float* result = mine.data() + 1;
+    group.reduce_scatter(blocks.data(), result, count, BPL_DTYPE_F32, BPL_OP_SUM, kTimeout);
+    float* own_block = blocks.data() + me * count;
+    group.reduce_scatter(blocks.data(), own_block, count, BPL_DTYPE_F32, BPL_OP_SUM, kTimeout);
+    for (size_t i = 0; i < count; ++i) {
+      float expected = 0;
+      for (int q = 0; q < kRanks; ++q) expected += value(q, me * count + i);
+      ASSERT_EQ(result[i], expected) << "rank " << rank << " [" << i << "] of " << count;
+      ASSERT_EQ(own_block[i], expected) << "in place: rank " << rank << " [" << i << "] of " << count;
+    }
   });
 }
 
@@ -534,7 +557,7 @@ TEST(ShmGroupFailures, DifferentSizesOrCollectivesAreAMismatchOnEveryRank) {
   run_threads(groups, [&](int rank, ShmGroup& group) {
     std::vector<float> data(rank == 0 ? 4 : 8);
     outcomes[static_cast<size_t>(rank)] = outcome_of([&] {
-      group.allreduce(data.data(), data.data(), data.size(), BPL_DTYPE_F32, reduce_function(BPL_DTYPE_F32, BPL_OP_SUM),
+      group.allreduce(data.data(), data.data(), data.size(), BPL_DTYPE_F32, BPL_OP_SUM,
                       kTimeout);
     });
   });
@@ -621,14 +644,14 @@ TEST(ShmGroupFailures, AnAbsentPeerIsATimeoutThatEveryRankThenSees) {
   auto groups = segment.groups();
   float x = 1;
   const Outcome waited = outcome_of(
-      [&] { groups[0]->allreduce(&x, &x, 1, BPL_DTYPE_F32, reduce_function(BPL_DTYPE_F32, BPL_OP_SUM), milliseconds(300)); });
+      [&] { groups[0]->allreduce(&x, &x, 1, BPL_DTYPE_F32, BPL_OP_SUM, milliseconds(300)); });
   EXPECT_EQ(waited.status, BPL_ERR_TIMEOUT) << waited.message;
   EXPECT_NE(waited.message.find("rank 1 did not arrive in time"), std::string::npos) << waited.message;
   EXPECT_GE(waited.seconds, 0.29);
   EXPECT_LT(waited.seconds, 2.0);
   // Rank 1 comes late: the group has failed, so it fails at once with rank 0's record.
   const Outcome late = outcome_of(
-      [&] { groups[1]->allreduce(&x, &x, 1, BPL_DTYPE_F32, reduce_function(BPL_DTYPE_F32, BPL_OP_SUM), kTimeout); });
+      [&] { groups[1]->allreduce(&x, &x, 1, BPL_DTYPE_F32, BPL_OP_SUM, kTimeout); });
   EXPECT_EQ(late.status, BPL_ERR_TIMEOUT) << late.message;
   EXPECT_NE(late.message.find("seen by rank 0"), std::string::npos) << late.message;
   EXPECT_LT(late.seconds, 1.0);
@@ -881,6 +904,40 @@ TEST(Bf16Conversion, MatchesC10BitForBit) {
   backplane::plugin::convert(values.data(), BPL_DTYPE_F32, narrowed.data(), BPL_DTYPE_BF16, values.size());
   for (size_t i = 0; i < values.size(); ++i) {
     ASSERT_EQ(narrowed[i], c10::BFloat16(values[i]).x) << "f32 bits 0x" << std::hex << bits[i];
+  }
+}
+
+// The reductions with streaming stores (dtypes.h's Stores::kStreamed) give the cached ones' results bit
+// for bit, for every accumulation dtype and op, wherever in a line the output starts, for lengths around
+// whole lines, and in place.
+TEST(StreamedReductions, MatchTheCachedOnesAtEveryAlignmentAndInPlace) {
+  using backplane::plugin::reduce_function;
+  using backplane::plugin::Stores;
+  std::mt19937 random(11);
+  std::vector<unsigned char> a(4096), b(4096);
+  for (auto& byte : a) byte = static_cast<unsigned char>(random());
+  for (auto& byte : b) byte = static_cast<unsigned char>(random());
+  for (bpl_dtype dtype : {BPL_DTYPE_F32, BPL_DTYPE_F64, BPL_DTYPE_I8, BPL_DTYPE_U8, BPL_DTYPE_I32, BPL_DTYPE_I64}) {
+    const size_t element = backplane::plugin::dtype_size(dtype);
+    for (bpl_reduce_op op : {BPL_OP_SUM, BPL_OP_PROD, BPL_OP_MIN, BPL_OP_MAX}) {
+      const auto cached = reduce_function(dtype, op), streamed = reduce_function(dtype, op, Stores::kStreamed);
+      ASSERT_NE(streamed, nullptr);
+      const unsigned char* x = a.data() + element;  // operands not at a line's start either
+      const unsigned char* y = b.data() + 3 * element;
+      for (size_t offset = 0; offset < 64; offset += element) {
+        for (size_t n : {size_t{0}, size_t{1}, 64 / element - 1, 64 / element, 64 / element + 1, 1000 / element}) {
+          alignas(64) unsigned char expected[2048], got[2048], in_place[2048];
+          cached(expected + offset, x, y, n);
+          streamed(got + offset, x, y, n);
+          std::memcpy(in_place + offset, x, n * element);
+          streamed(in_place + offset, in_place + offset, y, n);
+          const std::string what = "dtype " + std::to_string(dtype) + ", op " + std::to_string(op) + ", offset " +
+                                   std::to_string(offset) + ", " + std::to_string(n) + " elements";
+          ASSERT_EQ(std::memcmp(got + offset, expected + offset, n * element), 0) << what;
+          ASSERT_EQ(std::memcmp(in_place + offset, expected + offset, n * element), 0) << what << ", in place";
+        }
+      }
+    }
   }
 }
 
