@@ -280,7 +280,7 @@ void ShmGroup::scatter(const void* send, void* recv, size_t block_bytes, int roo
   auto* out = static_cast<char*>(recv);
   const auto me = static_cast<size_t>(rank_);
   const char* own = rank_ == root ? in + block_bytes * me : nullptr;
-  if (takes_single_copy(block_bytes * static_cast<size_t>(size_))) {
+  if (takes_single_copy(block_bytes * static_cast<size_t>(size_), kSingleCopyScatterMaxBytes)) {
     const uint32_t buffers = publish_buffers(kind, block_bytes, send, recv, deadline);
     if (rank_ != root) read_peer(root, out, progress_[root].send_address[buffers % 2] + block_bytes * me, block_bytes);
     else if (own != out) copy_bytes(out, own, block_bytes);

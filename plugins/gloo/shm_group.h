@@ -15,8 +15,9 @@
 // straight from their buffers, or writes into theirs (process_vm_writev: a broadcast's root, a
 // gather's other ranks), so that every rank's core copies: one copy instead of two, and two steps in
 // all instead of one per slot's worth. Above kSingleCopyMaxBytes the segment is faster again (the
-// kernel's copy pins every page first). Send and recv go that way at every size, through a mailbox per pair of ranks
-// (see post_send). Whether every rank may is settled once, collectively (enable_single_copy).
+// kernel's copy pins every page first), except for a scatter. Send and recv go that way at every size,
+// through a mailbox per pair of ranks (see post_send). Whether every rank may is settled once,
+// collectively (enable_single_copy).
 //
 // Waiting: a spin (20 us then yields where the machine's ranks outnumber its cores, else 1 ms without
 // yielding), then futex waits in slices; every slice checks the deadline (the communicator's
@@ -73,10 +74,10 @@ class ShmGroup {
   // 16 KiB: 3.3-3.4 against 3.9-4.3).
   static constexpr size_t kFlatAllreduceBytes = 4 * 1024;
   // Where single copy is enabled, the sizes (of a rank's largest buffer) at which allgather, alltoall,
-  // gather, scatter and the v-forms (the ranks' largest block times their number), and broadcast,
-  // take it. Allreduce and reduce_scatter never do: staging through the segment runs faster at every
-  // size (allreduce on 2 ranks of an EPYC VM, staged against single copy: 4 MiB 433 against 473-515
-  // us, 16 MiB 2.0-2.2 against 2.8-5.5 ms, 64 MiB 9.5 against 16.6-39.6 ms). For the others, measured
+  // gather and the v-forms (the ranks' largest block times their number), broadcast and scatter take
+  // it. Allreduce and reduce_scatter never do: staging through the segment runs faster at every size
+  // (allreduce on 2 ranks of an EPYC VM, staged against single copy: 4 MiB 433 against 473-515 us,
+  // 16 MiB 2.0-2.2 against 2.8-5.5 ms, 64 MiB 9.5 against 16.6-39.6 ms). For the others, measured
   // there on 2 ranks: below 256 KiB the system calls and the extra step cost more than the copy saved
   // (64 KiB allgather: 5.0 us staged, 7.5 single); from 256 KiB to 4 MiB single copy is faster
   // (allgather 256 KiB: 13.7 against 15.9 us; 4 MiB: 195 against 216); above, staging is again (16
@@ -87,10 +88,13 @@ class ShmGroup {
   // first) fall behind memcpy's (bench/results/2026-11-26-torch-backend-3). Likewise a gather's
   // ranks write their blocks into the root's buffer rather than the root reading them all (there:
   // 256 KiB-4 MiB 0.35-0.78x the time of the root's reads; 16-64 MiB 0.76-1.24x the staged time, so
-  // not above).
+  // not above). A scatter reads at every size from kSingleCopyMinBytes: staged, its root copies every
+  // block itself, into the segment or its own output, which costs more than the peers' reading their
+  // blocks with the kernel's slower copies (bench/results/2026-11-26-raw-speed-4).
   static constexpr size_t kSingleCopyMinBytes = 256 * 1024;
   static constexpr size_t kSingleCopyMaxBytes = 4 * 1024 * 1024;
   static constexpr size_t kSingleCopyBroadcastMaxBytes = 16 * 1024 * 1024;
+  static constexpr size_t kSingleCopyScatterMaxBytes = SIZE_MAX;
 
   // The segment's size for `size` ranks.
   static size_t segment_bytes(int size);

@@ -70,7 +70,9 @@ const char* ShmGroup::path_of(bpl_collective op, uint64_t bytes) const {
     direct = single_copy_ && bytes > kInlineSendBytes;  // a receiver reads a larger send from the sender's buffer
   } else if (op == BPL_COLL_BROADCAST) {
     direct = takes_single_copy(bytes, kSingleCopyBroadcastMaxBytes);
-  } else if (op == BPL_COLL_ALLGATHER || op == BPL_COLL_ALLTOALL || op == BPL_COLL_GATHER || op == BPL_COLL_SCATTER ||
+  } else if (op == BPL_COLL_SCATTER) {
+    direct = takes_single_copy(bytes, kSingleCopyScatterMaxBytes);
+  } else if (op == BPL_COLL_ALLGATHER || op == BPL_COLL_ALLTOALL || op == BPL_COLL_GATHER ||
              op == BPL_COLL_ALLGATHERV || op == BPL_COLL_ALLTOALLV) {
     direct = takes_single_copy(bytes);  // the v-forms: as this rank sees it (the ranks' largest block decides)
   }  // allreduce, reduce, reduce_scatter and barrier: always through the segment

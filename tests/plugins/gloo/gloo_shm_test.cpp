@@ -734,6 +734,31 @@ TEST(ShmGroupSingleCopy, ARankThatCannotReadItsPeersTurnsItOffEverywhereNamingIt
   });
 }
 
+// Where single copy is on, each operation reads its peers' buffers at the sizes shm_group.h gives, and
+// BPL_TRACE's path says so: data movers from kSingleCopyMinBytes to their largest size, scatter at
+// every size from there, reductions never.
+TEST(ShmGroupSingleCopy, EachOperationTakesItAtItsSizes) {
+  Segment segment(2);
+  auto groups = segment.groups(true);
+  const ShmGroup& group = *groups[0];
+  const std::string single = "shared memory, single copy", staged = "shared memory";
+  const uint64_t min = ShmGroup::kSingleCopyMinBytes, max = ShmGroup::kSingleCopyMaxBytes;
+  const uint64_t broadcast_max = ShmGroup::kSingleCopyBroadcastMaxBytes, huge = uint64_t{1} << 30;
+  for (bpl_collective op : {BPL_COLL_ALLGATHER, BPL_COLL_ALLTOALL, BPL_COLL_GATHER, BPL_COLL_ALLGATHERV, BPL_COLL_ALLTOALLV}) {
+    EXPECT_EQ(group.path_of(op, min - 1), staged) << op;
+    EXPECT_EQ(group.path_of(op, min), single) << op;
+    EXPECT_EQ(group.path_of(op, max), single) << op;
+    EXPECT_EQ(group.path_of(op, max + 1), staged) << op;
+  }
+  EXPECT_EQ(group.path_of(BPL_COLL_BROADCAST, broadcast_max), single);
+  EXPECT_EQ(group.path_of(BPL_COLL_BROADCAST, broadcast_max + 1), staged);
+  EXPECT_EQ(group.path_of(BPL_COLL_SCATTER, min - 1), staged);
+  EXPECT_EQ(group.path_of(BPL_COLL_SCATTER, huge), single);
+  EXPECT_EQ(group.path_of(BPL_COLL_ALLREDUCE, max), staged);
+  EXPECT_EQ(group.path_of(BPL_COLL_REDUCE_SCATTER, max), staged);
+  EXPECT_EQ(group.path_of(BPL_COLL_SEND, huge), single);
+}
+
 TEST(ShmGroupSingleCopy, APeerThatEndsWhileItsBufferIsReadIsRemoteNamingIt) {
   Segment segment(2);
   auto group = ShmGroup::create(segment.name(), 2);
