@@ -67,7 +67,9 @@ void apply(void* out, const void* a, const void* b, size_t n) {
 
 #if defined(__SSE2__)
 // As apply, with streaming stores for the whole 64-byte lines of `out` (the partial lines at its ends
-// through the cache).
+// through the cache). An `out` not aligned to its element, which only a caller's misaligned buffer
+// gives, has no line its elements fill whole: all of it through the cache (a streaming store to an
+// address not 16-byte aligned would fault).
 template <typename T, typename Op>
 void apply_streamed(void* out, const void* a, const void* b, size_t n) {
   constexpr size_t kLineBytes = 64;
@@ -75,7 +77,9 @@ void apply_streamed(void* out, const void* a, const void* b, size_t n) {
   T* o = static_cast<T*>(out);
   const T* x = static_cast<const T*>(a);
   const T* y = static_cast<const T*>(b);
-  const size_t head = std::min(n, (kLineBytes - reinterpret_cast<std::uintptr_t>(o) % kLineBytes) % kLineBytes / sizeof(T));
+  const size_t misalignment = reinterpret_cast<std::uintptr_t>(o) % kLineBytes;
+  if (misalignment % sizeof(T) != 0) return apply<T, Op>(out, a, b, n);
+  const size_t head = std::min(n, (kLineBytes - misalignment) % kLineBytes / sizeof(T));
   apply<T, Op>(o, x, y, head);
   size_t i = head;
   for (; i + kPerLine <= n; i += kPerLine) {
