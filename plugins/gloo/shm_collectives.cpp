@@ -104,7 +104,7 @@ void ShmGroup::broadcast(void* buf, size_t bytes, int root, std::chrono::millise
   const Deadline deadline(timeout, bytes);
   auto* data = static_cast<char*>(buf);
   const uint32_t kind = with_root(kBroadcast, root);
-  if (takes_single_copy(bytes, kSingleCopyBroadcastMaxBytes)) {
+  if (takes_single_copy(BPL_COLL_BROADCAST, bytes)) {
     // The root, which would only wait, writes the last share of every peer's buffer while each peer
     // reads the rest from the root's: every rank copies (size - 1) / size of the message.
     const uint32_t buffers = publish_buffers(kind, bytes, buf, buf, deadline);
@@ -134,7 +134,7 @@ void ShmGroup::allgather(const void* send, void* recv, size_t block_bytes, std::
   const Deadline deadline(timeout, block_bytes * static_cast<size_t>(size_));
   const auto* in = static_cast<const char*>(send);
   auto* out = static_cast<char*>(recv);
-  if (takes_single_copy(block_bytes * static_cast<size_t>(size_))) {
+  if (takes_single_copy(BPL_COLL_ALLGATHER, block_bytes * static_cast<size_t>(size_))) {
     const uint32_t buffers = publish_buffers(kAllgather, block_bytes, send, recv, deadline);
     for (int q = 0; q < size_; ++q) {
       char* target = out + block_bytes * static_cast<size_t>(q);
@@ -184,7 +184,9 @@ void ShmGroup::reduce_scatter(const void* send, void* recv, size_t count, bpl_dt
     }
     publish(kReduceScatter, count * element);
     char* result = out + first * element;
-    const char* own = own_operand(in + (count * static_cast<size_t>(rank_) + first) * element, result, n * element);
+    // Streamed, `result` is written only by the last pass, after every operand was read.
+    const char* own_input = in + (count * static_cast<size_t>(rank_) + first) * element;
+    const char* own = streamed != nullptr ? own_input : own_operand(own_input, result, n * element);
     wait_for_all(step, deadline);
     for (int q = 0; q < size_; ++q) inputs[static_cast<size_t>(q)] = slot(step, q) + n * element * static_cast<size_t>(rank_);
     inputs[static_cast<size_t>(rank_)] = own;
@@ -197,7 +199,7 @@ void ShmGroup::alltoall(const void* send, void* recv, size_t block_bytes, std::c
   const auto* in = static_cast<const char*>(send);
   auto* out = static_cast<char*>(recv);
   const auto ranks = static_cast<size_t>(size_);
-  const bool single_copy_size = takes_single_copy(block_bytes * ranks);
+  const bool single_copy_size = takes_single_copy(BPL_COLL_ALLTOALL, block_bytes * ranks);
   if (single_copy_size && send != recv) {
     // Block q of recv from block `rank()` of rank q's send. (In place, a peer could still be reading
     // a block this rank overwrites: that goes through the segment.)
@@ -248,7 +250,7 @@ void ShmGroup::gather(const void* send, void* recv, size_t block_bytes, int root
   const auto* in = static_cast<const char*>(send);
   auto* out = static_cast<char*>(recv);  // NULL on the others, as may be `send` of a scatter
   char* own = rank_ == root ? out + block_bytes * static_cast<size_t>(rank_) : nullptr;
-  if (takes_single_copy(block_bytes * static_cast<size_t>(size_))) {
+  if (takes_single_copy(BPL_COLL_GATHER, block_bytes * static_cast<size_t>(size_))) {
     // Each rank writes its block into the root's buffer, all at once: the root, which would otherwise
     // read every block itself, copies only its own.
     const uint32_t buffers = publish_buffers(kind, block_bytes, send, recv, deadline);
@@ -282,7 +284,7 @@ void ShmGroup::scatter(const void* send, void* recv, size_t block_bytes, int roo
   auto* out = static_cast<char*>(recv);
   const auto me = static_cast<size_t>(rank_);
   const char* own = rank_ == root ? in + block_bytes * me : nullptr;
-  if (takes_single_copy(block_bytes * static_cast<size_t>(size_), kSingleCopyScatterMaxBytes)) {
+  if (takes_single_copy(BPL_COLL_SCATTER, block_bytes * static_cast<size_t>(size_))) {
     const uint32_t buffers = publish_buffers(kind, block_bytes, send, recv, deadline);
     if (rank_ != root) read_peer(root, out, progress_[root].send_address[buffers % 2] + block_bytes * me, block_bytes);
     else if (own != out) copy_bytes(out, own, block_bytes);
@@ -343,7 +345,7 @@ void ShmGroup::allgatherv(const void* send, size_t send_bytes, void* recv, const
   size_t largest = 0;
   agree_on_counts(kAllgatherv, total, pairing_share, size_ > 1 ? send_bytes : 0, {}, deadline, &largest);
   char* own = total == 0 ? out : out + offsets[static_cast<size_t>(rank_)];  // no output: `out` may be NULL
-  if (takes_single_copy(largest * static_cast<size_t>(size_))) {
+  if (takes_single_copy(BPL_COLL_ALLGATHERV, largest * static_cast<size_t>(size_))) {
     const uint32_t buffers = publish_buffers(kAllgatherv, total, send, recv, deadline);
     for (int q = 0; q < size_; ++q) {
       const auto i = static_cast<size_t>(q);
@@ -393,7 +395,7 @@ void ShmGroup::alltoallv(const void* send, const std::vector<size_t>& send_bytes
   auto copy_own = [&](size_t first, size_t n) {
     if (n > 0) copy_out(out + recv_offsets[me] + first, in + send_offsets[me] + first, n);  // else buffers may be NULL
   };
-  if (takes_single_copy(largest * ranks)) {
+  if (takes_single_copy(BPL_COLL_ALLTOALLV, largest * ranks)) {
     // The starts stay in the slots: the next step that writes that buffer comes after finish_single_copy.
     publish_buffers(kAlltoallv, 0, send, recv, deadline);
     for (size_t q = 0; q < ranks; ++q) {

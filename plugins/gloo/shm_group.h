@@ -252,10 +252,9 @@ class ShmGroup {
   // last pass writes `out`; the passes before it, on more than 2 ranks, run in partial_, in cache.
   void reduce_in_rank_order(void* out, const std::vector<const char*>& inputs, size_t count, size_t element,
                             plugin::ReduceFn reduce, plugin::ReduceFn streamed = nullptr);
-  // Whether a collective whose largest buffer holds `bytes` reads the peers' buffers directly.
-  bool takes_single_copy(size_t bytes, size_t max_bytes = kSingleCopyMaxBytes) const {
-    return single_copy_ && bytes >= kSingleCopyMinBytes && bytes <= max_bytes;
-  }
+  // Whether collective `op` (not send or recv) whose largest buffer holds `bytes` reads the peers'
+  // buffers directly: the one place each operation's sizes are chosen (path_of reports it).
+  bool takes_single_copy(bpl_collective op, size_t bytes) const;
   pid_t peer_pid(int peer) const;
   // Copies `n` bytes at `address` in rank `peer`'s process to `to`; on failure, fails the group. With
   // `two_threads`, from kTwoThreadReadBytes a second thread reads half: for a receive, whose sender

@@ -64,18 +64,25 @@ std::string ShmGroup::enable_single_copy(bool wanted, std::chrono::milliseconds 
   return "";
 }
 
+bool ShmGroup::takes_single_copy(bpl_collective op, size_t bytes) const {
+  size_t max_bytes = 0;  // allreduce, reduce, reduce_scatter and barrier: always through the segment
+  switch (op) {
+    case BPL_COLL_BROADCAST: max_bytes = kSingleCopyBroadcastMaxBytes; break;
+    case BPL_COLL_SCATTER: max_bytes = kSingleCopyScatterMaxBytes; break;
+    case BPL_COLL_ALLGATHER:
+    case BPL_COLL_ALLTOALL:
+    case BPL_COLL_GATHER:
+    case BPL_COLL_ALLGATHERV:
+    case BPL_COLL_ALLTOALLV: max_bytes = kSingleCopyMaxBytes; break;
+    default: break;
+  }
+  return single_copy_ && bytes >= kSingleCopyMinBytes && bytes <= max_bytes;
+}
+
 const char* ShmGroup::path_of(bpl_collective op, uint64_t bytes) const {
-  bool direct = false;
-  if (through_mailboxes(op)) {
-    direct = single_copy_ && bytes > kInlineSendBytes;  // a receiver reads a larger send from the sender's buffer
-  } else if (op == BPL_COLL_BROADCAST) {
-    direct = takes_single_copy(bytes, kSingleCopyBroadcastMaxBytes);
-  } else if (op == BPL_COLL_SCATTER) {
-    direct = takes_single_copy(bytes, kSingleCopyScatterMaxBytes);
-  } else if (op == BPL_COLL_ALLGATHER || op == BPL_COLL_ALLTOALL || op == BPL_COLL_GATHER ||
-             op == BPL_COLL_ALLGATHERV || op == BPL_COLL_ALLTOALLV) {
-    direct = takes_single_copy(bytes);  // the v-forms: as this rank sees it (the ranks' largest block decides)
-  }  // allreduce, reduce, reduce_scatter and barrier: always through the segment
+  // A receiver reads a larger send from the sender's buffer; the v-forms: as this rank sees it (the
+  // ranks' largest block decides).
+  const bool direct = through_mailboxes(op) ? single_copy_ && bytes > kInlineSendBytes : takes_single_copy(op, bytes);
   return direct ? "shared memory, single copy" : "shared memory";
 }
 
