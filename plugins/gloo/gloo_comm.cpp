@@ -588,6 +588,25 @@ std::chrono::milliseconds GlooComm::record_defer(bpl_status status, const std::s
   return spans_machines && unexplained ? explanation_window(timeout()) : std::chrono::milliseconds(0);
 }
 
+void GlooComm::leave_after_failure() {
+  if (size() == 1) return;
+  const std::string key = uid_ + "/left_after_failure/";
+  if (!shared_->hosts_store) {
+    shared_->board->publish(key + std::to_string(rank()), "1");
+    return;
+  }
+  // Not waited for: the peers of this machine whose process ended or is stopped.
+  std::vector<std::string> running;
+  for (int r = 0; r < size(); ++r) {
+    const pid_t pid = local_pid_of_peer_.empty() ? 0 : local_pid_of_peer_[static_cast<size_t>(r)];
+    if (r == rank() || (pid != 0 && plugin::process_state(pid) != plugin::ProcessState::kRunning)) continue;
+    running.push_back(key + std::to_string(r));
+  }
+  // Within the window in which ranks that fail at about the same moment wait for each other's word: a
+  // peer that fails later than that names what it saw itself.
+  shared_->board->gather(running, explanation_window(timeout()));
+}
+
 void GlooComm::begin(bpl_collective op, bpl_dtype dtype, int64_t count, int root, int reduce_op, int64_t pairing) {
   current_.sequence = static_cast<int64_t>(++collectives_);
   current_.op = op;

@@ -58,7 +58,7 @@ bpl_status runtime_create(const bpl_launch_info* launch, bpl_plugin_runtime** ou
     Rendezvous joined = rendezvous(*launch);
     runtime->shared = std::make_shared<Shared>(
         Shared{joined.store, joined.device, std::chrono::milliseconds(launch->timeout_ms), joined.board,
-               launch->world_size > 1 ? std::make_shared<ConnectionWatch>() : nullptr});
+               launch->world_size > 1 ? std::make_shared<ConnectionWatch>() : nullptr, joined.hosts_store});
     runtime->world = std::make_unique<GlooComm>(runtime->shared, "world", launch->rank, launch->world_size,
                                                 std::chrono::milliseconds(launch->timeout_ms));
     // Waits in shared memory yield while they spin only where this machine's ranks outnumber its cores
@@ -88,6 +88,7 @@ bpl_status runtime_destroy(bpl_plugin_runtime* rt) {
     } catch (const std::exception& e) {
       plugin::log(BPL_LOG_INFO, kName, std::string("barrier at finalize failed: ") + e.what());
     }
+    if (runtime->world->has_failed()) runtime->world->leave_after_failure();
     return BPL_OK;
   });
 }

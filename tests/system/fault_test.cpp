@@ -318,6 +318,7 @@ int exit_cleanly_mid_allreduce() {
     std::_Exit(0);
   }
   std::vector<float> data(256u << 10, 1.0f);
+  if (r.rank == 2) std::this_thread::sleep_for(std::chrono::milliseconds(env_int("BPL_TEST_RANK2_LATE_MS", 0)));
   for (int iteration = 0; iteration < 3; ++iteration) {
     const auto start = Clock::now();
     bpl_status status = bpl_allreduce(r.world, data.data(), data.data(), data.size(), BPL_DTYPE_F32, BPL_OP_SUM, nullptr);
@@ -720,6 +721,7 @@ TEST_P(Fault, RankExitingCleanlyMidCollectiveFailsTheOthers) {
       EXPECT_NE(job.processes.front().exit_code, 0) << job.output;
       continue;
     }
+    SCOPED_TRACE(job.output);
     for (int rank : {0, 2}) {
       const Event* failed = job.event(rank, "failed");
       ASSERT_NE(failed, nullptr) << job.output;
@@ -734,6 +736,24 @@ TEST_P(Fault, RankExitingCleanlyMidCollectiveFailsTheOthers) {
       EXPECT_EQ(job.processes[static_cast<size_t>(rank)].exit_code, 3) << job.output;
     }
   }
+}
+
+// 6b. Rank 0 hosts the store, which ends with its process. Here it fails first (its segment peer, rank
+//     1, exits) and finalizes at once, while rank 2, on a machine of its own, comes to the collective
+//     BPL_TEST_RANK2_LATE_MS late: rank 0 waits at finalize until rank 2 has left too, so rank 2 still
+//     reads the communicator's first failure and names rank 1, not the connection rank 0's failure closed.
+TEST(FaultGloo, StoresHostWaitsAtFinalizeForALateSurvivorToReadTheFailure) {
+  Job job = run_job("gloo_machines", 3, "exit_cleanly_mid_allreduce",
+                    {{"BPL_TEST_CASE", "exit"}, {"BPL_TEST_RANK2_LATE_MS", "400"}});
+  SCOPED_TRACE(job.output);
+  EXPECT_EVENT(job, 0, "failed", "BPL_ERR_REMOTE");
+  EXPECT_EVENT(job, 2, "failed", "BPL_ERR_REMOTE");
+  const Event* late = job.event(2, "failed");
+  ASSERT_NE(late, nullptr);
+  EXPECT_NE(late->message.find("the communicator's first failure, seen by rank 0"), std::string::npos) << late->message;
+  expect_names_only(late->message, 1);
+  EXPECT_EVENT(job, 0, "finalize", "BPL_OK");
+  EXPECT_LT(job.event(0, "finalize")->ms, kTimeoutMs) << "the store's host waits within a bound";
 }
 
 // 8. A rank SIGKILLed during a ring of sends and recvs (through shared memory's mailboxes, or Gloo's

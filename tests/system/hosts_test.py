@@ -256,10 +256,13 @@ sys.path.insert(0, os.environ["BPL_PYTHON_DIR"])
 import backplane
 seconds, count = float(sys.argv[1]), int(sys.argv[2])
 start = time.monotonic()
+def say(line):  # one write per line: a host's ranks share the pipe, and print() writes a line's end apart
+    sys.stdout.write(line + "\\n")
+    sys.stdout.flush()
 with backplane.Runtime() as rt:
     world, longest, done = rt.world, 0.0, 0
     expected = world.size * (world.size + 1) / 2
-    print(f"rank {world.rank}: running", flush=True)
+    say(f"rank {world.rank}: running")
     try:
         while True:
             # The last element counts the ranks whose time is not up: all stop after the same allreduce.
@@ -268,16 +271,15 @@ with backplane.Runtime() as rt:
             world.allreduce(data)
             longest = max(longest, time.monotonic() - began)
             if any(x != expected for x in data[:-1]):
-                print(f"rank {world.rank}: WRONG RESULT {data[0]} (expected {expected})", flush=True)
+                say(f"rank {world.rank}: WRONG RESULT {data[0]} (expected {expected})")
                 sys.exit(4)
             done += 1
             if data[-1] < world.size:
                 break
     except backplane.BackplaneError as e:
-        print(f"rank {world.rank}: failed after {time.monotonic() - start:.1f} s (at {time.time():.2f}): {e}",
-              flush=True)
+        say(f"rank {world.rank}: failed after {time.monotonic() - start:.1f} s (at {time.time():.2f}): {e}")
         sys.exit(3)
-    print(f"rank {world.rank}: {done} allreduces correct, the longest {longest:.2f} s", flush=True)
+    say(f"rank {world.rank}: {done} allreduces correct, the longest {longest:.2f} s")
 """
 
 
