@@ -307,7 +307,8 @@ int huge_values() {
 }
 
 // Test 6: the faulty rank exits with status 0 while the others are in an allreduce: without
-// finalizing, or (BPL_TEST_CASE=finalize) after bpl_finalize.
+// finalizing, or (BPL_TEST_CASE=finalize) after bpl_finalize. Rank 2 comes to the allreduce
+// BPL_TEST_RANK2_LATE_MS late (default 0).
 int exit_cleanly_mid_allreduce() {
   Rank r = join();
   if (r.rank == faulty_rank()) {
