@@ -589,9 +589,9 @@ std::chrono::milliseconds GlooComm::record_defer(bpl_status status, const std::s
 }
 
 void GlooComm::leave_after_failure() {
-  if (size() == 1) return;
+  if (size() == 1 || shared_->store_host_rank < 0) return;  // a store that outlives every rank
   const std::string key = uid_ + "/left_after_failure/";
-  if (!shared_->hosts_store) {
+  if (rank() != shared_->store_host_rank) {
     shared_->board->publish(key + std::to_string(rank()), "1");
     return;
   }

@@ -54,7 +54,7 @@ struct Shared {
   std::chrono::milliseconds timeout;
   std::shared_ptr<FailureBoard> board;  // each communicator's first failure, and what each rank ran
   std::shared_ptr<ConnectionWatch> watch;  // null for a world of one
-  bool hosts_store = false;  // the store (and with it every failure record) ends with this process
+  int store_host_rank = -1;  // the world rank whose process hosts the store (and every failure record); -1: none
 };
 
 using plugin::Error;
@@ -86,10 +86,10 @@ class GlooComm {
   void abort();
   // Whether an operation of this communicator has failed (or it was aborted): it meets no peer again.
   bool has_failed() const { return failed_.load(); }
-  // Leaving after the communicator failed, when no barrier can gather the ranks: each says it is done
-  // with the store, and the rank that hosts it waits, within a bound, until the peers still running
-  // have said so, lest one lose the failure record it was about to read (it would then name only what
-  // it saw itself, such as the connection the host's failure closed).
+  // Leaving the world after it failed, when no barrier can gather the ranks: where a rank hosts the
+  // store, each says it is done with it, and the host waits, within a bound, until the peers still
+  // running have said so, lest one lose the failure record it was about to read (it would then name
+  // only what it saw itself, such as the connection the host's failure closed).
   void leave_after_failure();
 
   // The plugin's entries (plugin_entry.h): each runs its operation in this communicator's order, now

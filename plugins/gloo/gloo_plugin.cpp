@@ -58,7 +58,7 @@ bpl_status runtime_create(const bpl_launch_info* launch, bpl_plugin_runtime** ou
     Rendezvous joined = rendezvous(*launch);
     runtime->shared = std::make_shared<Shared>(
         Shared{joined.store, joined.device, std::chrono::milliseconds(launch->timeout_ms), joined.board,
-               launch->world_size > 1 ? std::make_shared<ConnectionWatch>() : nullptr, joined.hosts_store});
+               launch->world_size > 1 ? std::make_shared<ConnectionWatch>() : nullptr, joined.store_host_rank});
     runtime->world = std::make_unique<GlooComm>(runtime->shared, "world", launch->rank, launch->world_size,
                                                 std::chrono::milliseconds(launch->timeout_ms));
     // Waits in shared memory yield while they spin only where this machine's ranks outnumber its cores

@@ -401,7 +401,7 @@ Rendezvous rendezvous(const bpl_launch_info& launch) {
     throw Error(BPL_ERR_IO, as_rank + " failed to open a second connection to the store: " + e.what());
   }
   result.board = std::make_shared<StoreBoard>(board, prefix);
-  result.hosts_store = options.isServer;
+  result.store_host_rank = agent_hosts ? -1 : 0;
   result.description = "store=" + where +
                        (options.isServer ? " (server)" : agent_hosts ? " (torchrun agent)" : " (client)") +
                        "; transport=" + transport;

@@ -39,7 +39,7 @@ struct Rendezvous {
   std::shared_ptr<::gloo::transport::Device> device;   // TCP device on the interface peers can reach
   std::string description;                             // "store=host:port (server|client); transport=tcp iface"
   std::shared_ptr<FailureBoard> board;                 // on the same store, under the same prefix
-  bool hosts_store = false;                            // the store is this process's (rank 0's) and ends with it
+  int store_host_rank = -1;  // the rank whose process hosts the store (it ends with it); -1: no rank's
 };
 
 // Joins through the launch's store (bpl_init_options.store) when it has one, else at
