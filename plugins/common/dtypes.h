@@ -1,5 +1,7 @@
 // Element-type arithmetic shared by the CPU plugins: the reduction functions of every dtype × op, the
 // accumulation type that keeps f16/bf16 (and integer averages) exact, and conversions between them.
+// The loops live in one translation unit (reductions.cpp), built so that the compiler vectorises them
+// whatever the build type: one copy of each, shared by every plugin that links bpl_reductions.
 //
 // Rule (backplane.h): f16/bf16 accumulate in f32 and round once at the end; integer AVG is the exact
 // sum divided by the group size, so i8/u8/i32 accumulate in i64 for it; integer SUM/PROD wrap.
@@ -8,15 +10,8 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
-#include <type_traits>
-
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
 
 #include "backplane/backplane.h"
 #include "plugin_support.h"
@@ -47,97 +42,9 @@ inline bpl_dtype accumulation_dtype(bpl_dtype dtype, bpl_reduce_op op) {
   }
 }
 
-namespace detail {
-
-// Integer sums and products wrap: compute in the unsigned type, where overflow is defined.
-template <typename T, bool = std::is_integral_v<T>>
-struct WrappingType { using type = T; };
-template <typename T>
-struct WrappingType<T, true> { using type = std::make_unsigned_t<T>; };
-template <typename T>
-using Wrapping = typename WrappingType<T>::type;
-
-template <typename T, typename Op>
-void apply(void* out, const void* a, const void* b, size_t n) {
-  T* o = static_cast<T*>(out);
-  const T* x = static_cast<const T*>(a);
-  const T* y = static_cast<const T*>(b);
-  for (size_t i = 0; i < n; ++i) o[i] = Op::template call<T>(x[i], y[i]);
-}
-
-#if defined(__SSE2__)
-// As apply, with streaming stores for the whole 64-byte lines of `out` (the partial lines at its ends
-// through the cache). An `out` not aligned to its element, which only a caller's misaligned buffer
-// gives, has no line its elements fill whole: all of it through the cache (a streaming store to an
-// address not 16-byte aligned would fault).
-template <typename T, typename Op>
-void apply_streamed(void* out, const void* a, const void* b, size_t n) {
-  constexpr size_t kLineBytes = 64;
-  constexpr size_t kPerLine = kLineBytes / sizeof(T);
-  T* o = static_cast<T*>(out);
-  const T* x = static_cast<const T*>(a);
-  const T* y = static_cast<const T*>(b);
-  const size_t misalignment = reinterpret_cast<std::uintptr_t>(o) % kLineBytes;
-  if (misalignment % sizeof(T) != 0) return apply<T, Op>(out, a, b, n);
-  const size_t head = std::min(n, (kLineBytes - misalignment) % kLineBytes / sizeof(T));
-  apply<T, Op>(o, x, y, head);
-  size_t i = head;
-  for (; i + kPerLine <= n; i += kPerLine) {
-    alignas(kLineBytes) T line[kPerLine];  // computed in registers, streamed out whole
-    for (size_t k = 0; k < kPerLine; ++k) line[k] = Op::template call<T>(x[i + k], y[i + k]);
-    for (size_t k = 0; k < kLineBytes / 16; ++k) {
-      _mm_stream_si128(reinterpret_cast<__m128i*>(o + i) + k, _mm_load_si128(reinterpret_cast<const __m128i*>(line) + k));
-    }
-  }
-  apply<T, Op>(o + i, x + i, y + i, n - i);
-  _mm_sfence();  // streamed stores are weakly ordered: all of them land before the caller publishes
-}
-#endif
-
-struct Sum {
-  template <typename T> static T call(T x, T y) {
-    using W = Wrapping<T>;
-    return static_cast<T>(static_cast<W>(x) + static_cast<W>(y));
-  }
-};
-struct Prod {
-  template <typename T> static T call(T x, T y) {
-    using W = Wrapping<T>;
-    return static_cast<T>(static_cast<W>(x) * static_cast<W>(y));
-  }
-};
-struct Min {
-  template <typename T> static T call(T x, T y) { return y < x ? y : x; }
-};
-struct Max {
-  template <typename T> static T call(T x, T y) { return x < y ? y : x; }
-};
-
-template <typename T, typename Op>
-ReduceFn with_stores(Stores stores) {
-#if defined(__SSE2__)
-  if (stores == Stores::kStreamed) return &apply_streamed<T, Op>;
-#endif
-  (void)stores;
-  return &apply<T, Op>;
-}
-
-template <typename T>
-ReduceFn for_op(bpl_reduce_op op, Stores stores) {
-  switch (op) {
-    case BPL_OP_SUM:
-    case BPL_OP_AVG:  // the division happens once, after the sum
-      return with_stores<T, Sum>(stores);
-    case BPL_OP_PROD: return with_stores<T, Prod>(stores);
-    case BPL_OP_MIN: return with_stores<T, Min>(stores);
-    case BPL_OP_MAX: return with_stores<T, Max>(stores);
-    default: return nullptr;
-  }
-}
-
-// Calls fn.template operator()<T>() with T the C++ type of `dtype`.
+// Calls fn(T{}) with T the C++ type of `dtype`.
 template <typename Fn>
-decltype(auto) visit(bpl_dtype dtype, Fn&& fn) {
+decltype(auto) visit_dtype(bpl_dtype dtype, Fn&& fn) {
   switch (dtype) {
     case BPL_DTYPE_F32: return fn(float{});
     case BPL_DTYPE_F64: return fn(double{});
@@ -150,93 +57,18 @@ decltype(auto) visit(bpl_dtype dtype, Fn&& fn) {
   }
 }
 
-}  // namespace detail
-
-// The reduction for an accumulation dtype (never f16/bf16: those accumulate in f32).
-inline ReduceFn reduce_function(bpl_dtype accumulation, bpl_reduce_op op, Stores stores = Stores::kCached) {
-  return detail::visit(accumulation, [op, stores](auto zero) -> ReduceFn {
-    using T = decltype(zero);
-    if constexpr (std::is_same_v<T, c10::Half> || std::is_same_v<T, c10::BFloat16>) {
-      return nullptr;
-    } else {
-      return detail::for_op<T>(op, stores);
-    }
-  });
-}
-
-namespace detail {
-
-// bf16 <-> f32 on the bits, in loops without branches that the compiler vectorises (c10::BFloat16's
-// conversion, element by element, is several times slower), with the same results: round to nearest
-// even, any NaN to the quiet NaN 0x7FC0.
-inline void bf16_to_f32(const uint16_t* src, float* dst, size_t n) {
-  for (size_t i = 0; i < n; ++i) {
-    const uint32_t bits = static_cast<uint32_t>(src[i]) << 16;
-    std::memcpy(&dst[i], &bits, sizeof(bits));
-  }
-}
-
-inline void f32_to_bf16(const float* src, uint16_t* dst, size_t n) {
-  for (size_t i = 0; i < n; ++i) {
-    uint32_t bits;
-    std::memcpy(&bits, &src[i], sizeof(bits));
-    const uint32_t rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
-    const bool nan = (bits & 0x7FFFFFFFu) > 0x7F800000u;
-    dst[i] = static_cast<uint16_t>(nan ? 0x7FC0u : rounded);  // selected in 32 bits: vectorises
-  }
-}
-
-}  // namespace detail
+// The reduction for an accumulation dtype (never f16/bf16: those accumulate in f32; nullptr for them).
+ReduceFn reduce_function(bpl_dtype accumulation, bpl_reduce_op op, Stores stores = Stores::kCached);
 
 // dst[i] = (To) src[i], rounding to nearest even where the target is narrower.
-inline void convert(const void* src, bpl_dtype from, void* dst, bpl_dtype to, size_t n) {
-  if (from == BPL_DTYPE_BF16 && to == BPL_DTYPE_F32) {
-    return detail::bf16_to_f32(static_cast<const uint16_t*>(src), static_cast<float*>(dst), n);
-  }
-  if (from == BPL_DTYPE_F32 && to == BPL_DTYPE_BF16) {
-    return detail::f32_to_bf16(static_cast<const float*>(src), static_cast<uint16_t*>(dst), n);
-  }
-  detail::visit(from, [&](auto from_zero) {
-    using From = decltype(from_zero);
-    detail::visit(to, [&](auto to_zero) {
-      using To = decltype(to_zero);
-      const From* s = static_cast<const From*>(src);
-      To* d = static_cast<To*>(dst);
-      for (size_t i = 0; i < n; ++i) {
-        if constexpr (std::is_same_v<From, c10::Half> || std::is_same_v<From, c10::BFloat16>) {
-          d[i] = static_cast<To>(static_cast<float>(s[i]));
-        } else {
-          d[i] = static_cast<To>(s[i]);
-        }
-      }
-    });
-  });
-}
+void convert(const void* src, bpl_dtype from, void* dst, bpl_dtype to, size_t n);
 
 // buf[i] /= divisor (integer types: truncation toward zero).
-inline void divide(void* buf, bpl_dtype dtype, size_t n, int64_t divisor) {
-  detail::visit(dtype, [&](auto zero) {
-    using T = decltype(zero);
-    T* b = static_cast<T*>(buf);
-    if constexpr (std::is_floating_point_v<T>) {
-      for (size_t i = 0; i < n; ++i) b[i] = b[i] / static_cast<T>(divisor);
-    } else if constexpr (std::is_integral_v<T>) {
-      for (size_t i = 0; i < n; ++i) b[i] = static_cast<T>(b[i] / static_cast<T>(divisor));
-    }
-  });
-}
+void divide(void* buf, bpl_dtype dtype, size_t n, int64_t divisor);
 
 // The last step of a reduction carried out in `accumulation` over `group_size` ranks: divide for AVG,
 // then narrow into the caller's `out` of `dtype` (nothing to copy when `work` already is `out`).
-inline void finish_reduction(void* work, bpl_dtype accumulation, void* out, bpl_dtype dtype, size_t n,
-                             bpl_reduce_op op, int group_size) {
-  if (n == 0) return;  // buffers of empty operations may be NULL
-  if (op == BPL_OP_AVG) divide(work, accumulation, n, group_size);
-  if (accumulation != dtype) {
-    convert(work, accumulation, out, dtype, n);
-  } else if (work != out) {
-    std::memcpy(out, work, n * dtype_size(dtype));
-  }
-}
+void finish_reduction(void* work, bpl_dtype accumulation, void* out, bpl_dtype dtype, size_t n, bpl_reduce_op op,
+                      int group_size);
 
 }  // namespace backplane::plugin

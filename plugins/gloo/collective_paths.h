@@ -22,7 +22,7 @@ namespace backplane::gloo_plugin {
 // Calls fn(T{}) with T a type of `dtype`'s size, for Gloo options that only need the element size.
 template <typename Fn>
 void with_element_type(bpl_dtype dtype, Fn&& fn) {
-  plugin::detail::visit(dtype, std::forward<Fn>(fn));
+  plugin::visit_dtype(dtype, std::forward<Fn>(fn));
 }
 
 class GlooComm;

@@ -22,7 +22,6 @@
 #include <tuple>
 #include <vector>
 
-#include "dtypes.h"
 #include "fingerprint.h"
 #include "plugin_support.h"
 #include "shm_group.h"
@@ -904,66 +903,6 @@ TEST(ShmGroupPointToPoint, AnUnmatchedRecvTimesOutAndLeavesItsBufferAlone) {
   const Outcome sent = outcome_of([&] { groups[0]->post_send(&late, 4, 1, 1, kTimeout); });
   EXPECT_EQ(sent.status, BPL_ERR_TIMEOUT) << sent.message;
   EXPECT_EQ(buffer, 5);
-}
-
-// The plugins' own bf16 <-> f32 loops (dtypes.h), which the widened reductions run, give c10's results
-// bit for bit: every bf16 value, and f32 values of every kind (ties, NaNs, infinities, subnormals).
-TEST(Bf16Conversion, MatchesC10BitForBit) {
-  std::vector<uint16_t> every(65536);
-  for (size_t i = 0; i < every.size(); ++i) every[i] = static_cast<uint16_t>(i);
-  std::vector<float> widened(every.size());
-  backplane::plugin::convert(every.data(), BPL_DTYPE_BF16, widened.data(), BPL_DTYPE_F32, every.size());
-  for (size_t i = 0; i < every.size(); ++i) {
-    c10::BFloat16 reference;
-    reference.x = every[i];
-    const float expected = static_cast<float>(reference);
-    ASSERT_EQ(std::memcmp(&widened[i], &expected, 4), 0) << "bf16 0x" << std::hex << every[i];
-  }
-  std::mt19937 random(7);
-  std::vector<uint32_t> bits = {0x00000000, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000, 0x7F800001, 0xFFFFFFFF,
-                                0x3F808000, 0x3F818000, 0x3F80FFFF, 0x00000001, 0x007FFFFF, 0x7F7FFFFF, 0x7F7F8000};
-  while (bits.size() < 200000) bits.push_back(random());
-  std::vector<float> values(bits.size());
-  std::memcpy(values.data(), bits.data(), bits.size() * 4);
-  std::vector<uint16_t> narrowed(values.size());
-  backplane::plugin::convert(values.data(), BPL_DTYPE_F32, narrowed.data(), BPL_DTYPE_BF16, values.size());
-  for (size_t i = 0; i < values.size(); ++i) {
-    ASSERT_EQ(narrowed[i], c10::BFloat16(values[i]).x) << "f32 bits 0x" << std::hex << bits[i];
-  }
-}
-
-// The reductions with streaming stores (dtypes.h's Stores::kStreamed) give the cached ones' results bit
-// for bit, for every accumulation dtype and op, wherever in a line the output starts, for lengths around
-// whole lines, and in place.
-TEST(StreamedReductions, MatchTheCachedOnesAtEveryAlignmentAndInPlace) {
-  using backplane::plugin::reduce_function;
-  using backplane::plugin::Stores;
-  std::mt19937 random(11);
-  std::vector<unsigned char> a(4096), b(4096);
-  for (auto& byte : a) byte = static_cast<unsigned char>(random());
-  for (auto& byte : b) byte = static_cast<unsigned char>(random());
-  for (bpl_dtype dtype : {BPL_DTYPE_F32, BPL_DTYPE_F64, BPL_DTYPE_I8, BPL_DTYPE_U8, BPL_DTYPE_I32, BPL_DTYPE_I64}) {
-    const size_t element = backplane::plugin::dtype_size(dtype);
-    for (bpl_reduce_op op : {BPL_OP_SUM, BPL_OP_PROD, BPL_OP_MIN, BPL_OP_MAX}) {
-      const auto cached = reduce_function(dtype, op), streamed = reduce_function(dtype, op, Stores::kStreamed);
-      ASSERT_NE(streamed, nullptr);
-      const unsigned char* x = a.data() + element;  // operands not at a line's start either
-      const unsigned char* y = b.data() + 3 * element;
-      for (size_t offset = 0; offset < 64; offset += element) {
-        for (size_t n : {size_t{0}, size_t{1}, 64 / element - 1, 64 / element, 64 / element + 1, 1000 / element}) {
-          alignas(64) unsigned char expected[2048], got[2048], in_place[2048];
-          cached(expected + offset, x, y, n);
-          streamed(got + offset, x, y, n);
-          std::memcpy(in_place + offset, x, n * element);
-          streamed(in_place + offset, in_place + offset, y, n);
-          const std::string what = "dtype " + std::to_string(dtype) + ", op " + std::to_string(op) + ", offset " +
-                                   std::to_string(offset) + ", " + std::to_string(n) + " elements";
-          ASSERT_EQ(std::memcmp(got + offset, expected + offset, n * element), 0) << what;
-          ASSERT_EQ(std::memcmp(in_place + offset, expected + offset, n * element), 0) << what << ", in place";
-        }
-      }
-    }
-  }
 }
 
 TEST(ShmGroupSegments, BadNamesAndSizesAreErrorsNamingTheSegment) {
