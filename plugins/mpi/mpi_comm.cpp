@@ -355,9 +355,11 @@ bool Request::in_flight() const {
 }
 
 void Request::poll() {
-  {
+  if (registered_) {
     std::lock_guard<std::recursive_mutex> lock(step_mutex_);
     step();
+  } else {
+    step();  // a blocking operation: no other thread moves it on (progress_others takes registered ones)
   }
   if (!done()) comm_->progress_others(this);
 }

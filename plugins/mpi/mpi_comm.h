@@ -119,7 +119,7 @@ class Request : public plugin::PolledRequest {
   // thread is moving now (MpiComm::progress_others).
   void poll() override;
   // Moves the operation on: agreement → post, probe → receive, MPI_Test, a schedule's next round.
-  // Under step_mutex_.
+  // Under step_mutex_ where the operation is asynchronous.
   void step();
   // Ends the operation with BPL_ERR_TIMEOUT (explained: see the file's comment) and fails the
   // communicator; MPI keeps the request.
@@ -164,8 +164,9 @@ class Request : public plugin::PolledRequest {
   int arrived_bytes_ = 0;
   bool posted_recv_ = false;  // a recv posted at once (up to the eager size): its message must be bytes_
   std::atomic<bool> matched_{false};  // its phase and request are set (by whichever thread's wait matched it)
-  // Held while a thread moves the operation on: its owner's waits, or another thread's (which only
-  // tries it). Recursive: expire moves it on while it holds it.
+  // Held while a thread moves an asynchronous operation on: its owner's waits, or another thread's
+  // (which only tries it); a blocking one only its own caller moves. Recursive: expire moves it on
+  // while it holds it.
   std::recursive_mutex step_mutex_;
   bool registered_ = false;  // in its communicator's in-flight list (asynchronous operations)
   std::function<void()> on_complete_;
