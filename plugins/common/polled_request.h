@@ -68,9 +68,10 @@ class Backoff {
 
 class PolledRequest {
  public:
-  // `op` names the operation in messages (a string literal); `bytes` sizes the busy part of a wait.
+  // `op` names the operation in messages (a string literal); `bytes` sizes the busy part of a wait;
+  // `timeout` bounds the operation from its start (start_clock).
   PolledRequest(const char* op, std::chrono::milliseconds timeout, size_t bytes)
-      : op_(op), bytes_(bytes), deadline_(deadline_after(timeout)) {}
+      : op_(op), bytes_(bytes), timeout_(timeout) {}
   virtual ~PolledRequest() = default;
   PolledRequest(const PolledRequest&) = delete;
   PolledRequest& operator=(const PolledRequest&) = delete;
@@ -80,7 +81,11 @@ class PolledRequest {
   bpl_status test(int32_t* done) {
     if (!done_) {
       poll();
-      if (!done_ && std::chrono::steady_clock::now() >= deadline_) expire();
+      if (!done_) {
+        const auto now = std::chrono::steady_clock::now();
+        start_clock(now);
+        if (now >= deadline_) expire();
+      }
     }
     *done = done_ ? 1 : 0;
     if (done_ && status_ != BPL_OK) throw Error(status_, message_);
@@ -98,7 +103,10 @@ class PolledRequest {
       // what a question does, and a deadline is a matter of milliseconds.
       const bool read_clock = (polls & 63) == 63 || backoff.sleeping();
       const auto now = read_clock ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
-      if (read_clock && give_up == std::chrono::steady_clock::time_point{}) give_up = deadline_after(timeout, now);
+      if (read_clock && give_up == std::chrono::steady_clock::time_point{}) {
+        give_up = deadline_after(timeout, now);
+        start_clock(now);
+      }
       if (!done_ && read_clock && now >= deadline_) expire();
       if (done_) {
         if (status_ != BPL_OK) throw Error(status_, message_);
@@ -113,6 +121,13 @@ class PolledRequest {
       }
       backoff.pause();
     }
+  }
+
+  // Starts the operation's deadline (its timeout from `now`) unless it started: a request handed to
+  // its caller starts it when posted; a blocking one at its wait's first reading of the clock, a
+  // moment later (a wait that ends sooner never reads the clock: a read costs about what a question does).
+  void start_clock(std::chrono::steady_clock::time_point now = std::chrono::steady_clock::now()) {
+    if (deadline_ == std::chrono::steady_clock::time_point{}) deadline_ = deadline_after(timeout_, now);
   }
 
   // True while the backend may still use the operation's buffers: not ended, or ended by its deadline.
@@ -169,7 +184,8 @@ class PolledRequest {
  private:
   const char* op_;
   size_t bytes_;
-  std::chrono::steady_clock::time_point deadline_;
+  std::chrono::milliseconds timeout_;
+  std::chrono::steady_clock::time_point deadline_{};  // {} until start_clock
   std::atomic<bool> done_{false};
   bool expired_ = false;
   bpl_status status_ = BPL_OK;

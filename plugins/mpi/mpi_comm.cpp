@@ -532,6 +532,7 @@ void MpiComm::poison(bpl_status status, const std::string& cause) {
   if (poisoned_.empty()) {
     poisoned_status_ = status;
     poisoned_ = cause;
+    poisoned_flag_.store(true, std::memory_order_release);
   }
   // An abort fails nothing by itself (MPI cannot tell the peers); an operation it leaves in flight
   // does, once its request is abandoned to MPI (abandon).
@@ -596,6 +597,7 @@ void MpiComm::abort() {
 }
 
 void MpiComm::require_usable() const {
+  if (!poisoned_flag_.load(std::memory_order_acquire)) return;
   std::lock_guard<std::mutex> lock(mutex_);
   if (!poisoned_.empty()) {
     throw Error(poisoned_status_ == BPL_OK ? BPL_ERR_REMOTE : poisoned_status_,
@@ -629,6 +631,7 @@ void MpiComm::start(std::unique_ptr<Request> request, bpl_plugin_request** req) 
     check(r.post_round(), "posting the operation");
   }
   if (req != nullptr) {
+    r.start_clock();
     if (!r.done()) register_in_flight(&r);
     *req = reinterpret_cast<bpl_plugin_request*>(request.release());
     return;

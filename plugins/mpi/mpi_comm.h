@@ -319,6 +319,7 @@ class MpiComm {
   mutable std::mutex mutex_;  // guards poisoned_, abandoned_, explanation_
   bpl_status poisoned_status_ = BPL_OK;
   std::string poisoned_;
+  std::atomic<bool> poisoned_flag_{false};  // poisoned_ is set: an operation's start reads it without the lock
   std::vector<std::unique_ptr<Request>> abandoned_;
   // The one exchange of fingerprints after this rank's first failure (explain_stall).
   struct Exchange {

@@ -145,6 +145,7 @@ void NeuronComm::run(const char* name, NrtCollective collective, const void* in,
     request->end(BPL_OK, "");  // no elements: nothing to run
   }
   if (req != nullptr) {
+    request->start_clock();
     *req = wrap(request.release());
     return;
   }
