@@ -24,9 +24,13 @@
 namespace backplane::plugin {
 
 // How a rank waits for a backend that progresses only when asked: it asks without pause for as long as
-// the operation may be moving its bytes, 2 ms plus 1 ns a byte (a transfer at 1 GB/s), then with pauses
-// that double from 50 us to 1 ms. A peer that is stopped, gone or far behind then costs this rank about
-// one question a millisecond. While it asks without pause it yields the core now and then only where
+// the operation may be moving its bytes or its peer may be waiting for its core, 20 ms plus 1 ns a byte
+// (a transfer at 1 GB/s), then with pauses that double from 50 us to 1 ms. A peer that is stopped, gone
+// or far behind then costs this rank about one question a millisecond. The 20 ms outlast the slices
+// another process takes on a peer's core: a rank that began to sleep sooner (after 2 ms) was often
+// asleep when its peer got its core back, and the peer spent its slice waiting for it (under one busy
+// process, several times the raw library's time per operation: bench/results/2026-11-26-mpi-folds).
+// While it asks without pause it yields the core now and then only where
 // the job's ranks outnumber this machine's cores (the peer it waits for may need the core), as Open
 // MPI's progress loop does: a yield hands the core to whatever else runs here, and with a busy process
 // beside the ranks that costs a scheduler slice (milliseconds) per operation (bench/results/2026-11-25-mpi-load).
@@ -41,7 +45,7 @@ class Backoff {
   // The clock is first read at the 64th pause (a wait that ends sooner never reads it: a read costs
   // about what a question does).
   explicit Backoff(size_t bytes)
-      : spin_for_(std::chrono::milliseconds(2) + std::chrono::nanoseconds(std::min<size_t>(bytes, size_t{1} << 40))) {}
+      : spin_for_(std::chrono::milliseconds(20) + std::chrono::nanoseconds(std::min<size_t>(bytes, size_t{1} << 40))) {}
   // Whether the waits have begun to sleep between questions (each then reads the clock anyway).
   bool sleeping() const { return pause_.count() != 0; }
   void pause() {
