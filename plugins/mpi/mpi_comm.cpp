@@ -157,13 +157,6 @@ std::string mpi_error_string(int code) {
   return std::string(text, static_cast<size_t>(length));
 }
 
-// `size` blocks of `block` bytes end to end.
-Blocks equal_blocks(size_t block, int size) {
-  Blocks blocks{std::vector<size_t>(static_cast<size_t>(size)), std::vector<size_t>(static_cast<size_t>(size), block)};
-  for (size_t q = 0; q < blocks.offsets.size(); ++q) blocks.offsets[q] = q * block;
-  return blocks;
-}
-
 /* ---- requests ---- */
 
 Request::Request(MpiComm* comm, const char* op, Fingerprint fingerprint, size_t bytes, std::function<int(MPI_Request*)> post)
@@ -844,7 +837,7 @@ void MpiComm::allgather(const void* send, void* recv, size_t count, bpl_dtype dt
   if (schedulable(block)) {
     if (!in_place && block > 0) std::memcpy(own, send, block);
     allgather_rounds(request->schedule(), static_cast<char*>(recv), static_cast<const char*>(send),
-                     equal_blocks(block, size_), rank_, size_);
+                     Blocks::equal(block), rank_, size_);
     request->run_schedule();
   } else {
     const int n = mpi_count(count);
@@ -904,7 +897,7 @@ void MpiComm::alltoall(const void* send, void* recv, size_t count, bpl_dtype dty
   if (schedulable(block)) {
     // In place, the blocks go out from the caller's buffer and arrive in the request's, copied over
     // the caller's once every send completed (the own block stays where it is).
-    const Blocks blocks = equal_blocks(block, size_);
+    const Blocks blocks = Blocks::equal(block);
     char* arrivals = in_place ? request->staging(0, bytes) : static_cast<char*>(recv);
     const size_t own = block * static_cast<size_t>(rank_);
     if (!in_place && block > 0) std::memcpy(arrivals + own, static_cast<const char*>(send) + own, block);
@@ -942,7 +935,7 @@ void MpiComm::gather(const void* send, void* recv, size_t count, bpl_dtype dtype
   if (schedulable(block)) {
     if (rank_ == root && !in_place && block > 0) std::memcpy(static_cast<char*>(recv) + block * static_cast<size_t>(root), send, block);
     gather_rounds(request->schedule(), static_cast<const char*>(send), static_cast<char*>(recv),
-                  equal_blocks(block, size_), root, rank_, size_);
+                  Blocks::equal(block), root, rank_, size_);
     request->run_schedule();
   } else {
     const void* input = in_place ? MPI_IN_PLACE : send;
@@ -963,7 +956,7 @@ void MpiComm::scatter(const void* send, void* recv, size_t count, bpl_dtype dtyp
   if (schedulable(block)) {
     if (rank_ == root && !in_place && block > 0) std::memcpy(recv, static_cast<const char*>(send) + block * static_cast<size_t>(root), block);
     scatter_rounds(request->schedule(), static_cast<const char*>(send), static_cast<char*>(recv),
-                   equal_blocks(block, size_), root, rank_, size_);
+                   Blocks::equal(block), root, rank_, size_);
     request->run_schedule();
   } else {
     void* output = in_place ? MPI_IN_PLACE : recv;
@@ -987,7 +980,7 @@ void MpiComm::allgatherv(const void* send, size_t sendcount, void* recv, plugin:
   if (schedulable(*std::max_element(recvcounts.begin(), recvcounts.end()) * element)) {
     char* own = static_cast<char*>(recv) + displs[static_cast<size_t>(rank_)] * element;
     if (own != send && sendcount > 0) std::memcpy(own, send, sendcount * element);
-    const Blocks blocks{plugin::in_bytes(std::move(displs), element), plugin::in_bytes(std::move(recvcounts), element)};
+    const Blocks blocks(plugin::in_bytes(std::move(displs), element), plugin::in_bytes(std::move(recvcounts), element));
     allgather_rounds(request->schedule(), static_cast<char*>(recv), static_cast<const char*>(send), blocks, rank_, size_);
     request->run_schedule();
     return start(std::move(request), req);
@@ -1023,8 +1016,8 @@ void MpiComm::alltoallv(const void* send, plugin::Counts sendcounts, plugin::Cou
       std::memcpy(static_cast<char*>(recv) + rdispls[me] * element, static_cast<const char*>(send) + sdispls[me] * element,
                   sendcounts[me] * element);
     }
-    const Blocks sent{plugin::in_bytes(std::move(sdispls), element), plugin::in_bytes(std::move(sendcounts), element)};
-    const Blocks received{plugin::in_bytes(std::move(rdispls), element), plugin::in_bytes(std::move(recvcounts), element)};
+    const Blocks sent(plugin::in_bytes(std::move(sdispls), element), plugin::in_bytes(std::move(sendcounts), element));
+    const Blocks received(plugin::in_bytes(std::move(rdispls), element), plugin::in_bytes(std::move(recvcounts), element));
     alltoall_rounds(request->schedule(), static_cast<const char*>(send), sent, static_cast<char*>(recv), received, rank_,
                     size_);
     request->run_schedule();

@@ -117,11 +117,10 @@ void ring(Schedule& schedule, const char* input, char* data, char* scratch, size
 void rooted_round(Schedule& schedule, char* root_buffer, char* own, const Blocks& blocks, int root, int rank, int size,
                   bool to_root) {
   if (rank != root) {
-    schedule.add({to_root, own, blocks.bytes[static_cast<size_t>(rank)], root});
+    schedule.add({to_root, own, blocks.bytes(rank), root});
   } else {
     for (int q = 0; q < size; ++q) {
-      const auto i = static_cast<size_t>(q);
-      if (q != root) schedule.add({!to_root, root_buffer + blocks.offsets[i], blocks.bytes[i], q});
+      if (q != root) schedule.add({!to_root, root_buffer + blocks.offset(q), blocks.bytes(q), q});
     }
   }
   schedule.end_round();
@@ -157,10 +156,10 @@ void allreduce_rounds(Schedule& schedule, const char* input, char* data, char* s
 void allgather_rounds(Schedule& schedule, char* data, const char* own, const Blocks& blocks, int rank, int size) {
   const int next = (rank + 1) % size, prev = (rank + size - 1) % size;
   for (int s = 0; s < size - 1; ++s) {
-    const auto out = static_cast<size_t>((rank - s + size) % size), in = static_cast<size_t>((rank - s - 1 + size) % size);
-    const char* from = s == 0 ? own : data + blocks.offsets[out];
-    schedule.add(receive(data + blocks.offsets[in], blocks.bytes[in], prev));
-    schedule.add(send(from, blocks.bytes[out], next));
+    const int out = (rank - s + size) % size, in = (rank - s - 1 + size) % size;
+    const char* from = s == 0 ? own : data + blocks.offset(out);
+    schedule.add(receive(data + blocks.offset(in), blocks.bytes(in), prev));
+    schedule.add(send(from, blocks.bytes(out), next));
     schedule.end_round();
   }
 }
@@ -169,9 +168,8 @@ void alltoall_rounds(Schedule& schedule, const char* send_buffer, const Blocks& 
                      const Blocks& recv_blocks, int rank, int size) {
   for (int q = 0; q < size; ++q) {
     if (q == rank) continue;
-    const auto i = static_cast<size_t>(q);
-    schedule.add(receive(recv + recv_blocks.offsets[i], recv_blocks.bytes[i], q));
-    schedule.add(send(send_buffer + send_blocks.offsets[i], send_blocks.bytes[i], q));
+    schedule.add(receive(recv + recv_blocks.offset(q), recv_blocks.bytes(q), q));
+    schedule.add(send(send_buffer + send_blocks.offset(q), send_blocks.bytes(q), q));
   }
   schedule.end_round();
 }

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstddef>
+#include <utility>
 #include <vector>
 
 #include "dtypes.h"
@@ -79,11 +80,29 @@ void allreduce_rounds(Schedule& schedule, const char* input, char* data, char* s
                       int rank, int size, bool ring, size_t piece_bytes = kFoldPieceBytes);
 size_t allreduce_scratch_bytes(size_t count, size_t element, int size, bool ring, size_t piece_bytes = kFoldPieceBytes);
 
-// Where each rank's block of a gathered buffer lies (allgather, allgatherv, gather, scatter), in
-// bytes, by rank.
-struct Blocks {
-  std::vector<size_t> offsets;
-  std::vector<size_t> bytes;
+// Where each rank's block of a gathered buffer lies (allgather(v), alltoall(v), gather, scatter), in
+// bytes, by rank: blocks of one size end to end (the collectives of one count, which then allocate
+// no list per call), or listed (the v-collectives).
+class Blocks {
+ public:
+  static Blocks equal(size_t bytes) {
+    Blocks blocks;
+    blocks.equal_bytes_ = bytes;
+    return blocks;
+  }
+  Blocks(std::vector<size_t> offsets, std::vector<size_t> bytes)
+      : listed_(true), offsets_(std::move(offsets)), bytes_(std::move(bytes)) {}
+
+  size_t offset(int rank) const {
+    return listed_ ? offsets_[static_cast<size_t>(rank)] : static_cast<size_t>(rank) * equal_bytes_;
+  }
+  size_t bytes(int rank) const { return listed_ ? bytes_[static_cast<size_t>(rank)] : equal_bytes_; }
+
+ private:
+  Blocks() = default;
+  bool listed_ = false;
+  size_t equal_bytes_ = 0;
+  std::vector<size_t> offsets_, bytes_;
 };
 
 // Allgather(v) into `data`: a ring, size - 1 rounds, in round s each rank passing on the block it

@@ -224,26 +224,27 @@ TEST_P(Schedules, ReduceToEveryRootSumsEveryRanksDataThere) {
 TEST_P(Schedules, AllgatherOfUnevenBlocksFillsEveryRanksBuffer) {
   const int size = GetParam();
   const auto ranks = static_cast<size_t>(size);
-  Blocks blocks;
+  std::vector<size_t> offsets, bytes;
   size_t total = 0;
   for (size_t q = 0; q < ranks; ++q) {
-    blocks.offsets.push_back(total);
-    blocks.bytes.push_back((q * 5) % 3 * 8);  // some empty
-    total += blocks.bytes.back();
+    offsets.push_back(total);
+    bytes.push_back((q * 5) % 3 * 8);  // some empty
+    total += bytes.back();
   }
+  const Blocks blocks(offsets, bytes);
   // Each rank's block in its own send buffer, copied into its data as the plugin does.
   std::vector<std::vector<char>> data(ranks, std::vector<char>(total, 0)), own(ranks);
   std::vector<Schedule> schedule;
   for (size_t r = 0; r < ranks; ++r) {
-    for (size_t i = 0; i < blocks.bytes[r]; ++i) own[r].push_back(static_cast<char>(value(r, i)));
-    std::copy(own[r].begin(), own[r].end(), data[r].begin() + static_cast<std::ptrdiff_t>(blocks.offsets[r]));
+    for (size_t i = 0; i < bytes[r]; ++i) own[r].push_back(static_cast<char>(value(r, i)));
+    std::copy(own[r].begin(), own[r].end(), data[r].begin() + static_cast<std::ptrdiff_t>(offsets[r]));
     schedule.push_back(plan(backplane::mpi_plugin::allgather_rounds, data[r].data(), own[r].data(), blocks, static_cast<int>(r), size));
   }
   run(schedule);
   for (size_t r = 0; r < ranks; ++r) {
     for (size_t q = 0; q < ranks; ++q) {
-      for (size_t i = 0; i < blocks.bytes[q]; ++i) {
-        ASSERT_EQ(data[r][blocks.offsets[q] + i], static_cast<char>(value(q, i))) << "rank " << r << ", block " << q;
+      for (size_t i = 0; i < bytes[q]; ++i) {
+        ASSERT_EQ(data[r][offsets[q] + i], static_cast<char>(value(q, i))) << "rank " << r << ", block " << q;
       }
     }
   }
@@ -253,11 +254,7 @@ TEST_P(Schedules, AlltoallGatherAndScatterDeliverEachBlockToItsRank) {
   const int size = GetParam();
   const auto ranks = static_cast<size_t>(size);
   const size_t block = 6;
-  Blocks blocks;
-  for (size_t q = 0; q < ranks; ++q) {
-    blocks.offsets.push_back(q * block);
-    blocks.bytes.push_back(block);
-  }
+  const Blocks blocks = Blocks::equal(block);
   auto byte = [](size_t from, size_t to, size_t i) { return static_cast<char>(from * 31 + to * 7 + i); };
   // alltoall: rank r's block q goes to rank q's block r; each rank copies its own block itself.
   std::vector<std::vector<char>> send(ranks, std::vector<char>(ranks * block)), recv = send;
