@@ -116,8 +116,8 @@ class PolledRequest {
         if (status_ != BPL_OK) throw Error(status_, message_);
         return BPL_OK;
       }
-      // An abort is looked for when the clock is read (every 64th question, a few microseconds): no
-      // caller needs its release sooner, and the question every time costs a call per test.
+      // An abort is looked for when the clock is read (every 64th question, a few microseconds apart):
+      // no caller needs its release sooner, and asking at every question adds a virtual call to each.
       if (released_by_abort && read_clock && aborted()) {
         throw Error(BPL_ERR_ABORTED, std::string(op_) + " released by bpl_comm_abort; " + uncancellable());
       }
