@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstring>
 #include <new>
 #include <stdexcept>
 #include <string>
@@ -66,6 +67,16 @@ inline const bpl_host_api*& host() {
 // A variable of the process's environment as the host reads it (plugin.h): NULL when unset or empty,
 // and for file-naming variables in a setuid program. Plugins read no variable any other way.
 inline const char* env(const char* variable) { return host() != nullptr ? host()->get_env(variable) : nullptr; }
+
+// A switch of the environment: "1" on, "0" off, unset (or empty) `unset`; anything else is an error
+// naming the variable and the value.
+inline bool env_switch(const char* variable, bool unset) {
+  const char* value = env(variable);
+  if (value == nullptr) return unset;
+  if (std::strcmp(value, "1") == 0) return true;
+  if (std::strcmp(value, "0") == 0) return false;
+  throw Error(BPL_ERR_INVALID_ARGUMENT, std::string(variable) + "='" + value + "' is not valid: expected 0 or 1");
+}
 
 // The plugin's backend name ("gloo", "mpi"), set by its bpl_plugin_open_v1; prefixes its messages.
 inline const char*& name() {

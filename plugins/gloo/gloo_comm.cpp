@@ -245,14 +245,6 @@ void GlooComm::connection_ended(int peer) {
 
 namespace {
 
-// A switch of this plugin's environment: "1", empty or unset is on, "0" off.
-bool switched_on(const char* variable) {
-  const char* value = plugin::env(variable);
-  if (value == nullptr || std::strcmp(value, "1") == 0) return true;
-  if (std::strcmp(value, "0") == 0) return false;
-  throw Error(BPL_ERR_INVALID_ARGUMENT, std::string(variable) + "='" + value + "' is not valid: expected 0 or 1");
-}
-
 // BPL_GLOO_HOST_ID: ranks of one machine with different values are treated as on different machines
 // (as NCCL_HOSTID does), to run the hierarchical path on one machine. It can only split a machine.
 std::string machine_partition() {
@@ -275,8 +267,8 @@ void GlooComm::set_up_shared_memory(::gloo::rendezvous::Store& store) {
   // BPL_GLOO_SHM: shared memory among the ranks that share a machine. BPL_GLOO_SINGLE_COPY: large
   // collectives, and send/recv, read the peers' buffers directly where the kernel allows (see
   // ShmGroup); off, every collective's bytes go through the segment, and send/recv over Gloo.
-  const bool wanted = switched_on("BPL_GLOO_SHM");
-  const bool single_copy = switched_on("BPL_GLOO_SINGLE_COPY");
+  const bool wanted = plugin::env_switch("BPL_GLOO_SHM", true);
+  const bool single_copy = plugin::env_switch("BPL_GLOO_SINGLE_COPY", true);
   if (size() == 1) return;
   const int machine = machine_of_rank_[static_cast<size_t>(rank())];
   const int machines = 1 + *std::max_element(machine_of_rank_.begin(), machine_of_rank_.end());

@@ -83,6 +83,15 @@ Fingerprint fingerprint(bpl_collective op, bpl_dtype dtype = static_cast<bpl_dty
 
 bool is_collective(const Fingerprint& f) { return f.op != BPL_COLL_SEND && f.op != BPL_COLL_RECV; }
 
+// What an MPI error of operation `op` is to backplane.
+std::pair<bpl_status, std::string> failure_of(const char* op, int mpi_error) {
+  if (mpi_error == MPI_ERR_TRUNCATE) {
+    return {BPL_ERR_MISMATCH, std::string(op) + " received more than this rank's buffer holds (MPI_ERR_TRUNCATE): the "
+                                                "ranks disagree on the size"};
+  }
+  return {BPL_ERR_REMOTE, std::string(op) + " failed: " + mpi_error_string(mpi_error)};
+}
+
 // How long a rank that timed out waits for the others' word about the stalled operation: they time
 // out at about the same moment, give or take how late each came to it.
 std::chrono::milliseconds explanation_window(std::chrono::milliseconds timeout) {
@@ -196,11 +205,9 @@ void Request::fail(bpl_status status, const std::string& message) {
 }
 
 void Request::complete(int mpi_error) {
-  if (mpi_error == MPI_ERR_TRUNCATE) {
-    fail(BPL_ERR_MISMATCH, std::string(op()) + " received more than this rank's buffer holds (MPI_ERR_TRUNCATE): the "
-                                               "ranks disagree on the size");
-  } else if (mpi_error != MPI_SUCCESS) {
-    fail(BPL_ERR_REMOTE, std::string(op()) + " failed: " + mpi_error_string(mpi_error));
+  if (mpi_error != MPI_SUCCESS) {
+    const auto [status, message] = failure_of(op(), mpi_error);
+    fail(status, message);
   } else {
     if (on_complete_) on_complete_();
     finish(BPL_OK, "");
@@ -421,7 +428,7 @@ std::string Request::message_of_the_other_class() {
   MPI_Status status;
   {
     MpiLock lock(comm_->process());
-    const int other = posted_recv_ ? tag_ | MpiComm::kLargeMessageTag : user_tag();
+    const int other = tag_ ^ MpiComm::kLargeMessageTag;
     if (MPI_Iprobe(peer_, other, comm_->comm_, &flag, &status) != MPI_SUCCESS || !flag) return "";
   }
   int arrived = 0;
@@ -495,9 +502,11 @@ MpiComm::MpiComm(const MpiProcess& process, MPI_Comm comm, std::chrono::millisec
     check(MPI_Comm_set_errhandler(agree_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
   }
   learn_peers();
+  if (process_.watchdog != nullptr) process_.watchdog->watch(this);
 }
 
 MpiComm::~MpiComm() {
+  if (process_.watchdog != nullptr) process_.watchdog->forget(this);
   // Requests MPI still owns cannot be freed safely; after a failure the job is ending anyway.
   for (auto& request : abandoned_) (void)request.release();
   if (explanation_) (void)explanation_.release();  // MPI may still own its buffers
@@ -557,7 +566,7 @@ void MpiComm::unregister_in_flight(Request* request) {
 
 void MpiComm::progress_others(const Request* self) {
   const size_t count = in_flight_count_.load(std::memory_order_acquire);
-  if (count == 0 || (count == 1 && self->registered_)) return;
+  if (count == 0 || (count == 1 && self != nullptr && self->registered_)) return;
   std::lock_guard<std::mutex> lock(in_flight_mutex_);
   for (Request* other : in_flight_) {
     if (other == self) continue;
@@ -587,6 +596,7 @@ void MpiComm::keep_state(std::unique_ptr<RunState> state) {
 void MpiComm::abort() {
   aborted_.store(true, std::memory_order_release);
   poison(BPL_ERR_ABORTED, "the communicator was aborted (bpl_comm_abort) on this rank");
+  if (process_.watchdog != nullptr) process_.watchdog->wake();  // a blocking call of MPI's cannot be released
 }
 
 void MpiComm::require_usable() const {
@@ -607,8 +617,11 @@ void MpiComm::start(std::unique_ptr<Request> request, bpl_plugin_request** req) 
   } else if (r.request_ == MPI_REQUEST_NULL) {
     MpiLock lock(process_);
     // MPI's own collective: an alltoallv's bytes differ from rank to rank, so its ranks could not
-    // decide alike by size: they always agree first.
-    const bool agree = !r.scheduled_ && (r.bytes_ > eager_bytes() || r.fingerprint_.op == BPL_COLL_ALLTOALLV);
+    // decide alike by size:
+    // they always agree first. (Not with BPL_MPI_WATCHDOG=1: there every operation is MPI's own, posted
+    // at once, so that MPI progresses it inside any call, as MPI's own blocking calls need.)
+    const bool agree = !r.scheduled_ && !own_calls() &&
+                       (r.bytes_ > eager_bytes() || r.fingerprint_.op == BPL_COLL_ALLTOALLV);
     if (size_ > 1 && agree && is_collective(r.fingerprint_)) {
       r.phase_ = Request::Phase::kAgreeing;
       r.agreement_mine_ = encode(r.fingerprint_);
@@ -706,6 +719,13 @@ std::pair<bpl_status, std::string> MpiComm::explain_stall(const Fingerprint& min
   return {BPL_ERR_TIMEOUT, stopped_peers_note(complete)};
 }
 
+std::string MpiComm::describe_stall(const Fingerprint& mine) {
+  // explain_stall calls MPI; the stalled call holds MPI's lock where MPI is not thread-multiple.
+  if (process_.serialize != nullptr) return stopped_peers_note(false);
+  const auto [status, explanation] = explain_stall(mine);
+  return status == BPL_ERR_MISMATCH ? ": " + explanation : explanation;
+}
+
 std::string MpiComm::stopped_peers_note(bool every_rank_answered) const {
   std::string stopped;
   for (int r = 0; r < size_; ++r) {
@@ -747,6 +767,7 @@ void MpiComm::learn_peers() {
 // buffers and narrowed into the caller's buffer when MPI completes.
 void MpiComm::allreduce(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_reduce_op op,
                         bpl_plugin_request** req) {
+  if (watching(req) && watched_allreduce(send, recv, count, dtype, op)) return;
   const bpl_dtype acc = plugin::accumulation_dtype(dtype, op);
   const int n = mpi_count(count);
   void* work = recv;
@@ -781,6 +802,7 @@ void MpiComm::allreduce(const void* send, void* recv, size_t count, bpl_dtype dt
 }
 
 void MpiComm::broadcast(void* buf, size_t count, bpl_dtype dtype, int root, bpl_plugin_request** req) {
+  if (watching(req) && watched_broadcast(buf, count, dtype, root)) return;
   const size_t bytes = count * plugin::dtype_size(dtype);
   auto request = std::make_unique<Request>(this, "broadcast", fingerprint(BPL_COLL_BROADCAST, dtype, count, root), bytes,
                                            nullptr);
@@ -796,6 +818,7 @@ void MpiComm::broadcast(void* buf, size_t count, bpl_dtype dtype, int root, bpl_
 
 void MpiComm::reduce(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_reduce_op op, int root,
                      bpl_plugin_request** req) {
+  if (watching(req) && watched_reduce(send, recv, count, dtype, op, root)) return;
   const bpl_dtype acc = plugin::accumulation_dtype(dtype, op);
   const bool is_root = rank_ == root;
   const size_t element = plugin::dtype_size(acc), bytes = count * element;
@@ -828,6 +851,7 @@ void MpiComm::reduce(const void* send, void* recv, size_t count, bpl_dtype dtype
 }
 
 void MpiComm::allgather(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_plugin_request** req) {
+  if (watching(req) && watched_allgather(send, recv, count, dtype)) return;
   const size_t block = count * plugin::dtype_size(dtype);
   auto request = std::make_unique<Request>(this, "allgather", fingerprint(BPL_COLL_ALLGATHER, dtype, count),
                                            block * static_cast<size_t>(size_), nullptr);
@@ -851,6 +875,7 @@ void MpiComm::allgather(const void* send, void* recv, size_t count, bpl_dtype dt
 
 void MpiComm::reduce_scatter(const void* send, void* recv, size_t recvcount, bpl_dtype dtype, bpl_reduce_op op,
                              bpl_plugin_request** req) {
+  if (watching(req) && watched_reduce_scatter(send, recv, recvcount, dtype, op)) return;
   const bpl_dtype acc = plugin::accumulation_dtype(dtype, op);
   const size_t total = recvcount * static_cast<size_t>(size_), element = plugin::dtype_size(acc);
   auto request = std::make_unique<Request>(this, "reduce_scatter",
@@ -888,6 +913,7 @@ void MpiComm::reduce_scatter(const void* send, void* recv, size_t recvcount, bpl
 }
 
 void MpiComm::alltoall(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_plugin_request** req) {
+  if (watching(req) && watched_alltoall(send, recv, count, dtype)) return;
   const int n = mpi_count(count);
   mpi_count(count * static_cast<size_t>(size_));
   auto request = std::make_unique<Request>(this, "alltoall", fingerprint(BPL_COLL_ALLTOALL, dtype, count),
@@ -925,6 +951,7 @@ void MpiComm::alltoall(const void* send, void* recv, size_t count, bpl_dtype dty
 }
 
 void MpiComm::gather(const void* send, void* recv, size_t count, bpl_dtype dtype, int root, bpl_plugin_request** req) {
+  if (watching(req) && watched_gather(send, recv, count, dtype, root)) return;
   const int n = mpi_count(count);
   mpi_count(count * static_cast<size_t>(size_));
   const size_t block = count * plugin::dtype_size(dtype);
@@ -947,6 +974,7 @@ void MpiComm::gather(const void* send, void* recv, size_t count, bpl_dtype dtype
 }
 
 void MpiComm::scatter(const void* send, void* recv, size_t count, bpl_dtype dtype, int root, bpl_plugin_request** req) {
+  if (watching(req) && watched_scatter(send, recv, count, dtype, root)) return;
   const int n = mpi_count(count);
   mpi_count(count * static_cast<size_t>(size_));
   const size_t block = count * plugin::dtype_size(dtype);
@@ -969,6 +997,7 @@ void MpiComm::scatter(const void* send, void* recv, size_t count, bpl_dtype dtyp
 
 void MpiComm::allgatherv(const void* send, size_t sendcount, void* recv, plugin::Counts recvcounts, plugin::Counts displs,
                          bpl_dtype dtype, bpl_plugin_request** req) {
+  if (watching(req) && watched_allgatherv(send, sendcount, recv, recvcounts, displs, dtype)) return;
   const int n = mpi_count(sendcount);
   size_t total = 0;
   for (size_t c : recvcounts) total += c;
@@ -1001,6 +1030,7 @@ void MpiComm::allgatherv(const void* send, size_t sendcount, void* recv, plugin:
 
 void MpiComm::alltoallv(const void* send, plugin::Counts sendcounts, plugin::Counts sdispls, void* recv,
                         plugin::Counts recvcounts, plugin::Counts rdispls, bpl_dtype dtype, bpl_plugin_request** req) {
+  if (watching(req) && watched_alltoallv(send, sendcounts, sdispls, recv, recvcounts, rdispls, dtype)) return;
   size_t moved = 0;  // this rank's share: it sizes the busy part of the waits
   for (size_t i = 0; i < sendcounts.size(); ++i) moved += (sendcounts[i] + recvcounts[i]) * plugin::dtype_size(dtype);
   Fingerprint f = fingerprint(BPL_COLL_ALLTOALLV, dtype);
@@ -1037,6 +1067,7 @@ void MpiComm::alltoallv(const void* send, plugin::Counts sendcounts, plugin::Cou
 }
 
 void MpiComm::barrier(bpl_plugin_request** req) {
+  if (watching(req) && watched_barrier()) return;
   auto request = std::make_unique<Request>(this, "barrier", fingerprint(BPL_COLL_BARRIER), 0, nullptr);
   if (schedulable(0)) {
     barrier_rounds(request->schedule(), rank_, size_);
@@ -1063,6 +1094,7 @@ void MpiComm::send(const void* buf, size_t count, bpl_dtype dtype, int peer, int
   check_tag(tag);
   const int n = mpi_count(count);
   const size_t bytes = count * plugin::dtype_size(dtype);
+  if (watching(req) && watched_send(buf, count, dtype, peer, tag)) return;
   const int on_wire = wire_tag(tag, bytes);
   start(std::make_unique<Request>(this, "send", fingerprint(BPL_COLL_SEND), bytes,
                                   [=, comm = comm_](MPI_Request* r) {
@@ -1075,17 +1107,230 @@ void MpiComm::recv(void* buf, size_t count, bpl_dtype dtype, int peer, int tag, 
   check_tag(tag);
   const int n = mpi_count(count);
   const size_t bytes = count * plugin::dtype_size(dtype);
-  if (!probes_all() && bytes <= eager_bytes()) {  // posted at once (wire_tag)
+  if (watching(req) && watched_recv(buf, count, dtype, peer, tag)) return;
+  // Posted at once up to the eager size (wire_tag); with BPL_MPI_WATCHDOG=1 at every size, so that MPI
+  // matches it while this rank is in MPI's own blocking calls.
+  if ((!probes_all() && bytes <= eager_bytes()) || own_calls()) {
+    const int on_wire = wire_tag(tag, bytes);
     auto request = std::make_unique<Request>(this, "recv", fingerprint(BPL_COLL_RECV), bytes,
                                              [=, comm = comm_](MPI_Request* r) {
-                                               return MPI_Irecv(buf, n, mpi_type(dtype), peer, tag, comm, r);
+                                               return MPI_Irecv(buf, n, mpi_type(dtype), peer, on_wire, comm, r);
                                              });
     request->posted_recv_ = true;
     request->peer_ = peer;
-    request->tag_ = tag;
+    request->tag_ = on_wire;
     return start(std::move(request), req);
   }
   start(std::make_unique<Request>(this, buf, n, mpi_type(dtype), bytes, peer, wire_tag(tag, bytes)), req);
+}
+
+/* ---- MPI's own blocking calls, watched (BPL_MPI_WATCHDOG=1) ---- */
+
+template <typename Call>
+bool MpiComm::watched(const Fingerprint& what, Call&& call) {
+  require_usable();
+  if (!watched_call_.enter(what)) return false;
+  int error = MPI_SUCCESS;
+  {
+    MpiLock lock(process_);
+    error = call();
+  }
+  watched_call_.leave();
+  if (error == MPI_SUCCESS) return true;
+  const auto [status, message] = failure_of(describe(what).c_str(), error);
+  poison(status, message);
+  throw Error(status, message);
+}
+
+const int* MpiComm::int_counts(std::initializer_list<const plugin::Counts*> arrays) {
+  int_counts_.clear();
+  for (const plugin::Counts* values : arrays) {
+    for (size_t v : *values) int_counts_.push_back(mpi_count(v));
+  }
+  return int_counts_.data();
+}
+
+namespace {
+
+bool fits_int(size_t count) { return count <= static_cast<size_t>(INT_MAX); }
+bool fits_int(const plugin::Counts& counts) {
+  return std::all_of(counts.begin(), counts.end(), [](size_t c) { return fits_int(c); });
+}
+
+}  // namespace
+
+bool MpiComm::watched_allreduce(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_reduce_op op) {
+  if (plugin::accumulation_dtype(dtype, op) != dtype || !fits_int(count)) return false;
+  if (!watched(fingerprint(BPL_COLL_ALLREDUCE, dtype, static_cast<int64_t>(count), -1, op), [&] {
+        return MPI_Allreduce(in_place_or(send, recv), recv, static_cast<int>(count), mpi_type(dtype), mpi_op(op), comm_);
+      })) {
+    return false;
+  }
+  if (op == BPL_OP_AVG) plugin::finish_reduction(recv, dtype, recv, dtype, count, op, size_);
+  return true;
+}
+
+bool MpiComm::watched_broadcast(void* buf, size_t count, bpl_dtype dtype, int root) {
+  if (!fits_int(count)) return false;
+  return watched(fingerprint(BPL_COLL_BROADCAST, dtype, static_cast<int64_t>(count), root),
+                 [&] { return MPI_Bcast(buf, static_cast<int>(count), mpi_type(dtype), root, comm_); });
+}
+
+bool MpiComm::watched_reduce(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_reduce_op op, int root) {
+  if (plugin::accumulation_dtype(dtype, op) != dtype || !fits_int(count)) return false;
+  const bool is_root = rank_ == root;
+  if (!watched(fingerprint(BPL_COLL_REDUCE, dtype, static_cast<int64_t>(count), root, op), [&] {
+        return MPI_Reduce(is_root ? in_place_or(send, recv) : send, is_root ? recv : nullptr, static_cast<int>(count),
+                          mpi_type(dtype), mpi_op(op), root, comm_);
+      })) {
+    return false;
+  }
+  if (is_root && op == BPL_OP_AVG) plugin::finish_reduction(recv, dtype, recv, dtype, count, op, size_);
+  return true;
+}
+
+bool MpiComm::watched_allgather(const void* send, void* recv, size_t count, bpl_dtype dtype) {
+  if (!fits_int(count * static_cast<size_t>(size_))) return false;
+  const size_t block = count * plugin::dtype_size(dtype);
+  const bool in_place = send == static_cast<char*>(recv) + block * static_cast<size_t>(rank_);
+  const int n = static_cast<int>(count);
+  return watched(fingerprint(BPL_COLL_ALLGATHER, dtype, static_cast<int64_t>(count)), [&] {
+    return MPI_Allgather(in_place ? MPI_IN_PLACE : send, n, mpi_type(dtype), recv, n, mpi_type(dtype), comm_);
+  });
+}
+
+bool MpiComm::watched_reduce_scatter(const void* send, void* recv, size_t recvcount, bpl_dtype dtype, bpl_reduce_op op) {
+  const size_t total = recvcount * static_cast<size_t>(size_), element = plugin::dtype_size(dtype);
+  const char* input = static_cast<const char*>(send);
+  const auto* output = static_cast<const char*>(recv);
+  // In place, backplane's result stays at the rank's block, MPI's moves to the buffer's start.
+  const bool overlaps = output >= input && output < input + total * element;
+  if (plugin::accumulation_dtype(dtype, op) != dtype || !fits_int(total) || overlaps) return false;
+  if (!watched(fingerprint(BPL_COLL_REDUCE_SCATTER, dtype, static_cast<int64_t>(recvcount), -1, op), [&] {
+        return MPI_Reduce_scatter_block(send, recv, static_cast<int>(recvcount), mpi_type(dtype), mpi_op(op), comm_);
+      })) {
+    return false;
+  }
+  if (op == BPL_OP_AVG) plugin::finish_reduction(recv, dtype, recv, dtype, recvcount, op, size_);
+  return true;
+}
+
+bool MpiComm::watched_alltoall(const void* send, void* recv, size_t count, bpl_dtype dtype) {
+  if (!fits_int(count * static_cast<size_t>(size_))) return false;
+  const int n = static_cast<int>(count);
+  return watched(fingerprint(BPL_COLL_ALLTOALL, dtype, static_cast<int64_t>(count)), [&] {
+    return MPI_Alltoall(send == recv ? MPI_IN_PLACE : send, n, mpi_type(dtype), recv, n, mpi_type(dtype), comm_);
+  });
+}
+
+bool MpiComm::watched_gather(const void* send, void* recv, size_t count, bpl_dtype dtype, int root) {
+  if (!fits_int(count * static_cast<size_t>(size_))) return false;
+  const size_t block = count * plugin::dtype_size(dtype);
+  const bool in_place = rank_ == root && send == static_cast<char*>(recv) + block * static_cast<size_t>(root);
+  const int n = static_cast<int>(count);
+  return watched(fingerprint(BPL_COLL_GATHER, dtype, static_cast<int64_t>(count), root), [&] {
+    return MPI_Gather(in_place ? MPI_IN_PLACE : send, n, mpi_type(dtype), recv, n, mpi_type(dtype), root, comm_);
+  });
+}
+
+bool MpiComm::watched_scatter(const void* send, void* recv, size_t count, bpl_dtype dtype, int root) {
+  if (!fits_int(count * static_cast<size_t>(size_))) return false;
+  const size_t block = count * plugin::dtype_size(dtype);
+  const bool in_place = rank_ == root && recv == static_cast<const char*>(send) + block * static_cast<size_t>(root);
+  const int n = static_cast<int>(count);
+  return watched(fingerprint(BPL_COLL_SCATTER, dtype, static_cast<int64_t>(count), root), [&] {
+    return MPI_Scatter(send, n, mpi_type(dtype), in_place ? MPI_IN_PLACE : recv, n, mpi_type(dtype), root, comm_);
+  });
+}
+
+bool MpiComm::watched_allgatherv(const void* send, size_t sendcount, void* recv, const plugin::Counts& recvcounts,
+                                 const plugin::Counts& displs, bpl_dtype dtype) {
+  if (!fits_int(sendcount) || !fits_int(recvcounts) || !fits_int(displs)) return false;
+  size_t total = 0;
+  for (size_t c : recvcounts) total += c;
+  Fingerprint f = fingerprint(BPL_COLL_ALLGATHERV, dtype, static_cast<int64_t>(total));
+  f.pairing = pairing_share(rank_, size_, [&](int) { return sendcount; },
+                            [&](int q) { return recvcounts[static_cast<size_t>(q)]; });
+  const bool in_place = send == static_cast<char*>(recv) + displs[static_cast<size_t>(rank_)] * plugin::dtype_size(dtype);
+  return watched(f, [&] {
+    const int* counts = int_counts({&recvcounts, &displs});
+    return MPI_Allgatherv(in_place ? MPI_IN_PLACE : send, static_cast<int>(sendcount), mpi_type(dtype), recv, counts,
+                          counts + size_, mpi_type(dtype), comm_);
+  });
+}
+
+bool MpiComm::watched_alltoallv(const void* send, const plugin::Counts& sendcounts, const plugin::Counts& sdispls,
+                                void* recv, const plugin::Counts& recvcounts, const plugin::Counts& rdispls,
+                                bpl_dtype dtype) {
+  if (!fits_int(sendcounts) || !fits_int(sdispls) || !fits_int(recvcounts) || !fits_int(rdispls)) return false;
+  Fingerprint f = fingerprint(BPL_COLL_ALLTOALLV, dtype);
+  f.pairing = pairing_share(rank_, size_, [&](int q) { return sendcounts[static_cast<size_t>(q)]; },
+                            [&](int q) { return recvcounts[static_cast<size_t>(q)]; });
+  return watched(f, [&] {
+    const int* arrays = int_counts({&sendcounts, &sdispls, &recvcounts, &rdispls});
+    return MPI_Alltoallv(send, arrays, arrays + size_, mpi_type(dtype), recv, arrays + 2 * size_, arrays + 3 * size_,
+                         mpi_type(dtype), comm_);
+  });
+}
+
+bool MpiComm::watched_barrier() {
+  return watched(fingerprint(BPL_COLL_BARRIER), [&] { return MPI_Barrier(comm_); });
+}
+
+bool MpiComm::watched_send(const void* buf, size_t count, bpl_dtype dtype, int peer, int tag) {
+  if (!fits_int(count)) return false;
+  const int on_wire = wire_tag(tag, count * plugin::dtype_size(dtype));
+  return watched(fingerprint(BPL_COLL_SEND),
+                 [&] { return MPI_Send(buf, static_cast<int>(count), mpi_type(dtype), peer, on_wire, comm_); });
+}
+
+bool MpiComm::watched_recv(void* buf, size_t count, bpl_dtype dtype, int peer, int tag) {
+  if (!fits_int(count)) return false;
+  const size_t bytes = count * plugin::dtype_size(dtype);
+  const int on_wire = wire_tag(tag, bytes);
+  int arrived = 0;
+  const auto mismatch = [&] {
+    const std::string message = "rank " + std::to_string(peer) + " sent " + std::to_string(arrived) + " bytes with tag " +
+                                std::to_string(tag) + "; this recv expects " + std::to_string(bytes) +
+                                " bytes: the ranks disagree on the size";
+    poison(BPL_ERR_MISMATCH, message);
+    return Error(BPL_ERR_MISMATCH, message);
+  };
+  if (bytes <= eager_bytes() || probes_all()) {
+    MPI_Status status;
+    if (!watched(fingerprint(BPL_COLL_RECV), [&] {
+          return MPI_Recv(buf, static_cast<int>(count), mpi_type(dtype), peer, on_wire, comm_, &status);
+        })) {
+      return false;
+    }
+    MPI_Get_count(&status, MPI_BYTE, &arrived);
+    if (static_cast<size_t>(arrived) != bytes) throw mismatch();
+    return true;
+  }
+  // Above the eager size Open MPI may write a message whole: its size is checked before it is received.
+  MPI_Message message = MPI_MESSAGE_NULL;
+  std::vector<char> drained;
+  if (!watched(fingerprint(BPL_COLL_RECV), [&] {
+        MPI_Status status;
+        int error = MPI_Mprobe(peer, on_wire, comm_, &message, &status);
+        if (error == MPI_SUCCESS) error = MPI_Get_count(&status, MPI_BYTE, &arrived);
+        if (error != MPI_SUCCESS) return error;
+        if (static_cast<size_t>(arrived) == bytes) {
+          return MPI_Mrecv(buf, static_cast<int>(count), mpi_type(dtype), &message, MPI_STATUS_IGNORE);
+        }
+        drained.resize(static_cast<size_t>(arrived));  // received whole, so that the sender completes
+        return MPI_Mrecv(drained.data(), arrived, MPI_BYTE, &message, MPI_STATUS_IGNORE);
+      })) {
+    return false;
+  }
+  if (static_cast<size_t>(arrived) != bytes) throw mismatch();
+  return true;
+}
+
+void MpiComm::arrival_check(const char* what) {
+  start(std::make_unique<Request>(this, what, fingerprint(BPL_COLL_BARRIER), 0,
+                                  [comm = comm_](MPI_Request* r) { return MPI_Ibarrier(comm, r); }),
+        nullptr);
 }
 
 std::unique_ptr<MpiComm> MpiComm::split(int color, int key) {

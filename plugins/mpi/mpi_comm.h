@@ -26,6 +26,12 @@
 // buffers, and the communicator refuses every later operation. Before it reports the timeout, a rank
 // exchanges on the duplicate what it was calling, for a moment: ranks that called different
 // operations are MISMATCH naming them; otherwise the peers of this machine that are stopped are named.
+//
+// With BPL_MPI_WATCHDOG=1 a blocking operation is MPI's own blocking call instead, watched
+// (watchdog.h). Asynchronous ones stay as above, and what a rank in such a call cannot move on itself
+// is moved on for it: a recv is posted at once (MPI matches it inside any call), and the watchdog
+// steps the schedules in flight while a blocking call runs (where MPI is not thread-multiple, they are
+// MPI's own non-blocking calls instead, which MPI moves on).
 #pragma once
 
 #include <mpi.h>
@@ -36,6 +42,7 @@
 #include <chrono>
 #include <deque>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -48,6 +55,7 @@
 #include "plugin_support.h"
 #include "polled_request.h"
 #include "schedules.h"
+#include "watchdog.h"
 
 namespace backplane::mpi_plugin {
 
@@ -61,6 +69,8 @@ struct MpiProcess {
   size_t eager_bytes = 4096 - 128;
   // Set once any communicator of the process failed: MPI_Finalize would then wait for the failed peer.
   mutable std::atomic<bool> communicator_failed{false};
+  // BPL_MPI_WATCHDOG=1: every operation is MPI's own, the blocking ones watched by it (watchdog.h).
+  Watchdog* watchdog = nullptr;
 };
 
 class MpiComm;
@@ -198,6 +208,10 @@ class MpiComm {
   // out their own timeout.
   void abort();
   bool aborted() const { return aborted_.load(std::memory_order_acquire); }
+  // BPL_MPI_WATCHDOG=1: the blocking call MPI runs now, and what can be said when it stalls (what each
+  // rank called, where MPI lets a second thread ask, or which peers of this machine are stopped).
+  WatchedCall& watched_call() { return watched_call_; }
+  std::string describe_stall(const Fingerprint& mine);
 
   // Each posts one operation; with req == NULL it also waits for it (bounded by the timeout).
   void allreduce(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_reduce_op op, bpl_plugin_request** req);
@@ -220,6 +234,10 @@ class MpiComm {
   void send(const void* buf, size_t count, bpl_dtype dtype, int peer, int tag, bpl_plugin_request** req);
   void recv(void* buf, size_t count, bpl_dtype dtype, int peer, int tag, bpl_plugin_request** req);
   std::unique_ptr<MpiComm> split(int color, int key);
+  // Returns once every rank has called it (`what` names the occasion), or throws at the timeout: MPI's
+  // own non-blocking barrier, waited for the bounded way in either mode (a watched call would end the
+  // job instead).
+  void arrival_check(const char* what);
   // ABI 1.2: a communicator of `size` ranks that only they create (MPI_Comm_create_group), each passing
   // its `rank` in it; they learn each other's MPI_COMM_WORLD ranks through the caller's `store`, within
   // `timeout` (a member missing is TIMEOUT naming it, members disagreeing MISMATCH).
@@ -238,8 +256,9 @@ class MpiComm {
   // own wait moves it on all the time.
   void register_in_flight(Request* request);
   void unregister_in_flight(Request* request);
-  // Steps every registered operation but `self` that no other thread is moving now.
+  // Steps every registered operation but `self` (null: every one) that no other thread is moving now.
   void progress_others(const Request* self);
+  bool has_operations_in_flight() const { return in_flight_count_.load(std::memory_order_acquire) > 0; }
   // An operation's state: the one kept from an earlier operation, cleared, or a new one; and back.
   std::unique_ptr<RunState> take_state();
   void keep_state(std::unique_ptr<RunState> state);
@@ -274,7 +293,41 @@ class MpiComm {
   // Whether a collective whose largest single transfer is `bytes` runs as the plugin's own schedule
   // (schedules.h): on more than one rank, and where MPI's int counts of bytes reach (else MPI's own
   // non-blocking collective, counting in elements).
-  bool schedulable(size_t bytes) const { return size_ > 1 && bytes <= static_cast<size_t>(INT_MAX); }
+  // With BPL_MPI_WATCHDOG=1, only where MPI is thread-multiple: the watchdog then moves the schedules on
+  // while this rank is in one of MPI's blocking calls (watchdog.h); else MPI must, as its own calls.
+  bool schedulable(size_t bytes) const {
+    return size_ > 1 && bytes <= static_cast<size_t>(INT_MAX) && !(own_calls() && process_.serialize != nullptr);
+  }
+  bool own_calls() const { return process_.watchdog != nullptr; }
+  // Whether an operation (req: its request, or NULL for a blocking one) is tried as a watched call.
+  bool watching(bpl_plugin_request** req) const { return req == nullptr && own_calls(); }
+  // BPL_MPI_WATCHDOG=1: runs `call`, MPI's own blocking call `what`, watched; false (nothing run) when
+  // another thread's call on this communicator already is (this one then goes the bounded way). A
+  // failure poisons the communicator and throws.
+  template <typename Call>
+  bool watched(const Fingerprint& what, Call&& call);
+  // Each runs the operation as MPI's own blocking call, watched, where the mode is on and MPI's call
+  // does what backplane's does (not: reductions that accumulate in a wider type, counts beyond int,
+  // in-place forms MPI has not); false where it does not.
+  bool watched_allreduce(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_reduce_op op);
+  bool watched_broadcast(void* buf, size_t count, bpl_dtype dtype, int root);
+  bool watched_reduce(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_reduce_op op, int root);
+  bool watched_allgather(const void* send, void* recv, size_t count, bpl_dtype dtype);
+  bool watched_reduce_scatter(const void* send, void* recv, size_t recvcount, bpl_dtype dtype, bpl_reduce_op op);
+  bool watched_alltoall(const void* send, void* recv, size_t count, bpl_dtype dtype);
+  bool watched_gather(const void* send, void* recv, size_t count, bpl_dtype dtype, int root);
+  bool watched_scatter(const void* send, void* recv, size_t count, bpl_dtype dtype, int root);
+  bool watched_allgatherv(const void* send, size_t sendcount, void* recv, const plugin::Counts& recvcounts,
+                          const plugin::Counts& displs, bpl_dtype dtype);
+  bool watched_alltoallv(const void* send, const plugin::Counts& sendcounts, const plugin::Counts& sdispls, void* recv,
+                         const plugin::Counts& recvcounts, const plugin::Counts& rdispls, bpl_dtype dtype);
+  bool watched_barrier();
+  bool watched_send(const void* buf, size_t count, bpl_dtype dtype, int peer, int tag);
+  // Up to the eager size MPI_Recv; above it the matching probe first, its size checked (MISMATCH).
+  bool watched_recv(void* buf, size_t count, bpl_dtype dtype, int peer, int tag);
+  // MPI's int counts of a variable-size collective, in the communicator's buffer (one watched call
+  // at a time uses it).
+  const int* int_counts(std::initializer_list<const plugin::Counts*> arrays);
   // Starts `request`; with req == NULL waits for it here.
   void start(std::unique_ptr<Request> request, bpl_plugin_request** req);
   void require_usable() const;
@@ -329,6 +382,8 @@ class MpiComm {
   };
   std::unique_ptr<Exchange> explanation_;
   std::vector<pid_t> local_pid_of_rank_;   // 0 for this rank and for ranks on other machines
+  WatchedCall watched_call_;
+  std::vector<int> int_counts_;  // int_counts'
 };
 
 // MPI's text for an error code.

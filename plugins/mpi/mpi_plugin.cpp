@@ -41,6 +41,7 @@ struct ProcessState {
   bool initialized_here = false;
   std::mutex serialize;  // for MpiProcess::serialize when MPI is not thread-multiple
   MpiProcess process;
+  Watchdog watchdog;  // MpiProcess::watchdog's, running while a runtime is (BPL_MPI_WATCHDOG=1)
 };
 ProcessState& state() {
   static ProcessState s;
@@ -186,7 +187,10 @@ bpl_status runtime_create(const bpl_launch_info* launch, bpl_plugin_runtime** ou
     ProcessState& s = state();
     std::lock_guard<std::mutex> lock(s.mutex);
     const MPI_Comm base = native_world(*launch);
-    if (s.runtimes == 0) initialize_mpi(*launch);
+    if (s.runtimes == 0) {
+      s.process.watchdog = plugin::env_switch("BPL_MPI_WATCHDOG", false) ? &s.watchdog : nullptr;
+      initialize_mpi(*launch);
+    }
     if (base == MPI_COMM_WORLD) {
       int world_rank = 0, world_size = 0;
       MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
@@ -215,7 +219,12 @@ bpl_status runtime_create(const bpl_launch_info* launch, bpl_plugin_runtime** ou
                        " core(s) here: waits " + (yield ? "yield" : "do not yield") + " while they spin" +
                        "; eager messages up to " + std::to_string(s.process.eager_bytes) + " bytes" +
                        (s.initialized_here ? "; initialised by backplane" : "; initialised by the program") +
-                       (base == MPI_COMM_WORLD ? "; world: MPI_COMM_WORLD" : "; world: the program's communicator");
+                       (base == MPI_COMM_WORLD ? "; world: MPI_COMM_WORLD" : "; world: the program's communicator") +
+                       (s.process.watchdog != nullptr
+                            ? "; operations: MPI's own, blocking ones watched (BPL_MPI_WATCHDOG=1: a call past the "
+                              "timeout ends the job)"
+                            : "; operations: the plugin's schedules of non-blocking calls, bounded waits");
+    if (s.process.watchdog != nullptr) s.watchdog.start();
     ++s.runtimes;
     *out = runtime.release();
     return BPL_OK;
@@ -230,12 +239,13 @@ bpl_status runtime_destroy(bpl_plugin_runtime* rt) {
       // MPI_Finalize waits for every rank with no timeout: first see, within the timeout, that all of
       // them came this far (a rank stopped or gone makes this fail, and MPI_Finalize is then skipped).
       try {
-        rt->world->barrier(nullptr);
+        rt->world->arrival_check("bpl_finalize");
       } catch (const std::exception& e) {
         plugin::log(BPL_LOG_WARN, kName, std::string("not every rank reached bpl_finalize: ") + e.what());
       }
     }
     delete rt;
+    if (s.process.watchdog != nullptr) s.watchdog.stop();
     if (--s.runtimes == 0 && s.initialized_here) {
       s.initialized_here = false;
       if (s.process.communicator_failed) {

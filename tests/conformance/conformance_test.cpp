@@ -366,6 +366,34 @@ TEST(Collectives, AsyncCollectivesCompleteWhicheverOrderTheRanksWaitForThem) {
   }
 }
 
+// A blocking call between an asynchronous one and its wait, with the ranks waiting in different
+// orders: odd ranks wait for the allreduce and the recv before the barrier, even ranks after it. As
+// under MPI's progress rule, the asynchronous operations complete though a rank is inside the
+// blocking call (with BPL_MPI_WATCHDOG=1 that is MPI's own barrier, which moves nothing of backplane's
+// on by itself). Both move more than every eager limit, in several rounds.
+TEST(Collectives, AsyncOperationsCompleteWhileAPeerIsInABlockingCall) {
+  SKIP_UNLESS_SUPPORTED(BPL_COLL_ALLREDUCE, BPL_DTYPE_F32, BPL_OP_SUM);
+  SKIP_UNLESS_SUPPORTED(BPL_COLL_SEND, BPL_DTYPE_F32, 0);
+  if (world.size < 2) GTEST_SKIP() << "needs 2 ranks";
+  const Case c{BPL_DTYPE_F32, BPL_OP_SUM, 256 * 1024 + 3};
+  Buffer summed = input(c, world.rank), sent = input(c, world.rank), received(c.dtype, c.count);
+  const int next = (world.rank + 1) % world.size, previous = (world.rank + world.size - 1) % world.size;
+  bpl_request* requests[2] = {nullptr, nullptr};
+  EXPECT_OK(bpl_allreduce(world.comm, summed.data(), summed.data(), c.count, c.dtype, c.op, &requests[0]));
+  EXPECT_OK(bpl_recv(world.comm, received.data(), c.count, c.dtype, previous, 5, &requests[1]));
+  const auto wait_for_both = [&] {
+    for (bpl_request* request : requests) EXPECT_OK(bpl_request_wait(request, 20000));
+  };
+  if (world.rank % 2 == 1) wait_for_both();
+  // The receiver of a blocking send has posted its recv, but may be waiting for something else.
+  EXPECT_OK(bpl_send(world.comm, sent.data(), c.count, c.dtype, next, 5, nullptr));
+  EXPECT_OK(bpl_barrier(world.comm, nullptr));
+  if (world.rank % 2 == 0) wait_for_both();
+  for (bpl_request* request : requests) EXPECT_OK(bpl_request_free(request));
+  EXPECT_TRUE(elements_match(summed, 0, c.count, [&](size_t i) { return reduced_value(c.dtype, c.op, world.size, i); }));
+  EXPECT_TRUE(elements_match(received, 0, c.count, [&](size_t i) { return input_value(c.dtype, c.op, previous, i); }));
+}
+
 TEST(Collectives, AlltoallInPlace) {
   SKIP_UNLESS_SUPPORTED(BPL_COLL_ALLTOALL, BPL_DTYPE_I32, 0);
   const size_t count = 513;
