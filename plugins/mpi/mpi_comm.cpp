@@ -875,7 +875,6 @@ void MpiComm::allgather(const void* send, void* recv, size_t count, bpl_dtype dt
 
 void MpiComm::reduce_scatter(const void* send, void* recv, size_t recvcount, bpl_dtype dtype, bpl_reduce_op op,
                              bpl_plugin_request** req) {
-  if (watching(req) && watched_reduce_scatter(send, recv, recvcount, dtype, op)) return;
   const bpl_dtype acc = plugin::accumulation_dtype(dtype, op);
   const size_t total = recvcount * static_cast<size_t>(size_), element = plugin::dtype_size(acc);
   auto request = std::make_unique<Request>(this, "reduce_scatter",
@@ -1161,6 +1160,7 @@ bool fits_int(const plugin::Counts& counts) {
 
 bool MpiComm::watched_allreduce(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_reduce_op op) {
   if (plugin::accumulation_dtype(dtype, op) != dtype || !fits_int(count)) return false;
+  if (count * plugin::dtype_size(dtype) > kWatchedAllreduceMaxBytes) return false;
   if (!watched(fingerprint(BPL_COLL_ALLREDUCE, dtype, static_cast<int64_t>(count), -1, op), [&] {
         return MPI_Allreduce(in_place_or(send, recv), recv, static_cast<int>(count), mpi_type(dtype), mpi_op(op), comm_);
       })) {
@@ -1197,22 +1197,6 @@ bool MpiComm::watched_allgather(const void* send, void* recv, size_t count, bpl_
   return watched(fingerprint(BPL_COLL_ALLGATHER, dtype, static_cast<int64_t>(count)), [&] {
     return MPI_Allgather(in_place ? MPI_IN_PLACE : send, n, mpi_type(dtype), recv, n, mpi_type(dtype), comm_);
   });
-}
-
-bool MpiComm::watched_reduce_scatter(const void* send, void* recv, size_t recvcount, bpl_dtype dtype, bpl_reduce_op op) {
-  const size_t total = recvcount * static_cast<size_t>(size_), element = plugin::dtype_size(dtype);
-  const char* input = static_cast<const char*>(send);
-  const auto* output = static_cast<const char*>(recv);
-  // In place, backplane's result stays at the rank's block, MPI's moves to the buffer's start.
-  const bool overlaps = output >= input && output < input + total * element;
-  if (plugin::accumulation_dtype(dtype, op) != dtype || !fits_int(total) || overlaps) return false;
-  if (!watched(fingerprint(BPL_COLL_REDUCE_SCATTER, dtype, static_cast<int64_t>(recvcount), -1, op), [&] {
-        return MPI_Reduce_scatter_block(send, recv, static_cast<int>(recvcount), mpi_type(dtype), mpi_op(op), comm_);
-      })) {
-    return false;
-  }
-  if (op == BPL_OP_AVG) plugin::finish_reduction(recv, dtype, recv, dtype, recvcount, op, size_);
-  return true;
 }
 
 bool MpiComm::watched_alltoall(const void* send, void* recv, size_t count, bpl_dtype dtype) {

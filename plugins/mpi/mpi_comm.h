@@ -69,7 +69,7 @@ struct MpiProcess {
   size_t eager_bytes = 4096 - 128;
   // Set once any communicator of the process failed: MPI_Finalize would then wait for the failed peer.
   mutable std::atomic<bool> communicator_failed{false};
-  // BPL_MPI_WATCHDOG=1: every operation is MPI's own, the blocking ones watched by it (watchdog.h).
+  // BPL_MPI_WATCHDOG=1: blocking operations are MPI's own blocking calls, watched by it (watchdog.h).
   Watchdog* watchdog = nullptr;
 };
 
@@ -274,6 +274,8 @@ class MpiComm {
   // ring's 2(n-1)), larger ones go round a ring of blocks, which moves 2(n-1)/n of the buffer per rank
   // instead of log2(n) times it. (ring_allreduce)
   static constexpr size_t kRecursiveDoublingMaxBytes = 65536;
+  // BPL_MPI_WATCHDOG=1: the largest allreduce made as MPI's own call (watched_allreduce).
+  static constexpr size_t kWatchedAllreduceMaxBytes = size_t{4} << 20;
   // Whether an allreduce of `count` elements, `bytes` in all, goes round the ring: above
   // kRecursiveDoublingMaxBytes, and where the whole buffer is above the eager size but the ring's
   // blocks are not (a message just above it waits for the probe: two eager rounds are faster than
@@ -308,12 +310,13 @@ class MpiComm {
   bool watched(const Fingerprint& what, Call&& call);
   // Each runs the operation as MPI's own blocking call, watched, where the mode is on and MPI's call
   // does what backplane's does (not: reductions that accumulate in a wider type, counts beyond int,
-  // in-place forms MPI has not); false where it does not.
+  // in-place forms MPI has not), as fast; false where it does not. (Not reduce_scatter at all, nor an
+  // allreduce above kWatchedAllreduceMaxBytes: the plugin's rings run them in 0.15-0.7x and about
+  // 0.5x of Open MPI's time there, bench/results/2026-11-27-mpi-watchdog; they keep the bounded way.)
   bool watched_allreduce(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_reduce_op op);
   bool watched_broadcast(void* buf, size_t count, bpl_dtype dtype, int root);
   bool watched_reduce(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_reduce_op op, int root);
   bool watched_allgather(const void* send, void* recv, size_t count, bpl_dtype dtype);
-  bool watched_reduce_scatter(const void* send, void* recv, size_t recvcount, bpl_dtype dtype, bpl_reduce_op op);
   bool watched_alltoall(const void* send, void* recv, size_t count, bpl_dtype dtype);
   bool watched_gather(const void* send, void* recv, size_t count, bpl_dtype dtype, int root);
   bool watched_scatter(const void* send, void* recv, size_t count, bpl_dtype dtype, int root);

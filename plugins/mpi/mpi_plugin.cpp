@@ -221,9 +221,9 @@ bpl_status runtime_create(const bpl_launch_info* launch, bpl_plugin_runtime** ou
                        (s.initialized_here ? "; initialised by backplane" : "; initialised by the program") +
                        (base == MPI_COMM_WORLD ? "; world: MPI_COMM_WORLD" : "; world: the program's communicator") +
                        (s.process.watchdog != nullptr
-                            ? "; operations: MPI's own, blocking ones watched (BPL_MPI_WATCHDOG=1: a call past the "
-                              "timeout ends the job)"
-                            : "; operations: the plugin's schedules of non-blocking calls, bounded waits");
+                            ? "; blocking operations: MPI's own blocking calls, watched (BPL_MPI_WATCHDOG=1: one past "
+                              "the timeout ends the job)"
+                            : "; blocking operations: the plugin's schedules, waited for within the timeout");
     if (s.process.watchdog != nullptr) s.watchdog.start();
     ++s.runtimes;
     *out = runtime.release();

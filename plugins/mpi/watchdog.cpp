@@ -27,6 +27,15 @@ Fingerprint WatchedCall::what() const {
   return decode(words).value_or(Fingerprint{});
 }
 
+Watchdog::~Watchdog() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
 void Watchdog::start() {
   std::lock_guard<std::mutex> lock(mutex_);
   if (starts_++ > 0) return;

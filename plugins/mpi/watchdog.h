@@ -33,8 +33,8 @@ class MpiComm;
 // What a communicator's blocking call is, written by the calling thread and read by the watchdog.
 class WatchedCall {
  public:
-  // Marks the communicator's call `what` as running; false when another thread's call on it already is
-  // (that one is then made the bounded way).
+  // Marks the communicator's call `what` as running; false when another thread's call on it already
+  // runs (the caller then makes its own the bounded way).
   bool enter(const Fingerprint& what);
   void leave() { calls_.store(calls_.load(std::memory_order_relaxed) + 1, std::memory_order_release); }
   // Odd while a call runs; each call adds 2.
@@ -54,7 +54,7 @@ class Watchdog {
   // them every 10 ms while any is in flight).
   static constexpr std::chrono::milliseconds kStepInterval{1};
 
-  ~Watchdog() { stop(); }
+  ~Watchdog();  // (at exit: stops its thread, runtimes finalized or not)
   // Its thread runs between the first start and the stop after the last (the process's runtimes).
   void start();
   void stop();
