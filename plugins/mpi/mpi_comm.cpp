@@ -1129,6 +1129,7 @@ template <typename Call>
 bool MpiComm::watched(const Fingerprint& what, Call&& call) {
   require_usable();
   if (!watched_call_.enter(what)) return false;
+  if (has_operations_in_flight()) process_.watchdog->wake();  // to step them while MPI's call runs
   int error = MPI_SUCCESS;
   {
     MpiLock lock(process_);

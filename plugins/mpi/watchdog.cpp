@@ -97,7 +97,7 @@ void Watchdog::run() {
     // A call is first seen up to one interval after it began: the job ends between one timeout and
     // 1 + 2/16 of it after the call began.
     const milliseconds look = std::clamp(shortest / 16, milliseconds(10), milliseconds(1000));
-    wake_.wait_for(lock, operations_in_flight ? std::min(look, call_running ? kStepInterval : milliseconds(10)) : look);
+    wake_.wait_for(lock, call_running && operations_in_flight ? std::min(look, kStepInterval) : look);
   }
 }
 

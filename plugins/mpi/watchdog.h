@@ -8,7 +8,8 @@
 // stopped), then MPI_Abort. The calls themselves pay two stores and a compare-and-swap, and no clock.
 //
 // While a blocking call runs and asynchronous operations are in flight, the watchdog also steps their
-// schedules (mpi_comm.h), every kStepInterval: the rank in MPI's call cannot.
+// schedules (mpi_comm.h), every kStepInterval: the rank in MPI's call cannot. A blocking call on a
+// communicator with operations in flight wakes it (a call elsewhere is seen at its next look).
 //
 // What the mode gives up against the default (mpi_comm.h): the survivors get no error to handle (the
 // job ends), a waiting rank spins in MPI's progress loop as Open MPI's own blocking calls do, and ranks
@@ -50,8 +51,7 @@ class Watchdog {
  public:
   // The exit code of a job the watchdog ends (as timeout(1)'s).
   static constexpr int kExitCode = 124;
-  // How often it steps the asynchronous operations in flight while a blocking call runs (looking for
-  // them every 10 ms while any is in flight).
+  // How often it steps the asynchronous operations in flight while a blocking call runs.
   static constexpr std::chrono::milliseconds kStepInterval{1};
 
   ~Watchdog();  // (at exit: stops its thread, runtimes finalized or not)
