@@ -617,9 +617,8 @@ void MpiComm::start(std::unique_ptr<Request> request, bpl_plugin_request** req) 
   } else if (r.request_ == MPI_REQUEST_NULL) {
     MpiLock lock(process_);
     // MPI's own collective: an alltoallv's bytes differ from rank to rank, so its ranks could not
-    // decide alike by size:
-    // they always agree first. (Not with BPL_MPI_WATCHDOG=1: there every operation is MPI's own, posted
-    // at once, so that MPI progresses it inside any call, as MPI's own blocking calls need.)
+    // decide alike by size: they always agree first. Not with BPL_MPI_WATCHDOG=1, where MPI's own
+    // calls are posted at once, so that MPI moves them on while this rank is in a blocking call.
     const bool agree = !r.scheduled_ && !own_calls() &&
                        (r.bytes_ > eager_bytes() || r.fingerprint_.op == BPL_COLL_ALLTOALLV);
     if (size_ > 1 && agree && is_collective(r.fingerprint_)) {
@@ -1281,7 +1280,7 @@ bool MpiComm::watched_recv(void* buf, size_t count, bpl_dtype dtype, int peer, i
     poison(BPL_ERR_MISMATCH, message);
     return Error(BPL_ERR_MISMATCH, message);
   };
-  if (bytes <= eager_bytes() || probes_all()) {
+  if (bytes <= eager_bytes() && !probes_all()) {  // only eagerly copied messages travel under its tag
     MPI_Status status;
     if (!watched(fingerprint(BPL_COLL_RECV), [&] {
           return MPI_Recv(buf, static_cast<int>(count), mpi_type(dtype), peer, on_wire, comm_, &status);
@@ -1292,7 +1291,8 @@ bool MpiComm::watched_recv(void* buf, size_t count, bpl_dtype dtype, int peer, i
     if (static_cast<size_t>(arrived) != bytes) throw mismatch();
     return true;
   }
-  // Above the eager size Open MPI may write a message whole: its size is checked before it is received.
+  // Above the eager size (or where tags do not tell the classes apart) Open MPI may write a message
+  // whole: its size is checked before it is received.
   MPI_Message message = MPI_MESSAGE_NULL;
   std::vector<char> drained;
   if (!watched(fingerprint(BPL_COLL_RECV), [&] {
