@@ -83,6 +83,38 @@ Fingerprint fingerprint(bpl_collective op, bpl_dtype dtype = static_cast<bpl_dty
 
 bool is_collective(const Fingerprint& f) { return f.op != BPL_COLL_SEND && f.op != BPL_COLL_RECV; }
 
+// The variable-size collectives' fingerprints: the total count, or none, and this rank's share of the
+// pairing of counts (fingerprint.h).
+Fingerprint allgatherv_fingerprint(bpl_dtype dtype, size_t sendcount, const plugin::Counts& recvcounts, int rank,
+                                   int size) {
+  size_t total = 0;
+  for (size_t c : recvcounts) total += c;
+  Fingerprint f = fingerprint(BPL_COLL_ALLGATHERV, dtype, static_cast<int64_t>(total));
+  f.pairing = pairing_share(rank, size, [&](int) { return sendcount; },
+                            [&](int q) { return recvcounts[static_cast<size_t>(q)]; });
+  return f;
+}
+Fingerprint alltoallv_fingerprint(bpl_dtype dtype, const plugin::Counts& sendcounts, const plugin::Counts& recvcounts,
+                                  int rank, int size) {
+  Fingerprint f = fingerprint(BPL_COLL_ALLTOALLV, dtype);
+  f.pairing = pairing_share(rank, size, [&](int q) { return sendcounts[static_cast<size_t>(q)]; },
+                            [&](int q) { return recvcounts[static_cast<size_t>(q)]; });
+  return f;
+}
+
+// Appends `arrays` (counts or displacements), each value as MPI's int count, to `out`.
+void append_mpi_counts(std::vector<int>& out, std::initializer_list<const plugin::Counts*> arrays) {
+  for (const plugin::Counts* values : arrays) {
+    for (size_t v : *values) out.push_back(mpi_count(v));
+  }
+}
+
+// MISMATCH's message for a recv of `bytes` from `peer` under the caller's `tag`, whose sender sent `arrived`.
+std::string recv_mismatch_message(int peer, int tag, int arrived, size_t bytes) {
+  return "rank " + std::to_string(peer) + " sent " + std::to_string(arrived) + " bytes with tag " + std::to_string(tag) +
+         "; this recv expects " + std::to_string(bytes) + " bytes: the ranks disagree on the size";
+}
+
 // What an MPI error of operation `op` is to backplane.
 std::pair<bpl_status, std::string> failure_of(const char* op, int mpi_error) {
   if (mpi_error == MPI_ERR_TRUNCATE) {
@@ -417,9 +449,7 @@ bpl_status Request::free(std::unique_ptr<Request> request) {
 int Request::user_tag() const { return comm_->probes_all() ? tag_ : tag_ & ~MpiComm::kLargeMessageTag; }
 
 std::string Request::recv_mismatch(int arrived) const {
-  return "rank " + std::to_string(peer_) + " sent " + std::to_string(arrived) + " bytes with tag " +
-         std::to_string(user_tag()) + "; this recv expects " + std::to_string(bytes_) +
-         " bytes: the ranks disagree on the size";
+  return recv_mismatch_message(peer_, user_tag(), arrived, bytes_);
 }
 
 std::string Request::message_of_the_other_class() {
@@ -997,12 +1027,9 @@ void MpiComm::allgatherv(const void* send, size_t sendcount, void* recv, plugin:
                          bpl_dtype dtype, bpl_plugin_request** req) {
   if (watching(req) && watched_allgatherv(send, sendcount, recv, recvcounts, displs, dtype)) return;
   const int n = mpi_count(sendcount);
-  size_t total = 0;
-  for (size_t c : recvcounts) total += c;
-  Fingerprint f = fingerprint(BPL_COLL_ALLGATHERV, dtype, static_cast<int64_t>(total));
-  f.pairing = pairing_share(rank_, size_, [&](int) { return sendcount; },
-                            [&](int q) { return recvcounts[static_cast<size_t>(q)]; });
-  auto request = std::make_unique<Request>(this, "allgatherv", f, total * plugin::dtype_size(dtype), nullptr);
+  const Fingerprint f = allgatherv_fingerprint(dtype, sendcount, recvcounts, rank_, size_);
+  auto request = std::make_unique<Request>(this, "allgatherv", f, static_cast<size_t>(f.count) * plugin::dtype_size(dtype),
+                                           nullptr);
   const size_t element = plugin::dtype_size(dtype);
   if (schedulable(*std::max_element(recvcounts.begin(), recvcounts.end()) * element)) {
     char* own = static_cast<char*>(recv) + displs[static_cast<size_t>(rank_)] * element;
@@ -1014,8 +1041,7 @@ void MpiComm::allgatherv(const void* send, size_t sendcount, void* recv, plugin:
   }
   // MPI's arrays must live as long as the operation: the request keeps them.
   std::vector<int>& layout = request->counts();
-  for (size_t c : recvcounts) layout.push_back(mpi_count(c));
-  for (size_t d : displs) layout.push_back(mpi_count(d));
+  append_mpi_counts(layout, {&recvcounts, &displs});
   const int* counts = layout.data();
   const int* offsets = layout.data() + size_;
   const bool in_place = send == static_cast<char*>(recv) + displs[static_cast<size_t>(rank_)] * plugin::dtype_size(dtype);
@@ -1031,10 +1057,8 @@ void MpiComm::alltoallv(const void* send, plugin::Counts sendcounts, plugin::Cou
   if (watching(req) && watched_alltoallv(send, sendcounts, sdispls, recv, recvcounts, rdispls, dtype)) return;
   size_t moved = 0;  // this rank's share: it sizes the busy part of the waits
   for (size_t i = 0; i < sendcounts.size(); ++i) moved += (sendcounts[i] + recvcounts[i]) * plugin::dtype_size(dtype);
-  Fingerprint f = fingerprint(BPL_COLL_ALLTOALLV, dtype);
-  f.pairing = pairing_share(rank_, size_, [&](int q) { return sendcounts[static_cast<size_t>(q)]; },
-                            [&](int q) { return recvcounts[static_cast<size_t>(q)]; });
-  auto request = std::make_unique<Request>(this, "alltoallv", f, moved, nullptr);
+  auto request = std::make_unique<Request>(this, "alltoallv",
+                                           alltoallv_fingerprint(dtype, sendcounts, recvcounts, rank_, size_), moved, nullptr);
   const size_t element = plugin::dtype_size(dtype);
   const size_t largest = std::max(*std::max_element(sendcounts.begin(), sendcounts.end()),
                                   *std::max_element(recvcounts.begin(), recvcounts.end())) * element;
@@ -1052,9 +1076,7 @@ void MpiComm::alltoallv(const void* send, plugin::Counts sendcounts, plugin::Cou
     return start(std::move(request), req);
   }
   std::vector<int>& layout = request->counts();
-  for (const plugin::Counts* values : {&sendcounts, &sdispls, &recvcounts, &rdispls}) {
-    for (size_t v : *values) layout.push_back(mpi_count(v));
-  }
+  append_mpi_counts(layout, {&sendcounts, &sdispls, &recvcounts, &rdispls});
   const int* arrays = layout.data();
   const int ranks = size_;
   request->post_ = [=, comm = comm_](MPI_Request* r) {
@@ -1143,9 +1165,7 @@ bool MpiComm::watched(const Fingerprint& what, Call&& call) {
 
 const int* MpiComm::int_counts(std::initializer_list<const plugin::Counts*> arrays) {
   int_counts_.clear();
-  for (const plugin::Counts* values : arrays) {
-    for (size_t v : *values) int_counts_.push_back(mpi_count(v));
-  }
+  append_mpi_counts(int_counts_, arrays);
   return int_counts_.data();
 }
 
@@ -1230,11 +1250,7 @@ bool MpiComm::watched_scatter(const void* send, void* recv, size_t count, bpl_dt
 bool MpiComm::watched_allgatherv(const void* send, size_t sendcount, void* recv, const plugin::Counts& recvcounts,
                                  const plugin::Counts& displs, bpl_dtype dtype) {
   if (!fits_int(sendcount) || !fits_int(recvcounts) || !fits_int(displs)) return false;
-  size_t total = 0;
-  for (size_t c : recvcounts) total += c;
-  Fingerprint f = fingerprint(BPL_COLL_ALLGATHERV, dtype, static_cast<int64_t>(total));
-  f.pairing = pairing_share(rank_, size_, [&](int) { return sendcount; },
-                            [&](int q) { return recvcounts[static_cast<size_t>(q)]; });
+  const Fingerprint f = allgatherv_fingerprint(dtype, sendcount, recvcounts, rank_, size_);
   const bool in_place = send == static_cast<char*>(recv) + displs[static_cast<size_t>(rank_)] * plugin::dtype_size(dtype);
   return watched(f, [&] {
     const int* counts = int_counts({&recvcounts, &displs});
@@ -1247,10 +1263,7 @@ bool MpiComm::watched_alltoallv(const void* send, const plugin::Counts& sendcoun
                                 void* recv, const plugin::Counts& recvcounts, const plugin::Counts& rdispls,
                                 bpl_dtype dtype) {
   if (!fits_int(sendcounts) || !fits_int(sdispls) || !fits_int(recvcounts) || !fits_int(rdispls)) return false;
-  Fingerprint f = fingerprint(BPL_COLL_ALLTOALLV, dtype);
-  f.pairing = pairing_share(rank_, size_, [&](int q) { return sendcounts[static_cast<size_t>(q)]; },
-                            [&](int q) { return recvcounts[static_cast<size_t>(q)]; });
-  return watched(f, [&] {
+  return watched(alltoallv_fingerprint(dtype, sendcounts, recvcounts, rank_, size_), [&] {
     const int* arrays = int_counts({&sendcounts, &sdispls, &recvcounts, &rdispls});
     return MPI_Alltoallv(send, arrays, arrays + size_, mpi_type(dtype), recv, arrays + 2 * size_, arrays + 3 * size_,
                          mpi_type(dtype), comm_);
@@ -1274,9 +1287,7 @@ bool MpiComm::watched_recv(void* buf, size_t count, bpl_dtype dtype, int peer, i
   const int on_wire = wire_tag(tag, bytes);
   int arrived = 0;
   const auto mismatch = [&] {
-    const std::string message = "rank " + std::to_string(peer) + " sent " + std::to_string(arrived) + " bytes with tag " +
-                                std::to_string(tag) + "; this recv expects " + std::to_string(bytes) +
-                                " bytes: the ranks disagree on the size";
+    const std::string message = recv_mismatch_message(peer, tag, arrived, bytes);
     poison(BPL_ERR_MISMATCH, message);
     return Error(BPL_ERR_MISMATCH, message);
   };

@@ -94,8 +94,8 @@ void Watchdog::run() {
         if (w.comm->process().serialize == nullptr) w.comm->progress_others(nullptr);
       }
     }
-    // A call is first seen up to one interval after it began: the job ends between one timeout and
-    // 1 + 2/16 of it after the call began.
+    // A call is first seen up to one look after it began: the job ends between one timeout and two
+    // looks more (2/16 of the timeout, at least 20 ms, at most 2 s) after the call began.
     const milliseconds look = std::clamp(shortest / 16, milliseconds(10), milliseconds(1000));
     wake_.wait_for(lock, call_running && operations_in_flight ? std::min(look, kStepInterval) : look);
   }
