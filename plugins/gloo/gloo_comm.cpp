@@ -4,6 +4,7 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/transport/tcp/address.h>
+#include <gloo/transport/unbound_buffer.h>
 #include <gloo/types.h>
 #include <c10/util/StringUtil.h>
 
@@ -134,10 +135,10 @@ GlooComm::GlooComm(std::shared_ptr<Shared> shared, std::string uid, int rank, in
       timeout_ms_(timeout.count()),
       queue_(classify, timeout),
       scratch_(2) {
-  auto context = std::make_shared<::gloo::rendezvous::Context>(rank, size);
+  auto context = std::make_shared<ReleasableContext>(rank, size);
   context->setTimeout(timeout);
   ::gloo::rendezvous::PrefixStore store(uid_, *shared_->store);
-  context->connectFullMesh(store, shared_->device);
+  context->connect_full_mesh(store, shared_->device);
   context_ = std::move(context);
   path_ = std::make_unique<TcpPath>(*this);  // unless set_up_shared_memory finds ranks sharing a machine
   learn_peers(store);
@@ -225,14 +226,10 @@ void GlooComm::watch_connections() {
 
 void GlooComm::shut_down_connections() {
   for (const PairSocket& socket : sockets_) ::shutdown(socket.fd, SHUT_RDWR);
-  // The sends and recvs in flight: released here, whatever state the connection left Gloo's pair in.
-  std::lock_guard<std::mutex> lock(transfers_mutex_);
-  for (const auto& weak : transfers_) {
-    if (auto buffer = weak.lock()) {
-      buffer->abortWaitSend();
-      buffer->abortWaitRecv();
-    }
-  }
+  // The sends and recvs in flight, Gloo's algorithms' too: released here, whatever state the
+  // connection left Gloo's pair in.
+  context_->release();
+  if (leaders_) leaders_->release();
 }
 
 void GlooComm::connection_ended(int peer) {
@@ -299,10 +296,10 @@ void GlooComm::set_up_shared_memory(::gloo::rendezvous::Store& store) {
   }
   machine_shm_ = std::move(group);  // none where this rank is alone on its machine
   if (local_ranks.front() == rank()) {
-    auto leaders = std::make_shared<::gloo::rendezvous::Context>(machine, machines);
+    auto leaders = std::make_shared<ReleasableContext>(machine, machines);
     leaders->setTimeout(timeout());
     ::gloo::rendezvous::PrefixStore leaders_store("leaders", store);
-    leaders->connectFullMesh(leaders_store, shared_->device);
+    leaders->connect_full_mesh(leaders_store, shared_->device);
     leaders_ = std::move(leaders);
   }
   path_ = std::make_unique<HierarchicalPath>(*this);
@@ -766,16 +763,6 @@ std::unique_ptr<GlooComm> GlooComm::run_split(int color, int key) {
                                     new_rank, static_cast<int>(members.size()), timeout());
 }
 
-namespace {
-
-// A send or recv that shut_down_connections released: the communicator failed or was aborted.
-struct TransferReleased : ::gloo::IoException {
-  explicit TransferReleased(bool is_send)
-      : ::gloo::IoException(std::string(is_send ? "send" : "recv") + " released: the communicator's connections ended") {}
-};
-
-}  // namespace
-
 // Posted now; `complete` waits for the transfer, here (uncopied: a small send is a hot path) or on a
 // request's waiter. Over Gloo's pairs the slot carries the tag and 24 bits of a hash of the size: a
 // send and a recv of different sizes never match (they stall, time out, and are told why) instead of
@@ -815,16 +802,6 @@ std::function<void()> GlooComm::post_transfer(void* buf, size_t bytes, int peer,
   const uint64_t slot = (static_cast<uint64_t>(slot_prefix) << 56) |
                         (static_cast<uint64_t>(static_cast<uint32_t>(tag)) << 24) | (size_hash & 0xffffff);
   std::shared_ptr<::gloo::transport::UnboundBuffer> buffer = context_->createUnboundBuffer(buf, bytes);
-  {
-    std::lock_guard<std::mutex> lock(transfers_mutex_);
-    transfers_.erase(std::remove_if(transfers_.begin(), transfers_.end(), [](const auto& weak) { return weak.expired(); }),
-                     transfers_.end());
-    transfers_.push_back(buffer);
-  }
-  if (failed_.load()) {  // a failure that released the transfers before this one was listed
-    buffer->abortWaitSend();
-    buffer->abortWaitRecv();
-  }
   try {
     if (is_send) {
       buffer->send(peer, slot);
@@ -837,8 +814,12 @@ std::function<void()> GlooComm::post_transfer(void* buf, size_t bytes, int peer,
   }
   return [this, buffer, is_send, peer, tag, bytes, slot_prefix, timeout = timeout()] {
     try {
-      const bool completed = is_send ? buffer->waitSend(timeout) : buffer->waitRecv(timeout);
-      if (!completed) throw TransferReleased(is_send);
+      // Completed, or thrown: Gloo's failure, or TransferReleased when the connections were shut down.
+      if (is_send) {
+        buffer->waitSend(timeout);
+      } else {
+        buffer->waitRecv(timeout);
+      }
     } catch (const Error&) {
       throw;
     } catch (const std::exception& e) {

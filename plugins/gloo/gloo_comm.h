@@ -7,7 +7,6 @@
 #include <gloo/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/device.h>
-#include <gloo/transport/unbound_buffer.h>
 #include <sys/types.h>
 
 #include <atomic>
@@ -17,7 +16,6 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <numeric>
 #include <optional>
 #include <string>
@@ -30,6 +28,7 @@
 #include "fingerprint.h"
 #include "op_queue.h"
 #include "plugin_support.h"
+#include "releasable_context.h"
 #include "rendezvous.h"
 #include "shm_group.h"
 
@@ -235,7 +234,8 @@ class GlooComm {
   void watch_connections();
   // Shuts down every one of those sockets: each pair then sees its connection end, fails, and wakes
   // its waiters, as when a peer dies (Gloo's closeConnections only closes them, which wakes no one,
-  // and its call that fails a pair is protected); the peers see this rank's connections end.
+  // and its call that fails a pair is protected); the peers see this rank's connections end. Then
+  // releases the contexts (ReleasableContext): the waits a failed pair leaves asleep end too.
   void shut_down_connections();
   // The watch's call when a connection of this communicator ends: unless that peer left normally (it
   // destroyed the communicator, and said so in the store first), fail every connection here too.
@@ -276,7 +276,7 @@ class GlooComm {
   std::shared_ptr<Shared> shared_;
   std::string uid_;
   std::atomic<int64_t> timeout_ms_;
-  std::shared_ptr<::gloo::Context> context_;
+  std::shared_ptr<ReleasableContext> context_;
   // A peer's connection end or announced address, as Gloo writes them → its rank.
   std::map<std::string, int> peer_of_address_;
   std::vector<pid_t> local_pid_of_peer_;  // by rank; 0 for this rank and for peers on other machines
@@ -285,7 +285,7 @@ class GlooComm {
   // The hierarchical path (ranks span machines, some share one): this machine's ranks' segment (none
   // if this rank is alone on it), and on each machine's lowest rank a mesh of one rank per machine.
   std::unique_ptr<ShmGroup> machine_shm_;
-  std::shared_ptr<::gloo::Context> leaders_;
+  std::shared_ptr<ReleasableContext> leaders_;
   struct PairSocket {
     int fd;    // this communicator's own descriptor of the socket (closed with it)
     int peer;  // rank in this communicator
@@ -293,10 +293,6 @@ class GlooComm {
   std::vector<PairSocket> sockets_;
   ConnectionWatch::Handle watched_ = 0;
   std::atomic<int> first_ended_{-1};  // the peer whose connection the watch saw end first
-  // The buffers of the sends and recvs in flight over Gloo's pairs (ours: Gloo's collectives keep
-  // theirs), released by shut_down_connections.
-  std::mutex transfers_mutex_;
-  std::vector<std::weak_ptr<::gloo::transport::UnboundBuffer>> transfers_;
   std::unique_ptr<CollectivePath> path_;  // how the collectives travel (collective_paths.h)
   std::string path_name_ = "single rank";
   plugin::OpQueue queue_;

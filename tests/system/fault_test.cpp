@@ -41,12 +41,20 @@ using backplane::test::ProcessResult;
 int faulty_rank() { return env_int("BPL_TEST_FAULTY_RANK", 1); }
 
 // Runs `operation` (one collective on r.world) `iterations` times; the faulty rank SIGKILLs itself 30 ms
-// after starting the second. A survivor reports the failure it sees ("failed") and that the world then
+// after starting the second, or, with BPL_TEST_STOPPED_MS set, stops itself then (SIGSTOP) and is
+// killed that long later. A survivor reports the failure it sees ("failed") and that the world then
 // refuses operations at once; every rank reports success if none failed.
 template <typename Operation>
 int kill_mid(Rank& r, const char* name, int iterations, Operation&& operation) {
+  const int stopped_ms = env_int("BPL_TEST_STOPPED_MS", 0);
   for (int iteration = 0; iteration < iterations; ++iteration) {
-    if (r.rank == faulty_rank() && iteration == 1) sigkill_self_in(std::chrono::milliseconds(30));
+    if (r.rank == faulty_rank() && iteration == 1 && stopped_ms == 0) sigkill_self_in(std::chrono::milliseconds(30));
+    if (r.rank == faulty_rank() && iteration == 1 && stopped_ms > 0) {
+      std::thread([stopped_ms] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(30));
+        stop_self_until_killed(stopped_ms);
+      }).detach();
+    }
     const auto start = Clock::now();
     const bpl_status status = operation();
     if (status != BPL_OK) {
@@ -68,6 +76,14 @@ int kill_mid_allreduce() {
   return kill_mid(r, "allreduce", 20, [&] {
     return bpl_allreduce(r.world, data.data(), data.data(), data.size(), BPL_DTYPE_F32, BPL_OP_SUM, nullptr);
   });
+}
+
+// Test 1c: 256 MiB broadcasts from rank 0 (the faulty rank is stopped first: BPL_TEST_STOPPED_MS), long
+// enough over TCP that it stops mid-transfer.
+int kill_mid_broadcast() {
+  Rank r = join();
+  std::vector<float> data(64u << 20, 1.0f);
+  return kill_mid(r, "broadcast", 20, [&] { return bpl_broadcast(r.world, data.data(), data.size(), BPL_DTYPE_F32, 0, nullptr); });
 }
 
 // Test 1b: the same in alltoallv (ABI 1.3; on gloo, transfers between each pair of ranks), 4 MiB blocks.
@@ -586,6 +602,28 @@ TEST_P(Fault, KilledRankInAlltoallvIsARemoteErrorNamingItOnEverySurvivor) {
     EXPECT_LT(failed->ms, 2 * kTimeoutMs) << failed->message;
     EXPECT_NE(failed->message.find("rank 1"), std::string::npos) << failed->message;
     EXPECT_NE(failed->message.find("bpl_alltoallv"), std::string::npos) << failed->message;
+  }
+}
+
+// 1c. A rank stopped in a 64 MiB broadcast from rank 0, then killed 600 ms later: the root's send to it
+//     had filled its socket's buffers and was held up mid-write when it died, which Gloo's pairs do not
+//     fail by themselves (its TCP transport wakes only the waits it has not begun writing for). Every
+//     survivor still fails at once with REMOTE naming it, not at its timeout.
+TEST_P(Fault, RankKilledWhileASendToItWasHeldUpIsARemoteErrorOnEverySurvivor) {
+  if (is_mpi()) GTEST_SKIP() << "under mpirun a killed rank ends the whole job (KilledRankIsARemoteError... checks it)";
+  constexpr int kStoppedMs = 600;
+  const Job job = run_job(backend(), 3, "kill_mid_broadcast", {{"BPL_TEST_STOPPED_MS", std::to_string(kStoppedMs)}});
+  EXPECT_EQ(job.processes[1].signal, SIGKILL) << job.output;
+  for (int rank : survivors_of(1, 3)) {
+    EXPECT_FALSE(job.processes[static_cast<size_t>(rank)].timed_out) << job.output;
+    EXPECT_EVENT(job, rank, "failed", "BPL_ERR_REMOTE");
+    const Event* failed = job.event(rank, "failed");
+    if (failed == nullptr) continue;
+    EXPECT_LT(failed->ms, kStoppedMs + 1000) << failed->message;
+    expect_names_only(failed->message, 1);
+    EXPECT_NE(failed->message.find("bpl_broadcast"), std::string::npos) << failed->message;
+    std::printf("%s: rank %d failed %lld ms after its broadcast started: %s\n", backend().c_str(), rank,
+                static_cast<long long>(failed->ms), failed->message.c_str());
   }
 }
 
@@ -1279,6 +1317,7 @@ TEST(Rendezvous, BadWorldSizesAreRefusedBeforeAnyConnection) {
 
 int main(int argc, char** argv) {
   return main_with_scenarios(argc, argv, {{"kill_mid_allreduce", kill_mid_allreduce},
+                                          {"kill_mid_broadcast", kill_mid_broadcast},
                                           {"kill_mid_alltoallv", kill_mid_alltoallv},
                                           {"stop_mid_allreduce", stop_mid_allreduce},
                                           {"per_call_timeouts", per_call_timeouts},

@@ -1,0 +1,106 @@
+#include "releasable_context.h"
+
+#include <gloo/transport/context.h>
+#include <gloo/transport/unbound_buffer.h>
+
+#include <atomic>
+#include <mutex>
+#include <unordered_set>
+
+namespace backplane::gloo_plugin {
+
+namespace transport = ::gloo::transport;
+
+// The transport the context's algorithms see: pairs are the TCP transport's own; each buffer is the
+// TCP transport's, wrapped so that it can be released.
+class ReleasableContext::Transport final : public transport::Context, public std::enable_shared_from_this<Transport> {
+ public:
+  explicit Transport(std::shared_ptr<transport::Context> tcp) : transport::Context(tcp->rank, tcp->size), tcp_(std::move(tcp)) {
+    setTimeout(tcp_->getTimeout());
+  }
+
+  std::unique_ptr<transport::Pair>& getPair(int rank) override { return tcp_->getPair(rank); }
+  std::unique_ptr<transport::Pair>& createPair(int rank) override { return tcp_->createPair(rank); }
+  std::unique_ptr<transport::UnboundBuffer> createUnboundBuffer(void* ptr, size_t size) override;
+
+  void release() {
+    std::lock_guard<std::mutex> lock(buffers_mutex_);
+    released_ = true;
+    for (transport::UnboundBuffer* buffer : buffers_) {
+      buffer->abortWaitSend();
+      buffer->abortWaitRecv();
+    }
+  }
+  bool released() const { return released_.load(); }
+
+ private:
+  class Buffer;
+  std::shared_ptr<transport::Context> tcp_;
+  std::mutex buffers_mutex_;
+  std::unordered_set<transport::UnboundBuffer*> buffers_;  // the TCP transport's, alive
+  std::atomic<bool> released_{false};
+};
+
+// A TCP buffer that throws instead of waiting once its context is released. An abort that reaches
+// the TCP buffer before its wait begins still ends that wait (Gloo keeps it until a wait takes it).
+class ReleasableContext::Transport::Buffer final : public transport::UnboundBuffer {
+ public:
+  Buffer(std::shared_ptr<Transport> owner, std::unique_ptr<transport::UnboundBuffer> tcp)
+      : transport::UnboundBuffer(tcp->ptr, tcp->size), owner_(std::move(owner)), tcp_(std::move(tcp)) {
+    std::lock_guard<std::mutex> lock(owner_->buffers_mutex_);
+    owner_->buffers_.insert(tcp_.get());
+  }
+  ~Buffer() override {
+    std::lock_guard<std::mutex> lock(owner_->buffers_mutex_);
+    owner_->buffers_.erase(tcp_.get());
+  }
+
+  bool waitRecv(int* rank, std::chrono::milliseconds timeout) override {
+    if (owner_->released() || !tcp_->waitRecv(rank, timeout)) throw TransferReleased(false);
+    return true;
+  }
+  bool waitSend(int* rank, std::chrono::milliseconds timeout) override {
+    if (owner_->released() || !tcp_->waitSend(rank, timeout)) throw TransferReleased(true);
+    return true;
+  }
+  void abortWaitRecv() override { tcp_->abortWaitRecv(); }
+  void abortWaitSend() override { tcp_->abortWaitSend(); }
+
+  void send(int dst, uint64_t slot, size_t offset, size_t bytes) override {
+    if (owner_->released()) throw TransferReleased(true);
+    tcp_->send(dst, slot, offset, bytes);
+  }
+  void recv(int src, uint64_t slot, size_t offset, size_t bytes) override {
+    if (owner_->released()) throw TransferReleased(false);
+    tcp_->recv(src, slot, offset, bytes);
+  }
+  void recv(std::vector<int> srcs, uint64_t slot, size_t offset, size_t bytes) override {
+    if (owner_->released()) throw TransferReleased(false);
+    tcp_->recv(std::move(srcs), slot, offset, bytes);
+  }
+
+ private:
+  std::shared_ptr<Transport> owner_;
+  std::unique_ptr<transport::UnboundBuffer> tcp_;
+};
+
+std::unique_ptr<transport::UnboundBuffer> ReleasableContext::Transport::createUnboundBuffer(void* ptr, size_t size) {
+  return std::make_unique<Buffer>(shared_from_this(), tcp_->createUnboundBuffer(ptr, size));
+}
+
+ReleasableContext::ReleasableContext(int rank, int size) : ::gloo::rendezvous::Context(rank, size) {}
+
+ReleasableContext::~ReleasableContext() = default;
+
+void ReleasableContext::connect_full_mesh(::gloo::rendezvous::Store& store,
+                                          std::shared_ptr<transport::Device>& device) {
+  connectFullMesh(store, device);
+  transport_ = std::make_shared<Transport>(transportContext_);
+  transportContext_ = transport_;
+}
+
+void ReleasableContext::release() {
+  if (transport_) transport_->release();
+}
+
+}  // namespace backplane::gloo_plugin
