@@ -335,8 +335,8 @@ uint32_t ShmGroup::agree_on_counts(uint32_t kind, uint64_t bytes, int64_t pairin
   return step;
 }
 
-void ShmGroup::allgatherv(const void* send, size_t send_bytes, void* recv, const std::vector<size_t>& bytes,
-                          const std::vector<size_t>& offsets, int64_t pairing_share, std::chrono::milliseconds timeout) {
+void ShmGroup::allgatherv(const void* send, size_t send_bytes, void* recv, const plugin::Counts& bytes,
+                          const plugin::Counts& offsets, int64_t pairing_share, std::chrono::milliseconds timeout) {
   const Deadline deadline(timeout, send_bytes * static_cast<size_t>(size_));
   const auto* in = static_cast<const char*>(send);
   auto* out = static_cast<char*>(recv);
@@ -372,8 +372,8 @@ void ShmGroup::allgatherv(const void* send, size_t send_bytes, void* recv, const
   if (largest == 0 && own != in) copy_bytes(own, in, send_bytes);  // a world of one
 }
 
-void ShmGroup::alltoallv(const void* send, const std::vector<size_t>& send_bytes, const std::vector<size_t>& send_offsets,
-                         void* recv, const std::vector<size_t>& recv_bytes, const std::vector<size_t>& recv_offsets,
+void ShmGroup::alltoallv(const void* send, const plugin::Counts& send_bytes, const plugin::Counts& send_offsets,
+                         void* recv, const plugin::Counts& recv_bytes, const plugin::Counts& recv_offsets,
                          int64_t pairing_share, std::chrono::milliseconds timeout) {
   const Deadline deadline(timeout, std::accumulate(send_bytes.begin(), send_bytes.end(), size_t{0}));
   const auto* in = static_cast<const char*>(send);

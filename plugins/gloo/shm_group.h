@@ -42,6 +42,7 @@
 
 #include "backplane/backplane.h"
 #include "dtypes.h"
+#include "plugin_support.h"
 
 namespace backplane::gloo_plugin {
 
@@ -182,10 +183,10 @@ class ShmGroup {
   // element counts. A first step checks that the counts pair up, before any data moves (MISMATCH on
   // every rank), and learns the largest block any rank sends; then, like allgather and alltoall, single
   // copy at its sizes or a slot's worth of every block per step.
-  void allgatherv(const void* send, size_t send_bytes, void* recv, const std::vector<size_t>& bytes,
-                  const std::vector<size_t>& offsets, int64_t pairing_share, std::chrono::milliseconds timeout);
-  void alltoallv(const void* send, const std::vector<size_t>& send_bytes, const std::vector<size_t>& send_offsets,
-                 void* recv, const std::vector<size_t>& recv_bytes, const std::vector<size_t>& recv_offsets,
+  void allgatherv(const void* send, size_t send_bytes, void* recv, const plugin::Counts& bytes,
+                  const plugin::Counts& offsets, int64_t pairing_share, std::chrono::milliseconds timeout);
+  void alltoallv(const void* send, const plugin::Counts& send_bytes, const plugin::Counts& send_offsets,
+                 void* recv, const plugin::Counts& recv_bytes, const plugin::Counts& recv_offsets,
                  int64_t pairing_share, std::chrono::milliseconds timeout);
 
   // Marks the group failed by this rank with `status` and `reason` (the first record wins) and wakes

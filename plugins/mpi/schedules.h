@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "dtypes.h"
+#include "plugin_support.h"
 
 namespace backplane::mpi_plugin {
 
@@ -90,7 +91,7 @@ class Blocks {
     blocks.equal_bytes_ = bytes;
     return blocks;
   }
-  Blocks(std::vector<size_t> offsets, std::vector<size_t> bytes)
+  Blocks(plugin::Counts offsets, plugin::Counts bytes)
       : listed_(true), offsets_(std::move(offsets)), bytes_(std::move(bytes)) {}
 
   size_t offset(int rank) const {
@@ -102,7 +103,7 @@ class Blocks {
   Blocks() = default;
   bool listed_ = false;
   size_t equal_bytes_ = 0;
-  std::vector<size_t> offsets_, bytes_;
+  plugin::Counts offsets_, bytes_;
 };
 
 // Allgather(v) into `data`: a ring, size - 1 rounds, in round s each rank passing on the block it

@@ -423,7 +423,7 @@ TEST_P(ShmGroupRanks, AllgathervAndAlltoallvWithUnevenBlocks) {
       const auto me = static_cast<size_t>(rank);
       // allgatherv: this rank's block is bytes_of(me, me); blocks in recv in reverse rank order, a gap
       // of 5 bytes between them (checked untouched).
-      std::vector<size_t> bytes(ranks), offsets(ranks);
+      backplane::plugin::Counts bytes(ranks), offsets(ranks);
       size_t at = 0;
       for (size_t q = ranks; q-- > 0;) {
         bytes[q] = bytes_of(q, q);
@@ -446,7 +446,7 @@ TEST_P(ShmGroupRanks, AllgathervAndAlltoallvWithUnevenBlocks) {
         }
       }
       // alltoallv: blocks in send in rank order, in recv in reverse order.
-      std::vector<size_t> send_bytes(ranks), send_offsets(ranks), recv_bytes(ranks), recv_offsets(ranks);
+      backplane::plugin::Counts send_bytes(ranks), send_offsets(ranks), recv_bytes(ranks), recv_offsets(ranks);
       size_t sent = 0, received = 0;
       for (size_t q = 0; q < ranks; ++q) {
         send_bytes[q] = bytes_of(me, q);
@@ -490,7 +490,7 @@ TEST_P(ShmGroupRanks, VariableSizeCountsThatDoNotPairUpAreAMismatchOnEveryRank) 
     std::vector<std::string> errors(ranks * 2);
     run_threads(groups, [&](int rank, ShmGroup& group) {
       const auto me = static_cast<size_t>(rank);
-      std::vector<size_t> sends(ranks, block), recvs(ranks, block), offsets(ranks);
+      backplane::plugin::Counts sends(ranks, block), recvs(ranks, block), offsets(ranks);
       if (rank == 1) recvs[0] = block + 1;
       for (size_t q = 0; q < ranks; ++q) offsets[q] = q * (block + 1);
       std::vector<char> out(ranks * (block + 1), 'o'), in(ranks * (block + 1), 'x');

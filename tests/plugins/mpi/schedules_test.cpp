@@ -224,7 +224,7 @@ TEST_P(Schedules, ReduceToEveryRootSumsEveryRanksDataThere) {
 TEST_P(Schedules, AllgatherOfUnevenBlocksFillsEveryRanksBuffer) {
   const int size = GetParam();
   const auto ranks = static_cast<size_t>(size);
-  std::vector<size_t> offsets, bytes;
+  backplane::plugin::Counts offsets, bytes;
   size_t total = 0;
   for (size_t q = 0; q < ranks; ++q) {
     offsets.push_back(total);
