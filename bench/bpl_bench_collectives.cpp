@@ -19,7 +19,10 @@
 // --dtypes=f32,bf16, --ops=allreduce,allgather,reduce_scatter,broadcast,alltoall,pingpong,barrier,
 // gather,scatter,allgatherv,alltoallv,copy,
 // --repetitions=N (5), --max-iterations=N (1000), --buffer-offset=N (0: page-aligned buffers), --no-raw,
-// --async (each operation posted with a request and waited for; the raw library's non-blocking form).
+// --async (each operation posted with a request and waited for; the raw library's non-blocking form),
+// --interleave (each point's repetitions alternate, backplane then the raw library, instead of running
+// in a row: on a shared or loaded machine both then meet its slow and fast spells alike; the JSON then
+// holds one run per repetition and no aggregates, and the console and the tools take the median).
 // Sizes take K, M and G suffixes (powers of 1024).
 #include <benchmark/benchmark.h>
 #include <unistd.h>
@@ -28,6 +31,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -58,6 +62,8 @@ struct Settings {
   // Every operation posted with a request and waited for (bpl_request_wait), against the raw library's
   // non-blocking call and MPI_Wait where it has one.
   bool async = false;
+  // Repetitions alternating between the two implementations of each point (see the flags above).
+  bool interleave = false;
 };
 
 struct Job {
@@ -130,6 +136,8 @@ Settings parse_settings(int& argc, char** argv) {
       settings.raw = false;
     } else if (arg == "--async") {
       settings.async = true;
+    } else if (arg == "--interleave") {
+      settings.interleave = true;
     } else {
       argv[kept++] = argv[i];
     }
@@ -263,28 +271,34 @@ int64_t iterations_for(int64_t bytes, int64_t max_iterations) {
                              max_iterations);
 }
 
-// Google Benchmark's settings shared by every benchmark of a size.
+// Google Benchmark's settings shared by every benchmark of a size. Interleaved, each registration is
+// one repetition: the caller registers the point's pair once per repetition.
 void configure(benchmark::internal::Benchmark* b, int64_t iterations, const Settings& settings) {
-  b->Iterations(iterations)->Repetitions(settings.repetitions)->ReportAggregatesOnly(true)->UseRealTime()->Unit(
-      benchmark::kMicrosecond);
+  b->Iterations(iterations)->Repetitions(settings.interleave ? 1 : settings.repetitions)->ReportAggregatesOnly(true)
+      ->UseRealTime()->Unit(benchmark::kMicrosecond);
 }
+
+// How many times a point's benchmarks are registered: once, or once per repetition when interleaved.
+int registrations(const Settings& settings) { return settings.interleave ? settings.repetitions : 1; }
 
 // The reference: a memcpy of `bytes` on every rank at once (each rank runs the same loop), as the ranks
 // of a collective in shared memory copy at once.
 void register_copy(int64_t bytes, const Settings& settings) {
-  benchmark::internal::Benchmark* b = benchmark::RegisterBenchmark(
-      ("copy/u8/" + std::to_string(bytes) + "/memcpy").c_str(), [=](benchmark::State& state) {
-        Buffers buffers(static_cast<size_t>(bytes), static_cast<size_t>(bytes), static_cast<size_t>(settings.buffer_offset));
-        for (auto _ : state) {
-          std::memcpy(buffers.recv.data(), buffers.send.data(), static_cast<size_t>(bytes));
-          benchmark::ClobberMemory();
-        }
-        state.counters["bytes"] = static_cast<double>(bytes);
-        for (const char* counter : {"algbw_GBps", "busbw_GBps"}) {
-          state.counters[counter] = benchmark::Counter(static_cast<double>(bytes) / 1e9, benchmark::Counter::kIsIterationInvariantRate);
-        }
-      });
-  configure(b, iterations_for(bytes, settings.max_iterations), settings);
+  for (int r = 0; r < registrations(settings); ++r) {
+    benchmark::internal::Benchmark* b = benchmark::RegisterBenchmark(
+        ("copy/u8/" + std::to_string(bytes) + "/memcpy").c_str(), [=](benchmark::State& state) {
+          Buffers buffers(static_cast<size_t>(bytes), static_cast<size_t>(bytes), static_cast<size_t>(settings.buffer_offset));
+          for (auto _ : state) {
+            std::memcpy(buffers.recv.data(), buffers.send.data(), static_cast<size_t>(bytes));
+            benchmark::ClobberMemory();
+          }
+          state.counters["bytes"] = static_cast<double>(bytes);
+          for (const char* counter : {"algbw_GBps", "busbw_GBps"}) {
+            state.counters[counter] = benchmark::Counter(static_cast<double>(bytes) / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+          }
+        });
+    configure(b, iterations_for(bytes, settings.max_iterations), settings);
+  }
 }
 
 void register_pair(const std::string& op, const std::string& dtype_name, int64_t bytes, const Settings& settings) {
@@ -304,50 +318,78 @@ void register_pair(const std::string& op, const std::string& dtype_name, int64_t
         benchmark::Counter(moved * s.bus_factor / 1e9, benchmark::Counter::kIsIterationInvariantRate);
   };
   const int64_t iterations = sized ? iterations_for(bytes, settings.max_iterations) : settings.max_iterations;
-  configure(benchmark::RegisterBenchmark((base + "/backplane").c_str(), [=](benchmark::State& state) {
+  // One repetition of one implementation. The ranks first meet: one that left the previous benchmark
+  // early would time its wait for the others. Interleaved, a quarter of the iterations then run
+  // untimed, as many on every rank: the other implementation ran in between (its caches, and this
+  // one's waits gone to sleep, would be timed).
+  const int64_t warm_up = settings.interleave ? std::max<int64_t>(1, iterations / 4) : 0;
+  auto repetition = [=](benchmark::State& state, const std::function<void()>& meet,
+                        const std::function<void(Buffers&)>& once) {
     Buffers buffers(s.send_bytes, s.recv_bytes, static_cast<size_t>(settings.buffer_offset));
-    for (auto _ : state) {
-      if (run_backplane(op, buffers, s, dtype, settings.async) != BPL_OK) fail(op + " through backplane: " + bpl_last_error());
-    }
+    meet();
+    for (int64_t i = 0; i < warm_up; ++i) once(buffers);
+    for (auto _ : state) once(buffers);
     set_counters(state);
-  }), iterations, settings);
-  if (!job.raw) return;
-  configure(benchmark::RegisterBenchmark((base + "/raw").c_str(), [=](benchmark::State& state) {
-    Buffers buffers(s.send_bytes, s.recv_bytes, static_cast<size_t>(settings.buffer_offset));
-    for (auto _ : state) {
-      try {
-        run_raw(op, buffers, s, dtype);
-      } catch (const std::exception& e) {
-        fail(op + " through the raw library: " + e.what());
-      }
+  };
+  auto through_backplane = [=](Buffers& buffers) {
+    if (run_backplane(op, buffers, s, dtype, settings.async) != BPL_OK) fail(op + " through backplane: " + bpl_last_error());
+  };
+  auto through_raw = [=](Buffers& buffers) {
+    try {
+      run_raw(op, buffers, s, dtype);
+    } catch (const std::exception& e) {
+      fail(op + " through the raw library: " + e.what());
     }
-    set_counters(state);
-  }), iterations, settings);
+  };
+  for (int r = 0; r < registrations(settings); ++r) {
+    configure(benchmark::RegisterBenchmark((base + "/backplane").c_str(), [=](benchmark::State& state) {
+      repetition(state, [] {
+        if (bpl_barrier(job.world, nullptr) != BPL_OK) fail(std::string("barrier through backplane: ") + bpl_last_error());
+      }, through_backplane);
+    }), iterations, settings);
+    if (!job.raw) continue;
+    configure(benchmark::RegisterBenchmark((base + "/raw").c_str(), [=](benchmark::State& state) {
+      repetition(state, [] { job.raw->barrier(); }, through_raw);
+    }), iterations, settings);
+  }
 }
 
 /* ---- reporting ---- */
 
-// Google Benchmark's console output, plus "backplane/raw" after each raw median.
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
+}
+
+// Google Benchmark's console output, plus "backplane/raw" after each raw median; interleaved (no
+// aggregates), the ratio of the medians of each point's runs once its last raw run is in.
 class RatioReporter : public benchmark::ConsoleReporter {
  public:
+  explicit RatioReporter(int interleaved_runs) : interleaved_runs_(interleaved_runs) {}
+
   void ReportRuns(const std::vector<Run>& runs) override {
     ConsoleReporter::ReportRuns(runs);
     for (const Run& run : runs) {
-      if (run.aggregate_name != "median") continue;
+      const bool one_run = interleaved_runs_ > 0 && run.aggregate_name.empty();
+      if (run.aggregate_name != "median" && !one_run) continue;
       const std::string name = run.run_name.function_name;
       const size_t slash = name.rfind('/');
       const std::string key = name.substr(0, slash), impl = name.substr(slash + 1);
-      if (impl == "backplane") {
-        backplane_median_[key] = run.GetAdjustedRealTime();
-      } else if (impl == "raw" && backplane_median_.count(key)) {
-        GetOutputStream() << "  " << key << ": backplane/raw = " << backplane_median_[key] / run.GetAdjustedRealTime()
-                          << "\n";
+      if (impl != "backplane" && impl != "raw") continue;
+      std::vector<double>& times = (impl == "backplane" ? backplane_ : raw_)[key];
+      times.push_back(run.GetAdjustedRealTime());
+      const size_t complete = one_run ? static_cast<size_t>(interleaved_runs_) : 1;
+      if (impl == "raw" && times.size() == complete && backplane_[key].size() == complete) {
+        GetOutputStream() << "  " << key << ": backplane/raw = " << median(backplane_[key]) / median(times)
+                          << (one_run ? " (medians of " + std::to_string(complete) + " interleaved runs)" : "") << "\n";
       }
     }
   }
 
  private:
-  std::map<std::string, double> backplane_median_;
+  int interleaved_runs_;  // runs per benchmark when interleaved, else 0
+  std::map<std::string, std::vector<double>> backplane_, raw_;
 };
 
 class NullReporter : public benchmark::BenchmarkReporter {
@@ -419,6 +461,9 @@ int main(int argc, char** argv) {
                                                                 : "blocking");
   benchmark::AddCustomContext("host", std::string(host) + ", " + std::to_string(std::thread::hardware_concurrency()) +
                                           " hardware threads");
+  benchmark::AddCustomContext("repetitions", std::to_string(settings.repetitions) +
+                                                 (settings.interleave ? " per point, backplane's and the raw library's alternating"
+                                                                      : " per benchmark, in a row"));
   benchmark::AddCustomContext("buffer_offset", std::to_string(settings.buffer_offset) + " bytes past a page boundary");
 
   for (const std::string& op : settings.ops) {
@@ -441,7 +486,7 @@ int main(int argc, char** argv) {
   }
 
   if (job.rank == 0) {
-    RatioReporter display;
+    RatioReporter display(settings.interleave ? settings.repetitions : 0);
     benchmark::RunSpecifiedBenchmarks(&display);
   } else {
     NullReporter display;

@@ -58,7 +58,9 @@ def under_load():
         expect(seen == 2, f"--load 2 ran {seen} busy processes")
         expect(load_processes() == [], "busy processes were left running after --load")
         with open(os.path.join(out, "collectives.md")) as f:
-            expect("Under load: 2 busy processes" in f.read(), "the table says the run was under load")
+            table = f.read()
+        expect("Under load: 2 busy processes" in table, "the table says the run was under load")
+        expect("alternating" in table, "under load, the repetitions alternate (--interleave)")
     expect(subprocess.run([os.path.join(bin_dir, "bpl-bench-compare"), "--load", "-1"], capture_output=True).returncode
            != 0, "--load -1 is refused")
 
@@ -113,6 +115,34 @@ def asynchronous(backends):
                 expect(name in medians, f"{backend} --async: no median for {name}")
         with open(os.path.join(out, "collectives.md")) as f:
             expect("backplane's calls: asynchronous" in f.read(), "the table says the calls were asynchronous")
+
+
+def interleaved(backend):
+    """--interleave: each point's repetitions alternate, backplane then raw, one run each (no
+    aggregates); the console and the table give the medians of those runs."""
+    bin_dir = sys.argv[1]
+    with tempfile.TemporaryDirectory() as out:
+        command = [os.path.join(bin_dir, "bpl-bench-compare"), "--out", out, "--backends", backend, "--",
+                   "--dtypes=f32", "--ops=allreduce,barrier", "--max-bytes=64", "--step-factor=16", "--repetitions=3",
+                   "--max-iterations=5", "--interleave"]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        expect(result.returncode == 0, f"--interleave run failed ({result.returncode}): {result.stdout}\n{result.stderr}")
+        if result.returncode != 0:
+            return
+        expect("allreduce/f32/64: backplane/raw = " in result.stdout and "(medians of 3 interleaved runs)" in result.stdout,
+               f"--interleave: the console gives the ratio of the medians: {result.stdout}")
+        with open(os.path.join(out, f"{backend}.json")) as f:
+            results = json.load(f)
+        expect("alternating" in results["context"].get("repetitions", ""), "--interleave: the context says so")
+        names = [b["run_name"].split("/iterations")[0] for b in results["benchmarks"]]
+        expect(all(b.get("run_type") == "iteration" for b in results["benchmarks"]), "--interleave: no aggregates")
+        for point in ("allreduce/f32/4", "allreduce/f32/64", "barrier"):
+            runs = [n for n in names if n.rsplit("/", 1)[0] == point]
+            expect(runs == [f"{point}/backplane", f"{point}/raw"] * 3, f"--interleave: {point} runs in turn: {runs}")
+        with open(os.path.join(out, "collectives.md")) as f:
+            row = re.search(r"^\| allreduce \| f32 \| 64 B \|(.*)$", f.read(), re.M)
+        expect(row is not None and len(re.findall(r"\| [0-9]+\.[0-9]+ ", row.group(0))) >= 4,
+               f"--interleave: the table has the medians: {row.group(0) if row else None}")
 
 
 def main():
@@ -174,6 +204,7 @@ def main():
                    f"{backend}: the copy reference is reported")
     under_load()
     asynchronous(backends)
+    interleaved(backends[-1])
     if failures:
         sys.exit("FAILED:\n  " + "\n  ".join(failures))
     print(f"bench_compare_test: {', '.join(backends)}: every operation and size measured both ways; table and plot written")

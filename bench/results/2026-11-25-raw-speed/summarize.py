@@ -13,17 +13,23 @@ RANKS = 2
 
 
 def medians(path):
+    """Each benchmark's median aggregate or, where it has none (--interleave: one run per repetition),
+    the median of its runs."""
     with open(path) as f:
         results = json.load(f)
-    table = {}
+    runs = {}
     for b in results["benchmarks"]:
-        if b.get("aggregate_name") != "median":
+        if b.get("run_type") == "aggregate" and b.get("aggregate_name") != "median":
             continue
         parts = b["run_name"].split("/")
         key = ("barrier", 0) if parts[0] == "barrier" else (parts[0], int(parts[2]))
         impl = parts[1] if parts[0] == "barrier" else parts[3]
         unit = {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}[b.get("time_unit", "ns")]
-        table.setdefault(key, {})[impl] = (b["real_time"] * unit, b.get("busbw_GBps", 0.0))
+        runs.setdefault((key, impl), []).append((b["real_time"] * unit, b.get("busbw_GBps", 0.0)))
+    table = {}
+    for (key, impl), values in runs.items():
+        table.setdefault(key, {})[impl] = (statistics.median(v[0] for v in values),
+                                           statistics.median(v[1] for v in values))
     return table
 
 
