@@ -588,6 +588,19 @@ TEST_P(Fault, KilledRankIsARemoteErrorNamingItOnEverySurvivor) {
   expect_killed_rank_is_a_remote_error_on_every_survivor(backend(), 1);
 }
 
+// Survivor `rank` of a job whose rank 1 was killed: it did not time out and failed with REMOTE in
+// `op` within `within_ms`. Its event, or null (the failure is recorded).
+const Event* expect_remote_failure_in(const Job& job, int rank, const std::string& op, int64_t within_ms) {
+  EXPECT_FALSE(job.processes[static_cast<size_t>(rank)].timed_out) << job.output;
+  const Event* failed = job.event(rank, "failed");
+  EXPECT_NE(failed, nullptr) << "rank " << rank << " reported no failure:\n" << job.output;
+  if (failed == nullptr) return nullptr;
+  EXPECT_EQ(failed->status, "BPL_ERR_REMOTE") << "rank " << rank << ":\n" << job.output;
+  EXPECT_LT(failed->ms, within_ms) << failed->message;
+  EXPECT_NE(failed->message.find(op), std::string::npos) << failed->message;
+  return failed;
+}
+
 // A rank killed in one of ABI 1.3's collectives (alltoallv: every pair of ranks exchanges) is named the
 // same way. (Under mpirun the killed rank ends the job, as the test above checks for an allreduce.)
 TEST_P(Fault, KilledRankInAlltoallvIsARemoteErrorNamingItOnEverySurvivor) {
@@ -595,13 +608,10 @@ TEST_P(Fault, KilledRankInAlltoallvIsARemoteErrorNamingItOnEverySurvivor) {
   const Job job = run_job(backend(), 3, "kill_mid_alltoallv", {{"BPL_TEST_FAULTY_RANK", "1"}});
   EXPECT_EQ(job.processes[1].signal, SIGKILL) << job.output;
   for (int rank : survivors_of(1, 3)) {
-    EXPECT_FALSE(job.processes[static_cast<size_t>(rank)].timed_out) << job.output;
-    EXPECT_EVENT(job, rank, "failed", "BPL_ERR_REMOTE");
-    const Event* failed = job.event(rank, "failed");
-    if (failed == nullptr) continue;
-    EXPECT_LT(failed->ms, 2 * kTimeoutMs) << failed->message;
-    EXPECT_NE(failed->message.find("rank 1"), std::string::npos) << failed->message;
-    EXPECT_NE(failed->message.find("bpl_alltoallv"), std::string::npos) << failed->message;
+    const Event* failed = expect_remote_failure_in(job, rank, "bpl_alltoallv", 2 * kTimeoutMs);
+    if (failed != nullptr) {
+      EXPECT_NE(failed->message.find("rank 1"), std::string::npos) << failed->message;
+    }
   }
 }
 
@@ -615,13 +625,9 @@ TEST_P(Fault, RankKilledWhileASendToItWasHeldUpIsARemoteErrorOnEverySurvivor) {
   const Job job = run_job(backend(), 3, "kill_mid_broadcast", {{"BPL_TEST_STOPPED_MS", std::to_string(kStoppedMs)}});
   EXPECT_EQ(job.processes[1].signal, SIGKILL) << job.output;
   for (int rank : survivors_of(1, 3)) {
-    EXPECT_FALSE(job.processes[static_cast<size_t>(rank)].timed_out) << job.output;
-    EXPECT_EVENT(job, rank, "failed", "BPL_ERR_REMOTE");
-    const Event* failed = job.event(rank, "failed");
+    const Event* failed = expect_remote_failure_in(job, rank, "bpl_broadcast", kStoppedMs + 1000);
     if (failed == nullptr) continue;
-    EXPECT_LT(failed->ms, kStoppedMs + 1000) << failed->message;
     expect_names_only(failed->message, 1);
-    EXPECT_NE(failed->message.find("bpl_broadcast"), std::string::npos) << failed->message;
     std::printf("%s: rank %d failed %lld ms after its broadcast started: %s\n", backend().c_str(), rank,
                 static_cast<long long>(failed->ms), failed->message.c_str());
   }
