@@ -31,7 +31,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <functional>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -323,8 +322,7 @@ void register_pair(const std::string& op, const std::string& dtype_name, int64_t
   // untimed, as many on every rank: the other implementation ran in between (its caches, and this
   // one's waits gone to sleep, would be timed).
   const int64_t warm_up = settings.interleave ? std::max<int64_t>(1, iterations / 4) : 0;
-  auto repetition = [=](benchmark::State& state, const std::function<void()>& meet,
-                        const std::function<void(Buffers&)>& once) {
+  auto repetition = [=](benchmark::State& state, auto meet, auto once) {
     Buffers buffers(s.send_bytes, s.recv_bytes, static_cast<size_t>(settings.buffer_offset));
     meet();
     for (int64_t i = 0; i < warm_up; ++i) once(buffers);
