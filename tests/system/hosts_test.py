@@ -431,9 +431,11 @@ def fault_mpi_host_killed(bin_dir):
     print(f"passed: mpirun, host 1 killed: the job ended in {elapsed:.1f} s naming {hosts.host(1)}; nothing left")
 
 
-# ORTE's out-of-band channel probes an idle connection after 2 s, then every second, and gives up after
-# 3 unanswered probes: a daemon cut off is lost in about 5 s (Open MPI's defaults: 300 s, 20 s, 9 probes).
-MPI_OOB_KEEPALIVE = ["--mca", "oob_tcp_keepalive_time", "2", "--mca", "oob_tcp_keepalive_intvl", "1",
+# ORTE's out-of-band channel probes an idle connection after 6 s, then every second, and gives up after
+# 3 unanswered probes: a daemon cut off is lost in about 9 s (Open MPI's defaults: 300 s, 20 s, 9 probes).
+# Well after rank 0's TIMEOUT (at most T + 1 s = 4 s after the cut), so that mpirun reports that first:
+# with 2 s (lost in about 5 s) a loaded machine let the lost daemon come first (once in a full suite).
+MPI_OOB_KEEPALIVE = ["--mca", "oob_tcp_keepalive_time", "6", "--mca", "oob_tcp_keepalive_intvl", "1",
                      "--mca", "oob_tcp_keepalive_probes", "3"]
 
 
