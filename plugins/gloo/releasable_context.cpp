@@ -3,9 +3,10 @@
 #include <gloo/transport/context.h>
 #include <gloo/transport/unbound_buffer.h>
 
+#include <algorithm>
 #include <atomic>
 #include <mutex>
-#include <unordered_set>
+#include <vector>
 
 namespace backplane::gloo_plugin {
 
@@ -37,7 +38,7 @@ class ReleasableContext::Transport final : public transport::Context, public std
   class Buffer;
   std::shared_ptr<transport::Context> tcp_;
   std::mutex buffers_mutex_;
-  std::unordered_set<transport::UnboundBuffer*> buffers_;  // the TCP transport's, alive
+  std::vector<transport::UnboundBuffer*> buffers_;  // the TCP transport's, alive (a few at a time)
   std::atomic<bool> released_{false};
 };
 
@@ -48,11 +49,13 @@ class ReleasableContext::Transport::Buffer final : public transport::UnboundBuff
   Buffer(std::shared_ptr<Transport> owner, std::unique_ptr<transport::UnboundBuffer> tcp)
       : transport::UnboundBuffer(tcp->ptr, tcp->size), owner_(std::move(owner)), tcp_(std::move(tcp)) {
     std::lock_guard<std::mutex> lock(owner_->buffers_mutex_);
-    owner_->buffers_.insert(tcp_.get());
+    owner_->buffers_.push_back(tcp_.get());
   }
   ~Buffer() override {
     std::lock_guard<std::mutex> lock(owner_->buffers_mutex_);
-    owner_->buffers_.erase(tcp_.get());
+    std::vector<transport::UnboundBuffer*>& buffers = owner_->buffers_;
+    *std::find(buffers.begin(), buffers.end(), tcp_.get()) = buffers.back();
+    buffers.pop_back();
   }
 
   bool waitRecv(int* rank, std::chrono::milliseconds timeout) override {
