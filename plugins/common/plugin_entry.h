@@ -24,9 +24,10 @@
 //   reduce_scatter(send, recv, recvcount, dtype, op, req)  barrier(req)
 // and, where the backend has them, alltoall(send, recv, count, dtype, req), send(buf, count, dtype,
 // peer, tag, req), recv(…), abort(), and (ABI 1.3) gather(send, recv, count, dtype, root, req),
-// scatter(…the same…), allgatherv(send, sendcount, recv, Counts recvcounts, Counts displs, dtype, req)
-// and alltoallv(send, Counts sendcounts, Counts sdispls, recv, Counts recvcounts, Counts rdispls,
-// dtype, req), whose Counts (one per rank, in elements) are the communicator's own copies; and
+// scatter(…the same…), allgatherv(send, sendcount, recv, CountsView recvcounts, CountsView displs,
+// dtype, req) and alltoallv(send, CountsView sendcounts, CountsView sdispls, recv, CountsView
+// recvcounts, CountsView rdispls, dtype, req), whose views (one count per rank, in elements) are the
+// caller's arrays, valid during the call (a communicator keeps copies of what it keeps); and
 // path_of(collective, bytes) (const), how it moves such an operation, for BPL_TRACE. An entry the
 // communicator lacks stays NULL in the table, which the core reports as unsupported. A new collective
 // of the ABI is added here once, and to each plugin's communicator.
@@ -62,10 +63,13 @@ template <typename Comm, typename = void>
 struct HasVariableCollectives : std::false_type {};
 template <typename Comm>
 struct HasVariableCollectives<
-    Comm, std::void_t<decltype(std::declval<Comm&>().allgatherv(nullptr, size_t{}, nullptr, Counts{}, Counts{}, bpl_dtype{},
+    Comm, std::void_t<decltype(std::declval<Comm&>().allgatherv(nullptr, size_t{}, nullptr, std::declval<CountsView>(),
+                                                                std::declval<CountsView>(), bpl_dtype{},
                                                                 static_cast<bpl_plugin_request**>(nullptr))),
-                      decltype(std::declval<Comm&>().alltoallv(nullptr, Counts{}, Counts{}, nullptr, Counts{}, Counts{},
-                                                               bpl_dtype{}, static_cast<bpl_plugin_request**>(nullptr)))>>
+                      decltype(std::declval<Comm&>().alltoallv(
+                          nullptr, std::declval<CountsView>(), std::declval<CountsView>(), nullptr,
+                          std::declval<CountsView>(), std::declval<CountsView>(), bpl_dtype{},
+                          static_cast<bpl_plugin_request**>(nullptr)))>>
     : std::true_type {};
 
 template <typename Comm, typename = void>
@@ -126,12 +130,8 @@ struct CommEntries {
   static bpl_plugin_comm* handle(Comm* c) { return reinterpret_cast<bpl_plugin_comm*>(c); }
   static Request* request(bpl_plugin_request* req) { return reinterpret_cast<Request*>(req); }
   static size_t elements(int64_t count) { return static_cast<size_t>(count); }  // the core checked count >= 0
-  // The communicator's own copy of a per-rank array (the caller's is valid only during the call).
-  static Counts counts(const int64_t* values, Comm& c) {
-    Counts copy(static_cast<size_t>(c.size()));
-    for (size_t r = 0; r < copy.size(); ++r) copy[r] = elements(values[r]);
-    return copy;
-  }
+  // A per-rank array of the caller's, as the communicator reads it.
+  static CountsView counts(const int64_t* values, Comm& c) { return CountsView(values, static_cast<size_t>(c.size())); }
 
   /* ---- communicators ---- */
 

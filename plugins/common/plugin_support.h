@@ -2,8 +2,10 @@
 // turns any exception into a status plus a message through the host's set_error (plugin.h contract).
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <new>
 #include <stdexcept>
@@ -16,9 +18,9 @@
 
 namespace backplane::plugin {
 
-// Counts or displacements of a variable-size collective (allgatherv, alltoallv), one per rank, in
-// elements: the plugin's own copy of the caller's array. Held inline up to 8 ranks: a small call
-// copies four of them, which on the heap cost a measurable part of its time beside MPI's.
+// Counts or displacements of a variable-size collective (allgatherv, alltoallv), one per rank: a
+// communicator's own copy, which it keeps while the operation runs. Held inline up to 8 ranks: a small
+// call copies four of them, which on the heap cost a measurable part of its time beside MPI's.
 using Counts = boost::container::small_vector<size_t, 8>;
 
 // `elements` (counts or displacements) in bytes of elements of `element` bytes (in place when moved in).
@@ -26,6 +28,36 @@ inline Counts in_bytes(Counts elements, size_t element) {
   for (size_t& e : elements) e *= element;
   return elements;
 }
+
+// The caller's counts or displacements of a variable-size collective, one per rank, in elements (the
+// core checked them): valid only during the call. A communicator that finishes the call before it
+// returns reads them in place; one that keeps them takes a copy.
+class CountsView {
+ public:
+  CountsView(const int64_t* elements, size_t ranks) : elements_(elements), ranks_(ranks) {}
+  size_t size() const { return ranks_; }
+  size_t operator[](size_t rank) const { return static_cast<size_t>(elements_[rank]); }
+  size_t sum() const {
+    size_t total = 0;
+    for (size_t r = 0; r < ranks_; ++r) total += (*this)[r];
+    return total;
+  }
+  size_t max() const {
+    size_t largest = 0;
+    for (size_t r = 0; r < ranks_; ++r) largest = std::max(largest, (*this)[r]);
+    return largest;
+  }
+  // A copy, in units of `unit` bytes per element (1: in elements; an element's size: in bytes).
+  Counts copy(size_t unit = 1) const {
+    Counts values(ranks_);
+    for (size_t r = 0; r < ranks_; ++r) values[r] = (*this)[r] * unit;
+    return values;
+  }
+
+ private:
+  const int64_t* elements_;
+  size_t ranks_;
+};
 
 class Error : public std::runtime_error {
  public:

@@ -16,7 +16,6 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <numeric>
 #include <optional>
 #include <string>
 #include <thread>
@@ -122,17 +121,17 @@ class GlooComm {
   void scatter(const void* send, void* recv, size_t count, bpl_dtype dtype, int root, bpl_plugin_request** req) {
     submit(count * plugin::dtype_size(dtype), [=] { run_scatter(send, recv, count, dtype, root); }, req);
   }
-  void allgatherv(const void* send, size_t sendcount, void* recv, plugin::Counts recvcounts, plugin::Counts displs,
+  void allgatherv(const void* send, size_t sendcount, void* recv, plugin::CountsView recvcounts, plugin::CountsView displs,
                   bpl_dtype dtype, bpl_plugin_request** req) {
-    submit(sendcount * plugin::dtype_size(dtype), [=, recvcounts = std::move(recvcounts), displs = std::move(displs)] {
+    submit(sendcount * plugin::dtype_size(dtype), [=, recvcounts = recvcounts.copy(), displs = displs.copy()] {
       run_allgatherv(send, sendcount, recv, recvcounts, displs, dtype);
     }, req);
   }
-  void alltoallv(const void* send, plugin::Counts sendcounts, plugin::Counts sdispls, void* recv, plugin::Counts recvcounts,
-                 plugin::Counts rdispls, bpl_dtype dtype, bpl_plugin_request** req) {
-    const size_t bytes = std::accumulate(sendcounts.begin(), sendcounts.end(), size_t{0}) * plugin::dtype_size(dtype);
-    submit(bytes, [=, sendcounts = std::move(sendcounts), sdispls = std::move(sdispls), recvcounts = std::move(recvcounts),
-            rdispls = std::move(rdispls)] { run_alltoallv(send, sendcounts, sdispls, recv, recvcounts, rdispls, dtype); },
+  void alltoallv(const void* send, plugin::CountsView sendcounts, plugin::CountsView sdispls, void* recv,
+                 plugin::CountsView recvcounts, plugin::CountsView rdispls, bpl_dtype dtype, bpl_plugin_request** req) {
+    submit(sendcounts.sum() * plugin::dtype_size(dtype),
+           [=, sendcounts = sendcounts.copy(), sdispls = sdispls.copy(), recvcounts = recvcounts.copy(),
+            rdispls = rdispls.copy()] { run_alltoallv(send, sendcounts, sdispls, recv, recvcounts, rdispls, dtype); },
            req);
   }
   std::unique_ptr<GlooComm> split(int color, int key) {

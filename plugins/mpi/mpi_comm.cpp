@@ -10,6 +10,8 @@
 #include <thread>
 #include <utility>
 
+#include <boost/container/small_vector.hpp>
+
 #include "caller_store.h"
 #include "dtypes.h"
 #include "local_process.h"
@@ -85,28 +87,41 @@ bool is_collective(const Fingerprint& f) { return f.op != BPL_COLL_SEND && f.op 
 
 // The variable-size collectives' fingerprints: the total count, or none, and this rank's share of the
 // pairing of counts (fingerprint.h).
-Fingerprint allgatherv_fingerprint(bpl_dtype dtype, size_t sendcount, const plugin::Counts& recvcounts, int rank,
-                                   int size) {
-  size_t total = 0;
-  for (size_t c : recvcounts) total += c;
-  Fingerprint f = fingerprint(BPL_COLL_ALLGATHERV, dtype, static_cast<int64_t>(total));
+Fingerprint allgatherv_fingerprint(bpl_dtype dtype, size_t sendcount, plugin::CountsView recvcounts, int rank, int size) {
+  Fingerprint f = fingerprint(BPL_COLL_ALLGATHERV, dtype, static_cast<int64_t>(recvcounts.sum()));
   f.pairing = pairing_share(rank, size, [&](int) { return sendcount; },
                             [&](int q) { return recvcounts[static_cast<size_t>(q)]; });
   return f;
 }
-Fingerprint alltoallv_fingerprint(bpl_dtype dtype, const plugin::Counts& sendcounts, const plugin::Counts& recvcounts,
-                                  int rank, int size) {
+Fingerprint alltoallv_fingerprint(bpl_dtype dtype, plugin::CountsView sendcounts, plugin::CountsView recvcounts, int rank,
+                                  int size) {
   Fingerprint f = fingerprint(BPL_COLL_ALLTOALLV, dtype);
   f.pairing = pairing_share(rank, size, [&](int q) { return sendcounts[static_cast<size_t>(q)]; },
                             [&](int q) { return recvcounts[static_cast<size_t>(q)]; });
   return f;
 }
 
-// Appends `arrays` (counts or displacements), each value as MPI's int count, to `out`.
-void append_mpi_counts(std::vector<int>& out, std::initializer_list<const plugin::Counts*> arrays) {
-  for (const plugin::Counts* values : arrays) {
-    for (size_t v : *values) out.push_back(mpi_count(v));
+// MPI's int counts and displacements of a variable-size collective, one array after another (inline
+// up to 8 ranks, as plugin::Counts).
+using MpiCounts = boost::container::small_vector<int, 32>;
+
+// Appends `arrays` to `out`, each value as MPI's int count; false (out partly filled) where one is
+// beyond an int.
+template <typename Out>
+bool append_mpi_counts(Out& out, std::initializer_list<plugin::CountsView> arrays) {
+  for (const plugin::CountsView& values : arrays) {
+    for (size_t r = 0; r < values.size(); ++r) {
+      if (values[r] > static_cast<size_t>(INT_MAX)) return false;
+      out.push_back(static_cast<int>(values[r]));
+    }
   }
+  return true;
+}
+
+// UNSUPPORTED for a variable-size collective `op` whose counts or displacements MPI cannot take.
+Error beyond_mpi_counts(const char* op) {
+  return Error(BPL_ERR_UNSUPPORTED, std::string(op) + ": a count or displacement exceeds MPI's int counts (at most " +
+                                        std::to_string(INT_MAX) + " elements)");
 }
 
 // MISMATCH's message for a recv of `bytes` from `peer` under the caller's `tag`, whose sender sent `arrived`.
@@ -1023,25 +1038,25 @@ void MpiComm::scatter(const void* send, void* recv, size_t count, bpl_dtype dtyp
   start(std::move(request), req);
 }
 
-void MpiComm::allgatherv(const void* send, size_t sendcount, void* recv, plugin::Counts recvcounts, plugin::Counts displs,
-                         bpl_dtype dtype, bpl_plugin_request** req) {
+void MpiComm::allgatherv(const void* send, size_t sendcount, void* recv, plugin::CountsView recvcounts,
+                         plugin::CountsView displs, bpl_dtype dtype, bpl_plugin_request** req) {
   if (watching(req) && watched_allgatherv(send, sendcount, recv, recvcounts, displs, dtype)) return;
   const int n = mpi_count(sendcount);
   const Fingerprint f = allgatherv_fingerprint(dtype, sendcount, recvcounts, rank_, size_);
   auto request = std::make_unique<Request>(this, "allgatherv", f, static_cast<size_t>(f.count) * plugin::dtype_size(dtype),
                                            nullptr);
   const size_t element = plugin::dtype_size(dtype);
-  if (schedulable(*std::max_element(recvcounts.begin(), recvcounts.end()) * element)) {
+  if (schedulable(recvcounts.max() * element)) {
     char* own = static_cast<char*>(recv) + displs[static_cast<size_t>(rank_)] * element;
     if (own != send && sendcount > 0) std::memcpy(own, send, sendcount * element);
-    const Blocks blocks(plugin::in_bytes(std::move(displs), element), plugin::in_bytes(std::move(recvcounts), element));
+    const Blocks blocks(displs.copy(element), recvcounts.copy(element));
     allgather_rounds(request->schedule(), static_cast<char*>(recv), static_cast<const char*>(send), blocks, rank_, size_);
     request->run_schedule();
     return start(std::move(request), req);
   }
   // MPI's arrays must live as long as the operation: the request keeps them.
   std::vector<int>& layout = request->counts();
-  append_mpi_counts(layout, {&recvcounts, &displs});
+  if (!append_mpi_counts(layout, {recvcounts, displs})) throw beyond_mpi_counts("allgatherv");
   const int* counts = layout.data();
   const int* offsets = layout.data() + size_;
   const bool in_place = send == static_cast<char*>(recv) + displs[static_cast<size_t>(rank_)] * plugin::dtype_size(dtype);
@@ -1052,31 +1067,29 @@ void MpiComm::allgatherv(const void* send, size_t sendcount, void* recv, plugin:
   start(std::move(request), req);
 }
 
-void MpiComm::alltoallv(const void* send, plugin::Counts sendcounts, plugin::Counts sdispls, void* recv,
-                        plugin::Counts recvcounts, plugin::Counts rdispls, bpl_dtype dtype, bpl_plugin_request** req) {
+void MpiComm::alltoallv(const void* send, plugin::CountsView sendcounts, plugin::CountsView sdispls, void* recv,
+                        plugin::CountsView recvcounts, plugin::CountsView rdispls, bpl_dtype dtype,
+                        bpl_plugin_request** req) {
   if (watching(req) && watched_alltoallv(send, sendcounts, sdispls, recv, recvcounts, rdispls, dtype)) return;
-  size_t moved = 0;  // this rank's share: it sizes the busy part of the waits
-  for (size_t i = 0; i < sendcounts.size(); ++i) moved += (sendcounts[i] + recvcounts[i]) * plugin::dtype_size(dtype);
+  const size_t element = plugin::dtype_size(dtype);
+  const size_t moved = (sendcounts.sum() + recvcounts.sum()) * element;  // this rank's share: it sizes the busy part of the waits
   auto request = std::make_unique<Request>(this, "alltoallv",
                                            alltoallv_fingerprint(dtype, sendcounts, recvcounts, rank_, size_), moved, nullptr);
-  const size_t element = plugin::dtype_size(dtype);
-  const size_t largest = std::max(*std::max_element(sendcounts.begin(), sendcounts.end()),
-                                  *std::max_element(recvcounts.begin(), recvcounts.end())) * element;
-  if (schedulable(largest)) {
+  if (schedulable(std::max(sendcounts.max(), recvcounts.max()) * element)) {
     const auto me = static_cast<size_t>(rank_);
     if (sendcounts[me] > 0) {
       std::memcpy(static_cast<char*>(recv) + rdispls[me] * element, static_cast<const char*>(send) + sdispls[me] * element,
                   sendcounts[me] * element);
     }
-    const Blocks sent(plugin::in_bytes(std::move(sdispls), element), plugin::in_bytes(std::move(sendcounts), element));
-    const Blocks received(plugin::in_bytes(std::move(rdispls), element), plugin::in_bytes(std::move(recvcounts), element));
+    const Blocks sent(sdispls.copy(element), sendcounts.copy(element));
+    const Blocks received(rdispls.copy(element), recvcounts.copy(element));
     alltoall_rounds(request->schedule(), static_cast<const char*>(send), sent, static_cast<char*>(recv), received, rank_,
                     size_);
     request->run_schedule();
     return start(std::move(request), req);
   }
   std::vector<int>& layout = request->counts();
-  append_mpi_counts(layout, {&sendcounts, &sdispls, &recvcounts, &rdispls});
+  if (!append_mpi_counts(layout, {sendcounts, sdispls, recvcounts, rdispls})) throw beyond_mpi_counts("alltoallv");
   const int* arrays = layout.data();
   const int ranks = size_;
   request->post_ = [=, comm = comm_](MPI_Request* r) {
@@ -1163,18 +1176,9 @@ bool MpiComm::watched(const Fingerprint& what, Call&& call) {
   throw Error(status, message);
 }
 
-const int* MpiComm::int_counts(std::initializer_list<const plugin::Counts*> arrays) {
-  int_counts_.clear();
-  append_mpi_counts(int_counts_, arrays);
-  return int_counts_.data();
-}
-
 namespace {
 
 bool fits_int(size_t count) { return count <= static_cast<size_t>(INT_MAX); }
-bool fits_int(const plugin::Counts& counts) {
-  return std::all_of(counts.begin(), counts.end(), [](size_t c) { return fits_int(c); });
-}
 
 }  // namespace
 
@@ -1247,24 +1251,24 @@ bool MpiComm::watched_scatter(const void* send, void* recv, size_t count, bpl_dt
   });
 }
 
-bool MpiComm::watched_allgatherv(const void* send, size_t sendcount, void* recv, const plugin::Counts& recvcounts,
-                                 const plugin::Counts& displs, bpl_dtype dtype) {
-  if (!fits_int(sendcount) || !fits_int(recvcounts) || !fits_int(displs)) return false;
+bool MpiComm::watched_allgatherv(const void* send, size_t sendcount, void* recv, plugin::CountsView recvcounts,
+                                 plugin::CountsView displs, bpl_dtype dtype) {
+  MpiCounts layout;
+  if (!fits_int(sendcount) || !append_mpi_counts(layout, {recvcounts, displs})) return false;
   const Fingerprint f = allgatherv_fingerprint(dtype, sendcount, recvcounts, rank_, size_);
   const bool in_place = send == static_cast<char*>(recv) + displs[static_cast<size_t>(rank_)] * plugin::dtype_size(dtype);
   return watched(f, [&] {
-    const int* counts = int_counts({&recvcounts, &displs});
-    return MPI_Allgatherv(in_place ? MPI_IN_PLACE : send, static_cast<int>(sendcount), mpi_type(dtype), recv, counts,
-                          counts + size_, mpi_type(dtype), comm_);
+    return MPI_Allgatherv(in_place ? MPI_IN_PLACE : send, static_cast<int>(sendcount), mpi_type(dtype), recv,
+                          layout.data(), layout.data() + size_, mpi_type(dtype), comm_);
   });
 }
 
-bool MpiComm::watched_alltoallv(const void* send, const plugin::Counts& sendcounts, const plugin::Counts& sdispls,
-                                void* recv, const plugin::Counts& recvcounts, const plugin::Counts& rdispls,
-                                bpl_dtype dtype) {
-  if (!fits_int(sendcounts) || !fits_int(sdispls) || !fits_int(recvcounts) || !fits_int(rdispls)) return false;
+bool MpiComm::watched_alltoallv(const void* send, plugin::CountsView sendcounts, plugin::CountsView sdispls, void* recv,
+                                plugin::CountsView recvcounts, plugin::CountsView rdispls, bpl_dtype dtype) {
+  MpiCounts layout;
+  if (!append_mpi_counts(layout, {sendcounts, sdispls, recvcounts, rdispls})) return false;
+  const int* arrays = layout.data();
   return watched(alltoallv_fingerprint(dtype, sendcounts, recvcounts, rank_, size_), [&] {
-    const int* arrays = int_counts({&sendcounts, &sdispls, &recvcounts, &rdispls});
     return MPI_Alltoallv(send, arrays, arrays + size_, mpi_type(dtype), recv, arrays + 2 * size_, arrays + 3 * size_,
                          mpi_type(dtype), comm_);
   });

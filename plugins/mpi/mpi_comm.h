@@ -227,10 +227,10 @@ class MpiComm {
   // ABI 1.3: MPI's own gather, scatter, allgatherv and alltoallv (non-blocking forms).
   void gather(const void* send, void* recv, size_t count, bpl_dtype dtype, int root, bpl_plugin_request** req);
   void scatter(const void* send, void* recv, size_t count, bpl_dtype dtype, int root, bpl_plugin_request** req);
-  void allgatherv(const void* send, size_t sendcount, void* recv, plugin::Counts recvcounts, plugin::Counts displs,
+  void allgatherv(const void* send, size_t sendcount, void* recv, plugin::CountsView recvcounts, plugin::CountsView displs,
                   bpl_dtype dtype, bpl_plugin_request** req);
-  void alltoallv(const void* send, plugin::Counts sendcounts, plugin::Counts sdispls, void* recv, plugin::Counts recvcounts,
-                 plugin::Counts rdispls, bpl_dtype dtype, bpl_plugin_request** req);
+  void alltoallv(const void* send, plugin::CountsView sendcounts, plugin::CountsView sdispls, void* recv,
+                 plugin::CountsView recvcounts, plugin::CountsView rdispls, bpl_dtype dtype, bpl_plugin_request** req);
   void send(const void* buf, size_t count, bpl_dtype dtype, int peer, int tag, bpl_plugin_request** req);
   void recv(void* buf, size_t count, bpl_dtype dtype, int peer, int tag, bpl_plugin_request** req);
   std::unique_ptr<MpiComm> split(int color, int key);
@@ -320,17 +320,14 @@ class MpiComm {
   bool watched_alltoall(const void* send, void* recv, size_t count, bpl_dtype dtype);
   bool watched_gather(const void* send, void* recv, size_t count, bpl_dtype dtype, int root);
   bool watched_scatter(const void* send, void* recv, size_t count, bpl_dtype dtype, int root);
-  bool watched_allgatherv(const void* send, size_t sendcount, void* recv, const plugin::Counts& recvcounts,
-                          const plugin::Counts& displs, bpl_dtype dtype);
-  bool watched_alltoallv(const void* send, const plugin::Counts& sendcounts, const plugin::Counts& sdispls, void* recv,
-                         const plugin::Counts& recvcounts, const plugin::Counts& rdispls, bpl_dtype dtype);
+  bool watched_allgatherv(const void* send, size_t sendcount, void* recv, plugin::CountsView recvcounts,
+                          plugin::CountsView displs, bpl_dtype dtype);
+  bool watched_alltoallv(const void* send, plugin::CountsView sendcounts, plugin::CountsView sdispls, void* recv,
+                         plugin::CountsView recvcounts, plugin::CountsView rdispls, bpl_dtype dtype);
   bool watched_barrier();
   bool watched_send(const void* buf, size_t count, bpl_dtype dtype, int peer, int tag);
   // Up to the eager size MPI_Recv; above it the matching probe first, its size checked (MISMATCH).
   bool watched_recv(void* buf, size_t count, bpl_dtype dtype, int peer, int tag);
-  // MPI's int counts of a variable-size collective, in the communicator's buffer (one watched call
-  // at a time uses it).
-  const int* int_counts(std::initializer_list<const plugin::Counts*> arrays);
   // Starts `request`; with req == NULL waits for it here.
   void start(std::unique_ptr<Request> request, bpl_plugin_request** req);
   void require_usable() const;
@@ -386,7 +383,6 @@ class MpiComm {
   std::unique_ptr<Exchange> explanation_;
   std::vector<pid_t> local_pid_of_rank_;   // 0 for this rank and for ranks on other machines
   WatchedCall watched_call_;
-  std::vector<int> int_counts_;  // int_counts'
 };
 
 // MPI's text for an error code.
