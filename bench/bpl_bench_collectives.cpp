@@ -25,6 +25,7 @@
 // holds one run per repetition and no aggregates, and the console and the tools take the median).
 // Sizes take K, M and G suffixes (powers of 1024).
 #include <benchmark/benchmark.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -457,8 +458,12 @@ int main(int argc, char** argv) {
   benchmark::AddCustomContext("raw_library", job.raw ? job.raw->description() + ", " + raw_mode : "none");
   benchmark::AddCustomContext("backplane_calls", settings.async ? "asynchronous: a request, waited for at once"
                                                                 : "blocking");
+  // Where the ranks may run: bound (mpirun's default, bpl-run --bind-to core) or not changes how they
+  // meet a load.
+  cpu_set_t cpus;
+  const int allowed = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 0;
   benchmark::AddCustomContext("host", std::string(host) + ", " + std::to_string(std::thread::hardware_concurrency()) +
-                                          " hardware threads");
+                                          " hardware threads, rank 0 may run on " + std::to_string(allowed));
   benchmark::AddCustomContext("repetitions", std::to_string(settings.repetitions) +
                                                  (settings.interleave ? " per point, backplane's and the raw library's alternating"
                                                                       : " per benchmark, in a row"));

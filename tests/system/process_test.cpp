@@ -2,6 +2,7 @@
 // runs (faults in the middle of collectives: fault_test.cpp). The binary doubles as the rank program
 // (--worker=SCENARIO).
 #include <gtest/gtest.h>
+#include <sched.h>
 
 #include <signal.h>
 #include <sys/stat.h>
@@ -18,6 +19,7 @@
 #include <algorithm>
 #include <map>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -84,6 +86,42 @@ int print_env() {
   return 0;
 }
 
+// Prints the CPUs it may run on.
+int print_cpus() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
+  std::string line = std::string("cpus LOCAL_RANK=") + (std::getenv("LOCAL_RANK") ? std::getenv("LOCAL_RANK") : "") + ":";
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &set)) line += " " + std::to_string(cpu);
+  }
+  std::printf("%s\n", line.c_str());
+  return 0;
+}
+
+// The CPUs each rank printed (print_cpus), by local rank.
+std::map<int, std::set<int>> cpus_of_ranks(const std::string& output) {
+  std::map<int, std::set<int>> cpus;
+  std::istringstream lines(output);
+  for (std::string line; std::getline(lines, line);) {
+    int rank = 0;
+    int consumed = 0;
+    if (std::sscanf(line.c_str(), "cpus LOCAL_RANK=%d:%n", &rank, &consumed) != 1) continue;
+    std::istringstream listed(line.substr(static_cast<size_t>(consumed)));
+    for (int cpu = 0; listed >> cpu;) cpus[rank].insert(cpu);
+  }
+  return cpus;
+}
+
+std::set<int> launcher_cpus() {
+  cpu_set_t set;
+  std::set<int> cpus;
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return cpus;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &set)) cpus.insert(cpu);
+  }
+  return cpus;
+}
+
 /* ---- the launcher ---- */
 
 TEST(BplRun, SetsTorchrunVariablesForEveryRank) {
@@ -94,6 +132,34 @@ TEST(BplRun, SetsTorchrunVariablesForEveryRank) {
   EXPECT_NE(r.output.find("env RANK=2 WORLD_SIZE=4 LOCAL_RANK=0 LOCAL_WORLD_SIZE=2 GROUP_RANK=1 MASTER_ADDR=127.0.0.1"),
             std::string::npos) << r.output;
   EXPECT_NE(r.output.find("env RANK=3 WORLD_SIZE=4 LOCAL_RANK=1"), std::string::npos) << r.output;
+}
+
+// --bind-to core: each rank on its own CPUs, together the launcher's; unbound, each on all of them.
+TEST(BplRun, BindsEachRankToItsOwnCpusWhenAsked) {
+  const std::set<int> all = launcher_cpus();
+  if (all.size() < 2) GTEST_SKIP() << "needs 2 CPUs to bind 2 ranks apart; this process may use " << all.size();
+  ProcessResult bound = run_process({bpl_run, "--nproc-per-node", "2", "--bind-to", "core", self_path, "--worker=print_cpus"}, {});
+  ASSERT_EQ(bound.exit_code, 0) << describe(bound);
+  std::map<int, std::set<int>> cpus = cpus_of_ranks(bound.output);
+  ASSERT_EQ(cpus.size(), 2u) << bound.output;
+  EXPECT_FALSE(cpus[0].empty()) << bound.output;
+  EXPECT_FALSE(cpus[1].empty()) << bound.output;
+  std::set<int> both = cpus[0];
+  for (int cpu : cpus[1]) EXPECT_TRUE(both.insert(cpu).second) << "CPU " << cpu << " is in both ranks' shares: " << bound.output;
+  EXPECT_EQ(both, all) << bound.output;
+
+  ProcessResult unbound = run_process({bpl_run, "--nproc-per-node", "2", self_path, "--worker=print_cpus"}, {});
+  ASSERT_EQ(unbound.exit_code, 0) << describe(unbound);
+  cpus = cpus_of_ranks(unbound.output);
+  ASSERT_EQ(cpus.size(), 2u) << unbound.output;
+  EXPECT_EQ(cpus[0], all) << unbound.output;
+  EXPECT_EQ(cpus[1], all) << unbound.output;
+
+  const std::string too_many = std::to_string(all.size() + 1);
+  ProcessResult refused = run_process({bpl_run, "--nproc-per-node", too_many, "--bind-to", "core", "true"}, {});
+  EXPECT_EQ(refused.exit_code, 2) << describe(refused);
+  EXPECT_NE(refused.output.find("--nproc-per-node " + too_many + ": only " + std::to_string(all.size()) + " CPU(s)"),
+            std::string::npos) << refused.output;
 }
 
 TEST(BplRun, RejectsBadFlagsWithTheValue) {
@@ -505,6 +571,7 @@ int main(int argc, char** argv) {
     if (scenario == "rank_one_exits") return rank_one_exits();
     if (scenario == "sleeper") return sleeper();
     if (scenario == "print_env") return print_env();
+    if (scenario == "print_cpus") return print_cpus();
     std::fprintf(stderr, "unknown worker scenario %s\n", scenario.c_str());
     return 2;
   }
