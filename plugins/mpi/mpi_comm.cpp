@@ -1072,7 +1072,8 @@ void MpiComm::alltoallv(const void* send, plugin::CountsView sendcounts, plugin:
                         bpl_plugin_request** req) {
   if (watching(req) && watched_alltoallv(send, sendcounts, sdispls, recv, recvcounts, rdispls, dtype)) return;
   const size_t element = plugin::dtype_size(dtype);
-  const size_t moved = (sendcounts.sum() + recvcounts.sum()) * element;  // this rank's share: it sizes the busy part of the waits
+  // This rank's share of the bytes: it sizes the busy part of the waits.
+  const size_t moved = (sendcounts.sum() + recvcounts.sum()) * element;
   auto request = std::make_unique<Request>(this, "alltoallv",
                                            alltoallv_fingerprint(dtype, sendcounts, recvcounts, rank_, size_), moved, nullptr);
   if (schedulable(std::max(sendcounts.max(), recvcounts.max()) * element)) {
