@@ -86,14 +86,21 @@ int print_env() {
   return 0;
 }
 
+// The CPUs this process may run on.
+std::set<int> own_cpus() {
+  cpu_set_t set;
+  std::set<int> cpus;
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return cpus;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &set)) cpus.insert(cpu);
+  }
+  return cpus;
+}
+
 // Prints the CPUs it may run on.
 int print_cpus() {
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
   std::string line = std::string("cpus LOCAL_RANK=") + (std::getenv("LOCAL_RANK") ? std::getenv("LOCAL_RANK") : "") + ":";
-  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
-    if (CPU_ISSET(cpu, &set)) line += " " + std::to_string(cpu);
-  }
+  for (int cpu : own_cpus()) line += " " + std::to_string(cpu);
   std::printf("%s\n", line.c_str());
   return 0;
 }
@@ -112,16 +119,6 @@ std::map<int, std::set<int>> cpus_of_ranks(const std::string& output) {
   return cpus;
 }
 
-std::set<int> launcher_cpus() {
-  cpu_set_t set;
-  std::set<int> cpus;
-  if (sched_getaffinity(0, sizeof(set), &set) != 0) return cpus;
-  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
-    if (CPU_ISSET(cpu, &set)) cpus.insert(cpu);
-  }
-  return cpus;
-}
-
 /* ---- the launcher ---- */
 
 TEST(BplRun, SetsTorchrunVariablesForEveryRank) {
@@ -136,7 +133,7 @@ TEST(BplRun, SetsTorchrunVariablesForEveryRank) {
 
 // --bind-to core: each rank on its own CPUs, together the launcher's; unbound, each on all of them.
 TEST(BplRun, BindsEachRankToItsOwnCpusWhenAsked) {
-  const std::set<int> all = launcher_cpus();
+  const std::set<int> all = own_cpus();
   if (all.size() < 2) GTEST_SKIP() << "needs 2 CPUs to bind 2 ranks apart; this process may use " << all.size();
   ProcessResult bound = run_process({bpl_run, "--nproc-per-node", "2", "--bind-to", "core", self_path, "--worker=print_cpus"}, {});
   ASSERT_EQ(bound.exit_code, 0) << describe(bound);
