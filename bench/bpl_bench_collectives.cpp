@@ -436,7 +436,8 @@ int main(int argc, char** argv) {
         const char* addr = std::getenv("MASTER_ADDR");
         const char* port = std::getenv("MASTER_PORT");
         if (job.size > 1 && (addr == nullptr || port == nullptr)) fail("raw Gloo needs MASTER_ADDR and MASTER_PORT");
-        job.raw = open_raw_gloo(job.rank, job.size, addr ? addr : "", port ? std::atoi(port) : 0, info.timeout_ms);
+        job.raw = open_raw_gloo(job.rank, job.size, addr ? addr : "127.0.0.1", port ? std::atoi(port) + 1 : 0,
+                                info.timeout_ms);
       } else if (backend == "mpi") {
         job.raw = open_raw_mpi();
       }

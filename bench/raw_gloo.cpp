@@ -72,16 +72,16 @@ std::shared_ptr<gloo::transport::Device> device_for(const std::string& master_ad
 
 class RawGloo : public RawLibrary {
  public:
-  // Joins the store that the running gloo plugin's rank 0 (or a torchrun agent) hosts at addr:port, under
-  // a key prefix of its own.
+  // Meets as PyTorch's Gloo does: rank 0 hosts a TCPStore at addr:port, the others join it.
   RawGloo(int rank, int world, const std::string& addr, int port, int64_t timeout_ms)
       : timeout_(timeout_ms), rank_(rank), world_(world) {
     c10d::TCPStoreOptions options;
     options.port = static_cast<uint16_t>(port);
-    options.isServer = false;
+    options.isServer = rank == 0;
+    options.waitWorkers = false;
     options.timeout = timeout_;
-    auto tcp_store = c10::make_intrusive<c10d::TCPStore>(addr, options);
-    auto store = std::make_shared<c10d::ProcessGroupGloo::GlooStore>(tcp_store);
+    tcp_store_ = c10::make_intrusive<c10d::TCPStore>(addr, options);
+    auto store = std::make_shared<c10d::ProcessGroupGloo::GlooStore>(tcp_store_);
     gloo::rendezvous::PrefixStore prefixed("bench-raw-gloo", *store);
     context_ = std::make_shared<gloo::rendezvous::Context>(rank, world);
     context_->setTimeout(timeout_);
@@ -207,14 +207,15 @@ class RawGloo : public RawLibrary {
   int rank_;
   int world_;
   uint32_t tag_ = 0;
+  c10::intrusive_ptr<c10d::TCPStore> tcp_store_;  // on rank 0 the server, which the others may still use
   std::shared_ptr<gloo::rendezvous::Context> context_;
 };
 
 }  // namespace
 
-std::unique_ptr<RawLibrary> open_raw_gloo(int rank, int world_size, const std::string& master_addr, int master_port,
+std::unique_ptr<RawLibrary> open_raw_gloo(int rank, int world_size, const std::string& master_addr, int port,
                                           int64_t timeout_ms) {
-  return std::make_unique<RawGloo>(rank, world_size, master_addr, master_port, timeout_ms);
+  return std::make_unique<RawGloo>(rank, world_size, master_addr, port, timeout_ms);
 }
 
 }  // namespace backplane::bench

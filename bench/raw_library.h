@@ -39,9 +39,10 @@ class RawLibrary {
   virtual void barrier() = 0;
 };
 
-// Gloo over the same TCP transport and TCPStore rendezvous as the gloo plugin, joining the store the
-// running plugin hosts (under its own key prefix). Throws on failure.
-std::unique_ptr<RawLibrary> open_raw_gloo(int rank, int world_size, const std::string& master_addr, int master_port,
+// Gloo over the same TCP transport as the gloo plugin, meeting as PyTorch's Gloo does: through a
+// LibTorch TCPStore that rank 0 hosts at master_addr:port (the plugin's own store holds MASTER_PORT; the
+// benchmark gives MASTER_PORT + 1, which bpl-run keeps free with it). Throws on failure.
+std::unique_ptr<RawLibrary> open_raw_gloo(int rank, int world_size, const std::string& master_addr, int port,
                                           int64_t timeout_ms);
 
 // MPI on a duplicate of MPI_COMM_WORLD, in the MPI the mpi plugin has initialised. nullptr when this

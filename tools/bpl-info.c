@@ -80,6 +80,12 @@ int main(int argc, char** argv) {
 
   bpl_selection selection = BPL_SELECTION_INIT;
   bpl_status status = bpl_select_backend(NULL, &selection);
+  printf("\nPlugin folders, searched in order (BPL_PLUGIN_PATH, then the one beside libbackplane.so):\n");
+  for (const char* folder = selection.plugin_folders; *folder != '\0';) {
+    const size_t length = strcspn(folder, ":");
+    printf("  %.*s\n", (int)length, folder);
+    folder += length + (folder[length] == ':');
+  }
   printf("\nSelection for this environment:\n  backend      %s\n  because      %s\n", selection.backend,
          selection.reason);
   if (status != BPL_OK) {

@@ -130,7 +130,8 @@ bpl_status bpl_program_compile(bpl_runtime* runtime, const void* source, size_t 
     const std::string formats = rt->caps.program_formats != nullptr ? rt->caps.program_formats : "";
     if (!compiler_of || !compile || !artifact_free || !load || !plugin.optional(&bpl_plugin_api::program_run) ||
         !plugin.optional(&bpl_plugin_api::program_destroy) || formats.empty()) {
-      throw Error(BPL_ERR_UNSUPPORTED, std::string("backend '") + rt->backend() + "' does not provide programs");
+      throw Error(BPL_ERR_UNSUPPORTED,
+                  std::string("backend '") + rt->backend() + "' does not provide programs" + kernels_note(rt));
     }
     REQUIRE(opts.format != nullptr && lists(formats, opts.format),
             "options->format = " + quoted(opts.format) + ": backend '" + rt->backend() + "' accepts: " + formats);

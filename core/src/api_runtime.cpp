@@ -203,6 +203,9 @@ bpl_status bpl_select_backend(const bpl_init_options* options, bpl_selection* ou
     check_struct_size(out->struct_size, "out");  // a bad output struct is the caller's error, not a candidate's
     bpl_selection result{};
     result.struct_size = sizeof(result);
+    std::string folders;
+    for (const std::string& dir : dirs) folders += (folders.empty() ? "" : ":") + dir;
+    copy_text(result.plugin_folders, sizeof(result.plugin_folders), folders);
     // The backend and reason are written even when no plugin file is found (bpl-cache needs the name).
     return use_first_candidate(selection, [&](const Candidate& candidate, const std::string& reason) {
       copy_text(result.backend, sizeof(result.backend), candidate.backend);

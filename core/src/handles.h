@@ -162,12 +162,23 @@ Fn require_device_fn(const bpl_runtime* runtime, Fn fn, const char* what) {
   return fn;
 }
 
+// What the plugin's details say of its kernels and programs (the entry "kernels=…", where a CPU plugin
+// names the module they live in), as " (kernels=…)" for a message; "" when they say nothing.
+inline std::string kernels_note(const bpl_runtime* rt) {
+  const std::string details = rt->caps.details != nullptr ? rt->caps.details : "";
+  size_t start = details.rfind("kernels=", 0) == 0 ? 0 : details.find("; kernels=");
+  if (start == std::string::npos) return "";
+  if (start != 0) start += 2;
+  return " (" + details.substr(start, details.find("; ", start) - start) + ")";
+}
+
 // Fails with UNSUPPORTED unless the plugin provides `kernel`.
 template <typename Fn>
 Fn require_kernel(const bpl_runtime* rt, Fn bpl_plugin_api::*field, bpl_kernel kernel, const char* what) {
   Fn fn = rt->plugin->optional(field);
   if (fn == nullptr || (rt->caps.kernels & BPL_BIT(kernel)) == 0) {
-    throw Error(BPL_ERR_UNSUPPORTED, std::string("backend '") + rt->backend() + "' does not provide the " + what + " kernel");
+    throw Error(BPL_ERR_UNSUPPORTED, std::string("backend '") + rt->backend() + "' does not provide the " + what +
+                                         " kernel" + kernels_note(rt));
   }
   return fn;
 }

@@ -8,9 +8,6 @@
 
 #include "error.h"
 
-#ifndef BPL_BUILD_PLUGIN_DIR
-#define BPL_BUILD_PLUGIN_DIR ""
-#endif
 #ifndef BPL_PLUGIN_SUBDIR
 #define BPL_PLUGIN_SUBDIR "backplane/plugins"
 #endif
@@ -36,13 +33,24 @@ bool is_plain_name(const std::string& name) {
   });
 }
 
-// The folder libbackplane.so was loaded from, without "bin/../lib" detours.
-std::string library_dir() {
+boost::dll::fs::path canonical_or_as_is(const boost::dll::fs::path& path) {
   boost::system::error_code error;
-  boost::dll::fs::path self = boost::dll::this_line_location(error);
+  boost::dll::fs::path canonical = boost::dll::fs::canonical(path, error);
+  return error ? path : canonical;
+}
+
+// The plugin folder of this copy of the core, which lies where the installer put it: beside
+// libbackplane.so (<its folder>/backplane/plugins). A program that links the core's objects itself (the
+// unit tests, bpl-cache) has its own folder in a tree that mirrors the installed one: bin/ beside lib/.
+std::string own_plugin_dir() {
+  boost::system::error_code error;
+  const boost::dll::fs::path self = boost::dll::this_line_location(error);
   if (error) return "";
-  boost::dll::fs::path canonical = boost::dll::fs::canonical(self, error);
-  return (error ? self : canonical).parent_path().string();
+  const boost::dll::fs::path code = canonical_or_as_is(self);
+  const boost::dll::fs::path program = canonical_or_as_is(boost::dll::program_location(error));
+  const boost::dll::fs::path lib_dir = !error && code == program ? code.parent_path().parent_path() / "lib"
+                                                                 : code.parent_path();
+  return (lib_dir / BPL_PLUGIN_SUBDIR).string();
 }
 
 }  // namespace
@@ -105,9 +113,7 @@ std::vector<std::string> plugin_search_dirs(const EnvLookup& env) {
   if (auto path = env("BPL_PLUGIN_PATH")) {
     for (const std::string& dir : split_path_list(*path)) add(dir);
   }
-  std::string own_dir = library_dir();
-  if (!own_dir.empty()) add(own_dir + "/" + BPL_PLUGIN_SUBDIR);
-  add(BPL_BUILD_PLUGIN_DIR);
+  add(own_plugin_dir());
   return dirs;
 }
 

@@ -36,8 +36,9 @@ MachineProbe probe_machine();  // looks for /dev/neuron*
 // Throws Error(INVALID_ARGUMENT) for a non-integer NXD_CPU_MODE or a malformed backend name.
 Selection select_backend(const char* backend, const EnvLookup& env, const MachineProbe& machine);
 
-// Where a plugin file is looked for, in order: BPL_PLUGIN_PATH (colon-separated), the plugin folder
-// installed beside libbackplane.so, then the build tree's plugin folder.
+// Where a plugin file is looked for, in order: BPL_PLUGIN_PATH (colon-separated), then the plugin folder
+// installed beside libbackplane.so (<its folder>/backplane/plugins), and nowhere else: never a folder
+// of the tree it was built in.
 std::vector<std::string> plugin_search_dirs(const EnvLookup& env);
 
 // The file name of backend `name`: libbackplane-<name>.so.

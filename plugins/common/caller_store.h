@@ -1,12 +1,14 @@
-// A caller's key-value store (bpl_store, ABI 1.2) as C++: every callback's failure a plugin::Error
-// with its status and the store's own message, values as bytes, waits bounded. The gloo plugin sees
-// it as a c10d::Store (rendezvous.cpp); the MPI plugin exchanges its members' world ranks through it.
+// A key-value store given as bpl_store callbacks (a caller's, ABI 1.2, or the gloo plugin's torch store
+// module's) as C++: every callback's failure a plugin::Error with its status and the store's own
+// message, values as bytes, waits bounded. The gloo plugin meets through it (kv_store.h); the MPI
+// plugin exchanges its members' world ranks through it.
 #pragma once
 
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backplane/backplane.h"
@@ -16,7 +18,9 @@ namespace backplane::plugin {
 
 class CallerStore {
  public:
-  explicit CallerStore(const bpl_store& store) : store_(store) {}
+  // `name` says whose store it is in messages ("the caller's store").
+  explicit CallerStore(const bpl_store& store, std::string name = "the caller's store")
+      : store_(store), name_(std::move(name)) {}
 
   void set(const std::string& key, const std::vector<uint8_t>& value) const {
     require_ok(store_.set(store_.context, key.c_str(), value.data(), value.size()), "set", key);
@@ -55,7 +59,7 @@ class CallerStore {
   void require_ok(bpl_status status, const char* call, const std::string& key,
                   std::chrono::milliseconds timeout = std::chrono::milliseconds(0)) const {
     if (status == BPL_OK) return;
-    std::string text = "the caller's store failed " + std::string(call) + "('" + key + "') with status " + std::to_string(status);
+    std::string text = name_ + " failed " + std::string(call) + "('" + key + "') with status " + std::to_string(status);
     if (status == BPL_ERR_TIMEOUT) text += " (the key was not set within " + std::to_string(timeout.count()) + " ms)";
     const char* message = store_.last_error != nullptr ? store_.last_error(store_.context) : nullptr;
     if (message != nullptr && *message != '\0') text += ": " + std::string(message);
@@ -63,6 +67,7 @@ class CallerStore {
   }
 
   bpl_store store_;
+  std::string name_;
 };
 
 }  // namespace backplane::plugin

@@ -7,13 +7,11 @@
 // sum divided by the group size, so i8/u8/i32 accumulate in i64 for it; integer SUM/PROD wrap.
 #pragma once
 
-#include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
-
 #include <cstddef>
 #include <cstdint>
 
 #include "backplane/backplane.h"
+#include "half.h"
 #include "plugin_support.h"
 
 namespace backplane::plugin {
@@ -48,8 +46,8 @@ decltype(auto) visit_dtype(bpl_dtype dtype, Fn&& fn) {
   switch (dtype) {
     case BPL_DTYPE_F32: return fn(float{});
     case BPL_DTYPE_F64: return fn(double{});
-    case BPL_DTYPE_F16: return fn(c10::Half{});
-    case BPL_DTYPE_BF16: return fn(c10::BFloat16{});
+    case BPL_DTYPE_F16: return fn(Half{});
+    case BPL_DTYPE_BF16: return fn(BFloat16{});
     case BPL_DTYPE_I8: return fn(int8_t{});
     case BPL_DTYPE_U8: return fn(uint8_t{});
     case BPL_DTYPE_I32: return fn(int32_t{});

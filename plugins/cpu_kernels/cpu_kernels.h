@@ -1,5 +1,5 @@
-// The kernel and program half of the plugin ABI for CPU backends, on LibTorch: one implementation that
-// the gloo and mpi plugins both put in their function tables. Kernels wrap the caller's buffers
+// The kernel and program half of the plugin ABI for CPU backends, on LibTorch: one implementation, the
+// module libbpl-cpu-kernels.so that the gloo and mpi plugins load on first use (kernels_module.h). Kernels wrap the caller's buffers
 // (at::from_blob) and write results in place; programs are TorchScript modules, compiled to their
 // serialized form (the artifact the core's compile cache keeps) and run on the caller's buffers.
 #pragma once
@@ -7,10 +7,6 @@
 #include "backplane/plugin.h"
 
 namespace backplane::cpu_kernels {
-
-constexpr uint32_t kKernels = BPL_BIT(BPL_KERNEL_GEMM) | BPL_BIT(BPL_KERNEL_ADD) | BPL_BIT(BPL_KERNEL_SCALE) |
-                              BPL_BIT(BPL_KERNEL_AXPBY) | BPL_BIT(BPL_KERNEL_CAST);
-constexpr const char* kProgramFormats = "torchscript";
 
 bpl_status gemm(bpl_plugin_runtime* rt, const bpl_gemm_args* args);
 bpl_status elementwise(bpl_plugin_runtime* rt, bpl_kernel kernel, const bpl_elementwise_args* args);
@@ -25,18 +21,5 @@ bpl_status program_load(bpl_plugin_runtime* rt, const char* format, const void* 
 bpl_status program_run(bpl_plugin_program* program, const bpl_tensor* inputs, int32_t num_inputs, bpl_tensor* outputs,
                        int32_t num_outputs);
 bpl_status program_destroy(bpl_plugin_program* program);
-
-// Puts the kernels and programs above in a plugin's table.
-inline void set_kernels(bpl_plugin_api& api) {
-  api.gemm = gemm;
-  api.elementwise = elementwise;
-  api.cast = cast;
-  api.program_compiler = program_compiler;
-  api.program_compile = program_compile;
-  api.artifact_free = artifact_free;
-  api.program_load = program_load;
-  api.program_run = program_run;
-  api.program_destroy = program_destroy;
-}
 
 }  // namespace backplane::cpu_kernels

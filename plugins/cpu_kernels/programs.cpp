@@ -7,6 +7,7 @@
 
 #include "aten_types.h"
 #include "cpu_kernels.h"
+#include "kernels_module.h"
 #include "plugin_support.h"
 
 // A loaded TorchScript module and the method bpl_program_run calls.
@@ -38,7 +39,7 @@ bpl_status guarded(Body&& body) noexcept {
 void require_torchscript(const char* format) {
   if (std::strcmp(format, "torchscript") != 0) {
     throw Error(BPL_ERR_UNSUPPORTED, std::string("program format '") + format + "' is not supported (formats: " +
-                                         kProgramFormats + ")");
+                                         kernels_module::kProgramFormats + ")");
   }
 }
 

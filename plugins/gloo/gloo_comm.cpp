@@ -6,7 +6,6 @@
 #include <gloo/transport/tcp/address.h>
 #include <gloo/transport/unbound_buffer.h>
 #include <gloo/types.h>
-#include <c10/util/StringUtil.h>
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -43,7 +42,6 @@ bpl_status classify_exception(const std::exception& e) {
     // text ("Timed out waiting ...") tells them apart.
     return std::strstr(io->what(), "Timed out") != nullptr ? BPL_ERR_TIMEOUT : BPL_ERR_REMOTE;
   }
-  if (is_store_timeout(e)) return BPL_ERR_TIMEOUT;
   return BPL_ERR_INTERNAL;
 }
 
@@ -508,8 +506,11 @@ std::string GlooComm::unreachable_peers_note() const {
   std::ostringstream note;
   note << std::fixed << std::setprecision(1);
   for (const auto& [host, seen] : silent_hosts) {
-    note << (note.tellp() == 0 ? " (" : "; ") << (seen.ranks.size() == 1 ? "rank " : "ranks ")
-         << c10::Join(", ", seen.ranks) << " at " << host << (seen.ranks.size() == 1 ? " is" : " are")
+    note << (note.tellp() == 0 ? " (" : "; ") << (seen.ranks.size() == 1 ? "rank " : "ranks ");
+    for (auto rank = seen.ranks.begin(); rank != seen.ranks.end(); ++rank) {
+      note << (rank == seen.ranks.begin() ? "" : ", ") << *rank;
+    }
+    note << " at " << host << (seen.ranks.size() == 1 ? " is" : " are")
          << " unreachable: that machine acknowledged nothing this rank sent for " << seen.longest.count() / 1000.0 << " s";
   }
   if (silent_hosts.size() == 1) note << "; the network to it is cut, or it is down)";

@@ -53,6 +53,7 @@ struct Shared {
   std::shared_ptr<FailureBoard> board;  // each communicator's first failure, and what each rank ran
   std::shared_ptr<ConnectionWatch> watch;  // null for a world of one
   int store_host_rank = -1;  // the world rank whose process hosts the store (and every failure record); -1: none
+  std::shared_ptr<TcpStoreServer> server;  // the store this process serves for its peers (rank 0), or null
 };
 
 using plugin::Error;

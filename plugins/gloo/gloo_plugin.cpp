@@ -1,5 +1,5 @@
-// libbackplane-gloo.so: CPU mode. Collectives on Gloo over TCP, rendezvous through LibTorch's
-// TCPStore, one host device. This file is the runtime's lifecycle; the shared entries (plugin_entry.h) are its C boundary.
+// libbackplane-gloo.so: CPU mode. Collectives on Gloo over TCP (and shared memory), rendezvous through
+// backplane's own TCP store or the caller's, one host device. This file is the runtime's lifecycle; the shared entries (plugin_entry.h) are its C boundary.
 #include <gloo/config.h>
 #include <signal.h>
 #include <unistd.h>
@@ -9,7 +9,7 @@
 #include <string>
 
 #include "backplane/plugin.h"
-#include "cpu_kernels.h"
+#include "kernels_module.h"
 #include "dtypes.h"
 #include "gloo_comm.h"
 #include "host_device.h"
@@ -58,7 +58,8 @@ bpl_status runtime_create(const bpl_launch_info* launch, bpl_plugin_runtime** ou
     Rendezvous joined = rendezvous(*launch);
     runtime->shared = std::make_shared<Shared>(
         Shared{joined.store, joined.device, std::chrono::milliseconds(launch->timeout_ms), joined.board,
-               launch->world_size > 1 ? std::make_shared<ConnectionWatch>() : nullptr, joined.store_host_rank});
+               launch->world_size > 1 ? std::make_shared<ConnectionWatch>() : nullptr, joined.store_host_rank,
+               joined.server});
     runtime->world = std::make_unique<GlooComm>(runtime->shared, "world", launch->rank, launch->world_size,
                                                 std::chrono::milliseconds(launch->timeout_ms));
     // Waits in shared memory yield while they spin only where this machine's ranks outnumber its cores
@@ -71,7 +72,8 @@ bpl_status runtime_create(const bpl_launch_info* launch, bpl_plugin_runtime** ou
                        std::to_string(GLOO_VERSION_PATCH) + "; " + joined.description + "; collectives of world: " +
                        runtime->world->path() + "; a split takes its path from where its own ranks run; " +
                        std::to_string(local) + " rank(s) on " + std::to_string(cores) + " core(s) here: waits " +
-                       (yield ? "yield while they spin" : "spin without yielding, then sleep");
+                       (yield ? "yield while they spin" : "spin without yielding, then sleep") + "; " +
+                       kernels_module::details();
     *out = runtime.release();
     return BPL_OK;
   });
@@ -98,8 +100,7 @@ bpl_status runtime_describe(bpl_plugin_runtime* rt, bpl_plugin_caps* out) {
   out->dtypes = plugin::kAllDtypes;
   out->reduce_ops = plugin::kAllReduceOps;
   out->details = rt->details.c_str();
-  out->kernels = cpu_kernels::kKernels;
-  out->program_formats = cpu_kernels::kProgramFormats;
+  kernels_module::describe(*out);
   return BPL_OK;
 }
 
@@ -116,7 +117,7 @@ struct Traits {
     Rendezvous joined = rendezvous_through(store, rank, size, timeout, rt->shared->device);
     std::shared_ptr<ConnectionWatch> watch = rt->shared->watch;
     if (watch == nullptr && size > 1) watch = std::make_shared<ConnectionWatch>();
-    auto shared = std::make_shared<Shared>(Shared{joined.store, joined.device, timeout, joined.board, watch});
+    auto shared = std::make_shared<Shared>(Shared{joined.store, joined.device, timeout, joined.board, watch, -1, nullptr});
     return std::make_unique<GlooComm>(shared, "comm", rank, size, timeout);
   }
 };
@@ -127,7 +128,7 @@ bpl_plugin_api make_table() {
   api.runtime_destroy = runtime_destroy;
   api.runtime_describe = runtime_describe;
   plugin::set_host_device(api);  // synchronize stays NULL: every operation is complete when it returns
-  cpu_kernels::set_kernels(api);
+  kernels_module::set_kernels(api);
   return api;
 }
 

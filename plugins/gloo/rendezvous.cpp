@@ -1,11 +1,7 @@
 #include "rendezvous.h"
 
 #include <gloo/rendezvous/hash_store.h>
-#include <gloo/rendezvous/prefix_store.h>
 #include <gloo/transport/tcp/device.h>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
-#include <torch/csrc/distributed/c10d/exception.h>
 
 #include <ifaddrs.h>
 #include <netdb.h>
@@ -13,36 +9,21 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstddef>
 #include <chrono>
 #include <cstring>
 #include <set>
 #include <thread>
-#include <typeinfo>
 
-#include "bounded_store.h"
-#include "caller_store.h"
+#include "kv_store.h"
 #include "plugin_support.h"
+#include "store_views.h"
+#include "tcp_store.h"
+#include "torch_store_module.h"
 
 namespace backplane::gloo_plugin {
 namespace {
-
-// Owns the c10d store the Gloo adapter points at, and puts every key under `prefix`.
-class PrefixedStore : public ::gloo::rendezvous::Store {
- public:
-  PrefixedStore(std::shared_ptr<::gloo::rendezvous::Store> base, const std::string& prefix)
-      : base_(std::move(base)), prefixed_(prefix, *base_) {}
-  void set(const std::string& key, const std::vector<char>& data) override { prefixed_.set(key, data); }
-  std::vector<char> get(const std::string& key) override { return prefixed_.get(key); }
-  void wait(const std::vector<std::string>& keys) override { prefixed_.wait(keys); }
-  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
-    prefixed_.wait(keys, timeout);
-  }
-
- private:
-  std::shared_ptr<::gloo::rendezvous::Store> base_;
-  ::gloo::rendezvous::PrefixStore prefixed_;
-};
 
 const char* env(const char* name) { return backplane::plugin::env(name); }
 
@@ -50,14 +31,11 @@ bool is_loopback(const std::string& addr) {
   return addr == "localhost" || addr == "::1" || addr.rfind("127.", 0) == 0;
 }
 
-std::string text_of(const std::vector<uint8_t>& bytes) { return std::string(bytes.begin(), bytes.end()); }
-std::vector<uint8_t> bytes_of(const std::string& text) { return std::vector<uint8_t>(text.begin(), text.end()); }
-
 // Before any connection is made, every rank announces itself in the store and waits, bounded by the
 // timeout, for all the others. The first rank to find the rendezvous failed (a duplicate rank, ranks
 // disagreeing on the world size, or, at its timeout, ranks missing) records why in the store, and
 // every rank waiting there fails at once with the same message.
-void check_arrivals(c10d::Store& store, const std::string& prefix, int32_t rank, int32_t world_size,
+void check_arrivals(KvStore& store, const std::string& prefix, int32_t rank, int32_t world_size,
                     std::chrono::milliseconds timeout) {
   using backplane::plugin::Error;
   const std::string outcome_key = prefix + "failed";
@@ -67,13 +45,13 @@ void check_arrivals(c10d::Store& store, const std::string& prefix, int32_t rank,
   // "<status>|<message>": the first failure recorded wins, so that every rank reports the same one.
   auto fail_everyone = [&](bpl_status status, const std::string& reason) {
     const std::string first =
-        text_of(store.compareSet(outcome_key, {}, bytes_of(std::to_string(status) + "|" + reason)));
+        text_of(set_first(store, outcome_key, bytes_of(std::to_string(status) + "|" + reason), timeout));
     const size_t bar = first.find('|');
     throw Error(static_cast<bpl_status>(std::atoi(first.c_str())), first.substr(bar == std::string::npos ? 0 : bar + 1));
   };
 
   const std::string world = std::to_string(world_size);
-  const std::string agreed = text_of(store.compareSet(prefix + "world_size", {}, bytes_of(world)));
+  const std::string agreed = text_of(set_first(store, prefix + "world_size", bytes_of(world), timeout));
   if (agreed != world) {
     fail_everyone(BPL_ERR_MISMATCH, me + " was started with WORLD_SIZE=" + world + " but an earlier rank with WORLD_SIZE=" +
                                         agreed + ": every rank must be given the same world size");
@@ -83,20 +61,20 @@ void check_arrivals(c10d::Store& store, const std::string& prefix, int32_t rank,
     fail_everyone(BPL_ERR_MISMATCH, me + " joined, but another process already joined as rank " +
                                         std::to_string(rank) + ": each rank must be started once (check RANK / the launcher)");
   }
-
-  std::vector<std::string> rank_keys;
-  for (int32_t r = 0; r < world_size; ++r) rank_keys.push_back(prefix + "rank/" + std::to_string(r));
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  // The last to arrive says so; the others wait for that word, looking for a failure between waits.
+  const std::string all_joined = prefix + "all_joined";
+  if (store.add(prefix + "joined", 1) == world_size) store.set(all_joined, bytes_of("1"));
+  const auto deadline = plugin::deadline_after(timeout);
   for (;;) {
-    if (store.check({outcome_key})) fail_everyone(BPL_ERR_INTERNAL, "");  // reports the recorded failure
-    if (store.check(rank_keys)) return;
-    if (std::chrono::steady_clock::now() >= deadline) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (store.check(outcome_key)) fail_everyone(BPL_ERR_INTERNAL, "");  // reports the recorded failure
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) break;
+    if (store.wait_for(all_joined, std::min(left, std::chrono::milliseconds(50)))) return;
   }
   std::string missing;
   int32_t joined = 0;
   for (int32_t r = 0; r < world_size; ++r) {
-    if (store.check({rank_keys[static_cast<size_t>(r)]})) {
+    if (store.check(prefix + "rank/" + std::to_string(r))) {
       ++joined;
     } else {
       missing += (missing.empty() ? "" : ", ") + std::to_string(r);
@@ -106,110 +84,6 @@ void check_arrivals(c10d::Store& store, const std::string& prefix, int32_t rank,
                                      std::to_string(joined) + "/" + std::to_string(world_size) +
                                      " joined, missing ranks [" + missing + "]");
 }
-
-// A caller's store (bpl_store, ABI 1.2) as a c10d::Store, so that the rendezvous, Gloo's full mesh and
-// the failure board meet through it as through a TCPStore. `timeout` bounds get and wait.
-class CallerC10dStore : public c10d::Store {
- public:
-  CallerC10dStore(const bpl_store& store, std::chrono::milliseconds timeout) : c10d::Store(timeout), store_(store) {}
-
-  void set(const std::string& key, const std::vector<uint8_t>& value) override { store_.set(key, value); }
-  std::vector<uint8_t> get(const std::string& key) override { return store_.get(key, timeout_); }
-  int64_t add(const std::string& key, int64_t delta) override { return store_.add(key, delta); }
-  bool check(const std::vector<std::string>& keys) override {
-    return std::all_of(keys.begin(), keys.end(), [&](const std::string& key) { return store_.check(key); });
-  }
-  // The callbacks have no compare-and-set. Every use here sets a key unless it is set and returns the
-  // value that stands, which a counter beside the key makes safe: the first to count sets it, the
-  // others wait for that value.
-  std::vector<uint8_t> compareSet(const std::string& key, const std::vector<uint8_t>& expected,
-                                  const std::vector<uint8_t>& desired) override {
-    if (!expected.empty()) {
-      throw plugin::Error(BPL_ERR_INTERNAL, "compareSet with an expected value on a caller's store (key '" + key + "')");
-    }
-    if (store_.add(key + "/claimed", 1) == 1) {
-      store_.set(key, desired);
-      return desired;
-    }
-    return store_.get(key, timeout_);
-  }
-  bool deleteKey(const std::string& key) override {
-    throw plugin::Error(BPL_ERR_UNSUPPORTED, "a caller's store cannot delete keys (key '" + key + "')");
-  }
-  int64_t getNumKeys() override { throw plugin::Error(BPL_ERR_UNSUPPORTED, "a caller's store cannot count its keys"); }
-  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
-  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    for (const std::string& key : keys) {
-      store_.wait(key, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()));
-    }
-  }
-
- private:
-  plugin::CallerStore store_;
-};
-
-// A world of one: nobody to tell.
-class InProcessBoard : public FailureBoard {
- public:
-  std::string record_first(const std::string&, const std::string& value, std::chrono::milliseconds) override {
-    return value;
-  }
-  void publish(const std::string&, const std::string&) override {}
-  std::vector<std::optional<std::string>> gather(const std::vector<std::string>& keys, std::chrono::milliseconds) override {
-    return std::vector<std::optional<std::string>>(keys.size());
-  }
-};
-
-// On a BoundedStore connection of its own (every call bounded), keys under the job's prefix. Polled:
-// this TCPStore's wait is not woken by a compareSet, and a wait that times out would end the connection.
-class StoreBoard : public FailureBoard {
- public:
-  StoreBoard(c10::intrusive_ptr<c10d::Store> store, std::string prefix) : store_(std::move(store)), prefix_(std::move(prefix)) {}
-
-  std::string record_first(const std::string& key, const std::string& value, std::chrono::milliseconds defer) override {
-    try {
-      const auto give_up = std::chrono::steady_clock::now() + defer;
-      while (std::chrono::steady_clock::now() < give_up && !store_->check({prefixed(key)})) {
-        std::this_thread::sleep_for(kPoll);
-      }
-      return text_of(store_->compareSet(prefixed(key), {}, bytes_of(value)));
-    } catch (const std::exception&) {
-      return value;
-    }
-  }
-
-  void publish(const std::string& key, const std::string& value) override {
-    try {
-      store_->set(prefixed(key), bytes_of(value));
-    } catch (const std::exception&) {
-      // unreachable: the others will find nothing, as if this rank had not answered
-    }
-  }
-
-  std::vector<std::optional<std::string>> gather(const std::vector<std::string>& keys,
-                                                 std::chrono::milliseconds within) override {
-    std::vector<std::optional<std::string>> values(keys.size());
-    try {
-      std::vector<std::string> all;
-      for (const std::string& key : keys) all.push_back(prefixed(key));
-      const auto give_up = std::chrono::steady_clock::now() + within;
-      while (std::chrono::steady_clock::now() < give_up && !store_->check(all)) std::this_thread::sleep_for(kPoll);
-      for (size_t i = 0; i < keys.size(); ++i) {
-        if (store_->check({all[i]})) values[i] = text_of(store_->get(all[i]));
-      }
-    } catch (const std::exception&) {
-      // what was read so far stands
-    }
-    return values;
-  }
-
- private:
-  static constexpr std::chrono::milliseconds kPoll{5};
-  std::string prefixed(const std::string& key) const { return prefix_ + "/" + key; }
-  c10::intrusive_ptr<c10d::Store> store_;
-  std::string prefix_;
-};
 
 // GLOO_SOCKET_IFNAME must name an interface of this host (Gloo's own check ends in an internal error).
 void require_interface(const std::string& name) {
@@ -254,15 +128,6 @@ void resolve_master_addr(const std::string& addr, std::chrono::milliseconds time
 
 }  // namespace
 
-bool is_store_timeout(const std::exception& e) {
-  if (dynamic_cast<const c10d::TimeoutError*>(&e) != nullptr) return true;  // a connect that timed out
-  // LibTorch 1.13 reports a store call that ran past its timeout as an untyped error (TORCH_CHECK's
-  // c10::Error "Socket Timeout", "Wait timeout"): for those only the text tells.
-  if (dynamic_cast<const c10::Error*>(&e) == nullptr && typeid(e) != typeid(std::runtime_error)) return false;
-  const char* what = e.what();
-  return std::strstr(what, "imed out") != nullptr || std::strstr(what, "imeout") != nullptr;
-}
-
 namespace {
 
 // The launch's store (ABI 1.2), where the core that filled `launch` knows the field.
@@ -291,26 +156,50 @@ std::shared_ptr<::gloo::transport::Device> make_device(bool on_this_host, std::s
   return ::gloo::transport::tcp::CreateDevice(attr);
 }
 
-// Meets the other `size` ranks through a caller's store: arrivals checked, every key under "backplane/".
-// The failure board uses the same store with a short bound on its waits (a callback that blocks
-// beyond it cannot be stopped: the caller's store must honour its own deadlines).
+// Checks the arrivals of the `size` ranks on `store` (every key under `prefix`), then makes the Gloo
+// view of it and the failure board on `board_store`, a connection of its own whose calls give up soon.
+Rendezvous meet(std::shared_ptr<KvStore> store, std::shared_ptr<KvStore> board_store, const std::string& prefix,
+                int32_t rank, int32_t size, std::chrono::milliseconds timeout) {
+  check_arrivals(*store, prefix + "/arrival/", rank, size, timeout);
+  Rendezvous result;
+  result.store = std::make_shared<GlooKvStore>(std::move(store), prefix, timeout);
+  result.board = make_store_board(std::move(board_store), prefix);
+  return result;
+}
+
+// Meets the other `size` ranks through a caller's store, every key under "backplane/". The failure
+// board uses the same store with a short bound on its waits (a callback that blocks beyond it cannot
+// be stopped: the caller's store must honour its own deadlines).
 Rendezvous meet_through(const bpl_store& caller, int32_t rank, int32_t size, std::chrono::milliseconds timeout,
                         std::shared_ptr<::gloo::transport::Device> device, const std::string& transport) {
   Rendezvous result;
-  result.device = std::move(device);
-  const std::string prefix = "backplane";
-  auto store = c10::make_intrusive<CallerC10dStore>(caller, timeout);
   try {
-    check_arrivals(*store, prefix + "/arrival/", rank, size, timeout);
+    result = meet(std::make_shared<CallbackKvStore>(caller, "the caller's store"),
+                  std::make_shared<CallbackKvStore>(caller, "the caller's store"), "backplane", rank, size, timeout);
   } catch (const plugin::Error& e) {
     throw plugin::Error(e.status(), "rendezvous through the caller's store as rank " + std::to_string(rank) + " of " +
                                         std::to_string(size) + " failed: " + e.what());
   }
-  result.store = std::make_shared<PrefixedStore>(std::make_shared<c10d::ProcessGroupGloo::GlooStore>(store), prefix);
-  result.board = std::make_shared<StoreBoard>(
-      c10::make_intrusive<CallerC10dStore>(caller, std::min(timeout, std::chrono::milliseconds(500))), prefix);
+  result.device = std::move(device);
   result.description = "store=the caller's (bpl_init_options.store); transport=" + transport;
   return result;
+}
+
+// The two connections to the store at MASTER_ADDR:MASTER_PORT (the second for the failure board, whose
+// calls give up within 500 ms: a failure report must not wait out the job's timeout on a store whose
+// host is stopped): a torchrun agent's through torch's client, else backplane's own.
+std::pair<std::shared_ptr<KvStore>, std::shared_ptr<KvStore>> connect_to_store(const std::string& addr, int port,
+                                                                               bool agent_hosts,
+                                                                               std::chrono::milliseconds timeout,
+                                                                               const std::string& store_host) {
+  const auto board_timeout = std::min(timeout, std::chrono::milliseconds(500));
+  if (agent_hosts) {
+    return {connect_torch_store(addr, port, timeout, timeout, store_host),
+            connect_torch_store(addr, port, timeout, board_timeout, store_host)};
+  }
+  const auto tcp_port = static_cast<uint16_t>(port);
+  return {std::make_shared<TcpStoreClient>(addr, tcp_port, timeout, timeout, store_host),
+          std::make_shared<TcpStoreClient>(addr, tcp_port, timeout, board_timeout, store_host)};
 }
 
 }  // namespace
@@ -343,67 +232,42 @@ Rendezvous rendezvous(const bpl_launch_info& launch) {
     result.device = device;
     result.store = std::make_shared<::gloo::rendezvous::HashStore>();
     result.description = "store=in-process; transport=" + transport;
-    result.board = std::make_shared<InProcessBoard>();
+    result.board = make_in_process_board();
     return result;
   }
   if (caller != nullptr) return meet_through(*caller, launch.rank, launch.world_size, timeout, device, transport);
 
-  Rendezvous result;
-  result.device = device;
   // A torchrun agent hosts the store itself and tells its workers so; otherwise rank 0 hosts it.
   const char* agent_store = env("TORCHELASTIC_USE_AGENT_STORE");
   const bool agent_hosts = agent_store != nullptr && std::string(agent_store) == "True";
+  const bool serves = launch.rank == 0 && !agent_hosts;
   const std::string store_host = agent_hosts ? "the torchrun agent" : "rank 0";
-  c10d::TCPStoreOptions options;
-  options.port = static_cast<uint16_t>(launch.master_port);
-  options.isServer = launch.rank == 0 && !agent_hosts;
-  options.numWorkers = static_cast<size_t>(launch.world_size);
-  options.waitWorkers = false;  // the full-mesh connect below waits for every rank, with the timeout
-  options.timeout = timeout;    // bounds the connect, which c10d retries while the store is not up yet
   const std::string where = addr + ":" + std::to_string(launch.master_port);
   const std::string as_rank = "rendezvous at " + where + " as rank " + std::to_string(launch.rank);
-  c10::intrusive_ptr<c10d::Store> tcp_store;
-  try {
-    tcp_store = c10::make_intrusive<BoundedStore>(addr, options, timeout, where, store_host);
-  } catch (const Error& e) {
-    throw Error(e.status(), as_rank + " failed: " + e.what());
-  } catch (const std::exception& e) {
-    std::string hint;
-    if (options.isServer) {
-      hint = " (is MASTER_PORT " + std::to_string(launch.master_port) + " used by another job or another rank 0?)";
-    } else if (is_store_timeout(e)) {
-      hint = " (" + store_host + ", which hosts the store, never came)";
-    }
-    throw Error(is_store_timeout(e) ? BPL_ERR_TIMEOUT : BPL_ERR_IO,
-                as_rank + (options.isServer ? " (store server)" : " (store client)") + " failed: " + e.what() + hint);
-  }
   // A restarted torchrun job reuses the agent's store: keep each attempt's keys apart.
   const char* restart = env("TORCHELASTIC_RESTART_COUNT");
   const std::string prefix = std::string("backplane/") + (restart ? restart : "0");
+  std::shared_ptr<TcpStoreServer> server;
+  Rendezvous result;
   try {
-    check_arrivals(*tcp_store, prefix + "/arrival/", launch.rank, launch.world_size, timeout);
+    if (serves) server = std::make_shared<TcpStoreServer>(static_cast<uint16_t>(launch.master_port));
+    auto [store, board_store] = connect_to_store(addr, launch.master_port, agent_hosts, timeout, store_host);
+    result = meet(std::move(store), std::move(board_store), prefix, launch.rank, launch.world_size, timeout);
   } catch (const Error& e) {
     // The store ends with this process: give the other ranks a moment to read the failure from it.
-    if (options.isServer) std::this_thread::sleep_for(std::chrono::milliseconds(300));
-    throw Error(e.status(), as_rank + " failed: " + e.what());
+    if (server != nullptr) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    std::string hint;
+    if (serves && e.status() == BPL_ERR_IO && server == nullptr) {
+      hint = " (is MASTER_PORT " + std::to_string(launch.master_port) + " used by another job or another rank 0?)";
+    }
+    throw Error(e.status(), as_rank + (serves ? " (store server)" : " (store client)") + " failed: " + e.what() + hint);
   }
-  auto adapter = std::make_shared<c10d::ProcessGroupGloo::GlooStore>(tcp_store);
-  result.store = std::make_shared<PrefixedStore>(adapter, prefix);
-  // A connection of its own whose operations give up soon: a failure report must not wait out the
-  // job's timeout on a store whose host is stopped.
-  c10d::TCPStoreOptions board_options = options;
-  board_options.isServer = false;
-  c10::intrusive_ptr<c10d::Store> board;
-  try {
-    board = c10::make_intrusive<BoundedStore>(addr, board_options, std::min(timeout, std::chrono::milliseconds(500)),
-                                              where, store_host);
-  } catch (const std::exception& e) {
-    throw Error(BPL_ERR_IO, as_rank + " failed to open a second connection to the store: " + e.what());
-  }
-  result.board = std::make_shared<StoreBoard>(board, prefix);
+  result.server = std::move(server);
+  result.device = device;
   result.store_host_rank = agent_hosts ? -1 : 0;
   result.description = "store=" + where +
-                       (options.isServer ? " (server)" : agent_hosts ? " (torchrun agent)" : " (client)") +
+                       (serves ? " (server)" : agent_hosts ? " (torchrun agent's, through " + torch_store_module_path() + ")"
+                                                           : " (client)") +
                        "; transport=" + transport;
   return result;
 }

@@ -1,6 +1,7 @@
-// How the ranks of a Gloo runtime find each other: a key-value store at MASTER_ADDR:MASTER_PORT
-// (LibTorch's c10d::TCPStore, so a real torchrun's agent store works too) and a Gloo TCP device.
-// This is the plugin's only translation unit that includes LibTorch headers.
+// How the ranks of a Gloo runtime find each other: a key-value store (kv_store.h) and a Gloo TCP
+// device. The store is the caller's when bpl_init is given one; else backplane's own TCP store at
+// MASTER_ADDR:MASTER_PORT, served by rank 0 (tcp_store.h); under a torchrun whose agent hosts the store
+// there, the agent's torch TCPStore, through the torch store module (torch_store_module.h).
 #pragma once
 
 #include <gloo/rendezvous/store.h>
@@ -34,7 +35,10 @@ class FailureBoard {
                                                          std::chrono::milliseconds within) = 0;
 };
 
+class TcpStoreServer;
+
 struct Rendezvous {
+  std::shared_ptr<TcpStoreServer> server;              // the store this process serves (rank 0), or null
   std::shared_ptr<::gloo::rendezvous::Store> store;    // every key under this job's prefix
   std::shared_ptr<::gloo::transport::Device> device;   // TCP device on the interface peers can reach
   std::string description;                             // "store=host:port (server|client); transport=tcp iface"
@@ -51,9 +55,5 @@ Rendezvous rendezvous(const bpl_launch_info& launch);
 // on the runtime's `device`. Throws plugin::Error: TIMEOUT naming the members missing, MISMATCH.
 Rendezvous rendezvous_through(const bpl_store& store, int32_t rank, int32_t size, std::chrono::milliseconds timeout,
                               std::shared_ptr<::gloo::transport::Device> device);
-
-// True for the exceptions of LibTorch's store that mean a timeout (its TimeoutError, or a c10::Error
-// saying so).
-bool is_store_timeout(const std::exception& e);
 
 }  // namespace backplane::gloo_plugin

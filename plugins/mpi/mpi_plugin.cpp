@@ -5,12 +5,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <fstream>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "backplane/plugin.h"
-#include "cpu_kernels.h"
+#include "kernels_module.h"
 #include "dtypes.h"
 #include "host_device.h"
 #include "mpi_comm.h"
@@ -71,16 +73,51 @@ void make_mpi_symbols_global() {
   }
 }
 
+bool file_mentions(const std::string& path, const std::string& text) {
+  std::ifstream file(path);
+  std::string line;
+  while (std::getline(file, line)) {
+    if (line.find(text) != std::string::npos && line.find('#') != 0) return true;
+  }
+  return false;
+}
+
+// Whether the shared-memory eager limit may differ from Open MPI 4's default: another MPI library, or a
+// setting of btl_vader_eager_limit (or its alias btl_sm_eager_limit) where Open MPI reads its parameters
+// (its documented sources): the environment (what mpirun --mca and -x pass on), the system's and the
+// user's parameter files, or parameter files named by the environment, which are not looked into.
+bool eager_limit_may_be_set() {
+  char version[MPI_MAX_LIBRARY_VERSION_STRING] = {};
+  int length = 0;
+  MPI_Get_library_version(version, &length);
+  if (std::string(version).rfind("Open MPI v4.", 0) != 0) return true;
+  for (const char* variable : {"OMPI_MCA_btl_vader_eager_limit", "OMPI_MCA_btl_sm_eager_limit",
+                               "OMPI_MCA_mca_base_param_files", "OMPI_MCA_mca_base_param_file_prefix"}) {
+    if (!env(variable).empty()) return true;
+  }
+  std::vector<std::string> files{"/etc/openmpi/openmpi-mca-params.conf"};
+  if (!env("OPAL_PREFIX").empty()) files.push_back(env("OPAL_PREFIX") + "/etc/openmpi-mca-params.conf");
+  if (!env("HOME").empty()) files.push_back(env("HOME") + "/.openmpi/mca-params.conf");
+  return std::any_of(files.begin(), files.end(), [](const std::string& f) {
+    return file_mentions(f, "vader_eager_limit") || file_mentions(f, "sm_eager_limit");
+  });
+}
+
 // The largest message Open MPI's shared-memory transport copies eagerly: btl_vader_eager_limit
 // (4096 by default, read through MPI's tool interface where it exists) less the headers it counts
 // (56 bytes on Open MPI 4.1; 4040 bytes of data measured,
 // bench/results/2026-11-25-raw-speed/eager-limit.c) and a margin. Above it Open MPI 4.1's single copy
 // writes a message whole, past a smaller receive buffer.
+//
+// Reading it through the tool interface costs about 0.2 s (MPI_T_init_thread opens every component of
+// every framework to register their variables: as long as MPI_Init itself, measured in
+// bench/results/2026-11-27-startup), so Open MPI 4's default is taken as it is unless one of the places
+// Open MPI reads parameters from may set it (eager_limit_may_be_set).
 size_t eager_message_bytes() {
   constexpr size_t kHeaderMargin = 128;
   unsigned long long limit = 4096;
   int provided = 0;
-  if (MPI_T_init_thread(MPI_THREAD_SINGLE, &provided) == MPI_SUCCESS) {
+  if (eager_limit_may_be_set() && MPI_T_init_thread(MPI_THREAD_SINGLE, &provided) == MPI_SUCCESS) {
     int index = -1;
     char name[256], description[1024];
     int name_length = sizeof(name), description_length = sizeof(description), verbosity = 0, binding = 0, scope = 0;
@@ -223,7 +260,8 @@ bpl_status runtime_create(const bpl_launch_info* launch, bpl_plugin_runtime** ou
                        (s.process.watchdog != nullptr
                             ? "; blocking operations: MPI's own blocking calls, watched (BPL_MPI_WATCHDOG=1: one past "
                               "the timeout ends the job)"
-                            : "; blocking operations: the plugin's schedules, waited for within the timeout");
+                            : "; blocking operations: the plugin's schedules, waited for within the timeout") +
+                       "; " + kernels_module::details();
     if (s.process.watchdog != nullptr) s.watchdog.start();
     ++s.runtimes;
     *out = runtime.release();
@@ -268,8 +306,7 @@ bpl_status runtime_describe(bpl_plugin_runtime* rt, bpl_plugin_caps* out) {
   out->dtypes = plugin::kAllDtypes;
   out->reduce_ops = plugin::kAllReduceOps;
   out->details = rt->details.c_str();
-  out->kernels = cpu_kernels::kKernels;
-  out->program_formats = cpu_kernels::kProgramFormats;
+  kernels_module::describe(*out);
   return BPL_OK;
 }
 
@@ -291,7 +328,7 @@ bpl_plugin_api make_table() {
   api.runtime_destroy = runtime_destroy;
   api.runtime_describe = runtime_describe;
   plugin::set_host_device(api);  // synchronize stays NULL: host memory, nothing queued
-  cpu_kernels::set_kernels(api);
+  kernels_module::set_kernels(api);
   return api;
 }
 

@@ -66,11 +66,13 @@ TEST(AbiLayout, bpl_runtime_info) {
 
 TEST(AbiLayout, bpl_selection) {
   EXPECT_EQ(offsetof(bpl_selection, struct_size), 0u);
-  EXPECT_EQ(sizeof(bpl_selection), 4680u);
+  EXPECT_EQ(sizeof(bpl_selection), 8776u);
   EXPECT_EQ(offsetof(bpl_selection, backend), 8u);
   EXPECT_EQ(offsetof(bpl_selection, reason), 72u);
   EXPECT_EQ(offsetof(bpl_selection, plugin_path), 584u);
-  EXPECT_NO_TRAILING_PADDING(bpl_selection, plugin_path);
+  // ABI 1.5
+  EXPECT_EQ(offsetof(bpl_selection, plugin_folders), 4680u);
+  EXPECT_NO_TRAILING_PADDING(bpl_selection, plugin_folders);
 }
 
 TEST(AbiLayout, bpl_plugin_info) {

@@ -1,6 +1,8 @@
 // The environment contract of DESIGN.md, tested on given environments (no process variables).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -239,6 +241,17 @@ TEST_F(PluginLookup, PathPluginPathAndDirsFromEnvironment) {
   ASSERT_GE(dirs.size(), 2u);
   EXPECT_EQ(dirs[0], first_);
   EXPECT_EQ(dirs[1], second_);
+}
+
+// BPL_PLUGIN_PATH's folders, then the one beside the core, and nothing else. This test links the core's
+// objects itself, so "beside the core" is its own tree's lib/ (build/bin/../lib/backplane/plugins).
+TEST_F(PluginLookup, SearchesThePathThenTheCoresOwnFolderOnly) {
+  std::vector<std::string> dirs = plugin_search_dirs(env_of({{"BPL_PLUGIN_PATH", first_}}));
+  ASSERT_EQ(dirs.size(), 2u);
+  EXPECT_EQ(dirs[0], first_);
+  const std::string suffix = "/lib/backplane/plugins";
+  EXPECT_EQ(dirs[1].substr(dirs[1].size() - std::min(dirs[1].size(), suffix.size())), suffix) << dirs[1];
+  EXPECT_EQ(plugin_search_dirs(env_of({})).size(), 1u);
 }
 
 TEST_F(PluginLookup, FailuresNameValuePathsAndAlternatives) {

@@ -3,7 +3,9 @@
 #  - run the installed C embedder on two ranks with the installed launcher (plugin from the prefix);
 #  - build examples/embed.c with nothing but pkg-config, and run it;
 #  - build it (and a program on the LibTorch frontend, if installed) with nothing but find_package;
-#  - run the Python module from the prefix, finding libbackplane.so beside itself.
+#  - run the Python module from the prefix, finding libbackplane.so beside itself;
+#  - move the prefix and delete its gloo plugin: the library must say so, naming every folder it
+#    searched, and never load the build tree's plugin instead.
 # Usage: install_test.sh <build dir> <source dir>
 set -eu
 build_dir=$1
@@ -15,7 +17,8 @@ cmake --install "$build_dir" --prefix "$prefix" > /dev/null
 unset BPL_PLUGIN_PATH BPL_BACKEND BPL_LIBRARY PYTHONPATH
 
 for path in lib/libbackplane.so include/backplane/backplane.h include/backplane/plugin.h \
-            lib/backplane/plugins/libbackplane-gloo.so bin/bpl-run bin/bpl-info bin/embed \
+            lib/backplane/plugins/libbackplane-gloo.so lib/backplane/plugins/libbpl-cpu-kernels.so \
+            lib/backplane/plugins/libbpl-torch-store.so bin/bpl-run bin/bpl-info bin/embed \
             lib/cmake/backplane/backplaneConfig.cmake lib/cmake/backplane/backplaneConfigVersion.cmake \
             lib/cmake/backplane/backplaneTargets.cmake lib/pkgconfig/backplane.pc \
             lib/python3/dist-packages/backplane.py; do
@@ -61,5 +64,25 @@ if ls "$prefix"/lib/python3/dist-packages/backplane_torch.*.so > /dev/null 2>&1;
   echo "--- torch.distributed backend from the prefix"
   PYTHONPATH="$prefix/lib/python3/dist-packages" PYTHONWARNINGS=ignore \
     "$prefix/bin/bpl-run" --nproc-per-node 2 /usr/bin/python3 "$source_dir/tests/torch_backend/test_process_group.py"
+fi
+echo "--- moved, then a plugin deleted"
+moved=$(mktemp -d /tmp/bpl-moved-XXXXXX)
+trap 'rm -rf "$prefix" "$work" "$moved"' EXIT
+mv "$prefix"/* "$moved/"
+info=$(NXD_CPU_MODE=1 "$moved/bin/bpl-info")
+echo "$info"
+echo "$info" | grep -q "plugin       $moved/lib/backplane/plugins/libbackplane-gloo.so" \
+  || { echo "the moved tree did not find its own plugin"; exit 1; }
+rm "$moved/lib/backplane/plugins/libbackplane-gloo.so"
+status=0
+info=$(NXD_CPU_MODE=1 "$moved/bin/bpl-info" 2>&1) || status=$?
+echo "$info"
+[ $status -ne 0 ] || { echo "bpl-info succeeded without the gloo plugin"; exit 1; }
+echo "$info" | grep -q "plugin       none: .*plugin for backend 'gloo' not found (tried: $moved/lib/backplane/plugins/libbackplane-gloo.so;" \
+  || { echo "the error does not name the folder searched"; exit 1; }
+echo "$info" | grep -A1 "^Plugin folders" | grep -qx "  $moved/lib/backplane/plugins" \
+  || { echo "bpl-info does not print the folder searched"; exit 1; }
+if echo "$info" | grep -q "$build_dir"; then
+  echo "the installed library looked in the build tree ($build_dir)"; exit 1
 fi
 echo "installed tree OK"

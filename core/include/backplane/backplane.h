@@ -27,7 +27,7 @@ extern "C" {
 #endif
 
 #define BPL_ABI_MAJOR 1
-#define BPL_ABI_MINOR 4
+#define BPL_ABI_MINOR 5
 
 #if defined(__GNUC__)
 #define BPL_API __attribute__((visibility("default")))
@@ -236,15 +236,22 @@ typedef struct bpl_runtime_info {
 BPL_API bpl_status bpl_runtime_describe(const bpl_runtime* runtime, bpl_runtime_info* out);
 
 /* Which backend the given options and the current environment select, and why, without loading it.
- * Character arrays are NUL-terminated, truncated if longer. */
+ * Character arrays are NUL-terminated, truncated if longer.
+ *
+ * A backend given by name ("gloo") is the file libbackplane-<name>.so, looked for in these folders, in
+ * order, and nowhere else: each folder of BPL_PLUGIN_PATH (colon-separated; ignored in setuid
+ * programs), then the plugin folder installed beside libbackplane.so (<its folder>/backplane/plugins).
+ * A value with a '/' is the path of the plugin file itself. A plugin's own modules (the CPU backends'
+ * kernels, libbpl-cpu-kernels.so) lie beside the plugin. */
 typedef struct bpl_selection {
   size_t struct_size;     /* sizeof(bpl_selection) */
   char backend[64];       /* the name, or the path given */
   char reason[512];       /* e.g. "BPL_BACKEND=mpi" or "auto: no Neuron device, not under mpirun" */
   char plugin_path[4096]; /* the file that would be loaded; "" if none was found */
+  char plugin_folders[4096]; /* ABI 1.5: the folders a name is looked for in, in order, colon-separated */
 } bpl_selection;
 
-#define BPL_SELECTION_INIT {sizeof(bpl_selection), "", "", ""}
+#define BPL_SELECTION_INIT {sizeof(bpl_selection), "", "", "", ""}
 
 /* Errors: INVALID_ARGUMENT (bad variable value, named), NOT_FOUND (no plugin file: backend and reason
  * are still filled; the message lists the paths tried). */

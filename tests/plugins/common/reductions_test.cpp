@@ -1,9 +1,10 @@
 // The element loops of the CPU plugins (plugins/common/dtypes.h, reductions.cpp), on their own: the
 // vectorised folds against an element-by-element reference, the streamed folds against the cached
-// ones, and the bf16 conversions against c10's.
+// ones, and the f16 and bf16 conversions (the plugins' own, half.h) against c10's.
 #include <gtest/gtest.h>
 
 #include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 
 #include <cstdint>
 #include <cstring>
@@ -128,6 +129,39 @@ TEST(Reductions, Bf16ConversionMatchesC10BitForBit) {
   backplane::plugin::convert(values.data(), BPL_DTYPE_F32, narrowed.data(), BPL_DTYPE_BF16, values.size());
   for (size_t i = 0; i < values.size(); ++i) {
     ASSERT_EQ(narrowed[i], c10::BFloat16(values[i]).x) << "f32 bits 0x" << std::hex << bits[i];
+  }
+}
+
+// The plugins' own f16 <-> f32 conversions (half.h: no c10 in the plugins) give c10's results bit for
+// bit: every f16 value widened (subnormals, infinities, NaNs with their payload), and f32 values of
+// every kind narrowed (ties at every exponent, the overflow threshold, subnormal results, NaNs).
+TEST(Reductions, F16ConversionMatchesC10BitForBit) {
+  std::vector<uint16_t> every(65536);
+  for (size_t i = 0; i < every.size(); ++i) every[i] = static_cast<uint16_t>(i);
+  std::vector<float> widened(every.size());
+  backplane::plugin::convert(every.data(), BPL_DTYPE_F16, widened.data(), BPL_DTYPE_F32, every.size());
+  for (size_t i = 0; i < every.size(); ++i) {
+    const float expected = static_cast<float>(c10::Half(every[i], c10::Half::from_bits()));
+    ASSERT_EQ(std::memcmp(&widened[i], &expected, 4), 0) << "f16 0x" << std::hex << every[i];
+  }
+  std::mt19937 random(13);
+  std::vector<uint32_t> bits = {0x00000000, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000, 0x7F800001, 0xFFFFFFFF,
+                                0x477FEFFF, 0x477FF000, 0x477FE000, 0x38800000, 0x387FFFFF, 0x33000000, 0x33000001,
+                                0x32FFFFFF, 0x00000001, 0x3F801000, 0x3F803000, 0x3F800FFF};
+  // Every f16 value and the midpoints beside it, as f32: the ties of every exponent.
+  for (uint32_t h = 0; h < 0x7C00; ++h) {
+    uint32_t f;
+    const float wide = static_cast<float>(c10::Half(static_cast<uint16_t>(h), c10::Half::from_bits()));
+    std::memcpy(&f, &wide, 4);
+    bits.insert(bits.end(), {f, f + 1, f - 1, f + 0x1000, f | 0x80000000u});
+  }
+  while (bits.size() < 600000) bits.push_back(random());
+  std::vector<float> values(bits.size());
+  std::memcpy(values.data(), bits.data(), bits.size() * 4);
+  std::vector<uint16_t> narrowed(values.size());
+  backplane::plugin::convert(values.data(), BPL_DTYPE_F32, narrowed.data(), BPL_DTYPE_F16, values.size());
+  for (size_t i = 0; i < values.size(); ++i) {
+    ASSERT_EQ(narrowed[i], c10::Half(values[i]).x) << "f32 bits 0x" << std::hex << bits[i];
   }
 }
 

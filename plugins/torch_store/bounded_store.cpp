@@ -1,11 +1,15 @@
 #include "bounded_store.h"
 
+#include <torch/csrc/distributed/c10d/exception.h>
+
+#include <cstring>
+#include <stdexcept>
+#include <typeinfo>
 #include <utility>
 
 #include "plugin_support.h"
-#include "rendezvous.h"
 
-namespace backplane::gloo_plugin {
+namespace backplane::torch_store {
 
 using plugin::Error;
 
@@ -101,4 +105,13 @@ void BoundedStore::wait(const std::vector<std::string>& keys, const std::chrono:
   });
 }
 
-}  // namespace backplane::gloo_plugin
+bool is_store_timeout(const std::exception& e) {
+  if (dynamic_cast<const c10d::TimeoutError*>(&e) != nullptr) return true;  // a connect that timed out
+  // LibTorch 1.13 reports a store call that ran past its timeout as an untyped error (TORCH_CHECK's
+  // c10::Error "Socket Timeout", "Wait timeout"): for those only the text tells.
+  if (dynamic_cast<const c10::Error*>(&e) == nullptr && typeid(e) != typeid(std::runtime_error)) return false;
+  const char* what = e.what();
+  return std::strstr(what, "imed out") != nullptr || std::strstr(what, "imeout") != nullptr;
+}
+
+}  // namespace backplane::torch_store

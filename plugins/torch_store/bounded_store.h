@@ -13,13 +13,14 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <chrono>
+#include <exception>
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include "backplane/plugin.h"
 
-namespace backplane::gloo_plugin {
+namespace backplane::torch_store {
 
 class BoundedStore : public c10d::Store {
  public:
@@ -57,4 +58,8 @@ class BoundedStore : public c10d::Store {
   std::string failure_;      // the first failure, repeated by every later call
 };
 
-}  // namespace backplane::gloo_plugin
+// True for the exceptions of LibTorch's store that mean a timeout (its TimeoutError, or a c10::Error
+// saying so).
+bool is_store_timeout(const std::exception& e);
+
+}  // namespace backplane::torch_store

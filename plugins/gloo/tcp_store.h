@@ -1,0 +1,86 @@
+// backplane's own key-value store over TCP: where the ranks of a gloo job meet at
+// MASTER_ADDR:MASTER_PORT when no store is handed to them. Rank 0's process serves it on a thread of
+// its own; every rank (rank 0 too) is a client.
+//
+// Why a store of the project's own: Gloo ships an in-process store, a file store (a shared file
+// system) and a Redis client (a server someone must run); the only TCP store at hand, torch's c10d
+// TCPStore, comes with LibTorch, which a program that only communicates must not load. The store needs
+// four operations (set, get that waits for its key, add, check), and every one of them here has a
+// deadline: a store whose host is stopped, or a port held by something that is not a store, is an
+// error naming the address within the bound, never a hang. A torchrun agent's store, which is torch's
+// TCPStore, is reached through torch's own client instead (torch_store_module.h).
+//
+// The protocol: a connection opens with a greeting that names the protocol, so that a client that
+// reached something else says so; then each request is a frame (a 32-bit length and the bytes) and is
+// answered by one frame, in order. A get whose key is absent is answered when the key is set or at
+// the get's own deadline, by the server, so the connection stays in step either way.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kv_store.h"
+
+namespace backplane::gloo_plugin {
+
+// Serves the store on `port` of every interface of this host until destroyed. Throws plugin::Error IO
+// naming the port when it cannot listen there (for example, another program holds it).
+class TcpStoreServer {
+ public:
+  explicit TcpStoreServer(uint16_t port);
+  ~TcpStoreServer();
+  TcpStoreServer(const TcpStoreServer&) = delete;
+  TcpStoreServer& operator=(const TcpStoreServer&) = delete;
+
+ private:
+  class State;
+  void serve();
+
+  int listen_fd_ = -1;
+  int wake_fd_ = -1;  // an eventfd: written to end the serving thread
+  std::unique_ptr<State> state_;
+  std::thread thread_;
+};
+
+// A client connection. Every call waits at most the operation timeout for its answer (a get, its own
+// timeout plus that); a call that fails or runs out of time ends the connection (an answer that came
+// late would be read as the next call's), and every later call fails at once with the same error.
+class TcpStoreClient : public KvStore {
+ public:
+  // Connects to host:port, trying again while nothing listens there yet, for at most `connect_timeout`;
+  // then the greeting must be answered within `operation_timeout`. `host_name` names the process that
+  // serves the store in messages ("rank 0"). Throws plugin::Error: TIMEOUT when nothing answered in
+  // time, IO when the connection failed or what answered is not a store.
+  TcpStoreClient(const std::string& host, uint16_t port, std::chrono::milliseconds connect_timeout,
+                 std::chrono::milliseconds operation_timeout, std::string host_name);
+  ~TcpStoreClient() override;
+
+  void set(const std::string& key, const std::vector<uint8_t>& value) override;
+  std::vector<uint8_t> get(const std::string& key, std::chrono::milliseconds timeout) override;
+  bool wait_for(const std::string& key, std::chrono::milliseconds within) override;
+  int64_t add(const std::string& key, int64_t delta) override;
+  bool check(const std::string& key) override;
+
+ private:
+  // Sends `request` and returns the answer, within `deadline`; ends the connection on any failure.
+  std::vector<uint8_t> call(const char* operation, const std::vector<uint8_t>& request,
+                            std::chrono::steady_clock::time_point deadline);
+  std::optional<std::vector<uint8_t>> get_within(const std::string& key, std::chrono::milliseconds timeout);
+  [[noreturn]] void fail(bpl_status status, const std::string& message);
+
+  const std::string where_;      // "host:port"
+  const std::string host_name_;  // "rank 0"
+  const std::chrono::milliseconds operation_timeout_;
+  std::mutex mutex_;  // one call at a time on the connection
+  int fd_ = -1;
+  bpl_status failed_ = BPL_OK;
+  std::string failure_;
+};
+
+}  // namespace backplane::gloo_plugin
