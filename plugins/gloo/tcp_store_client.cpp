@@ -190,6 +190,11 @@ std::vector<uint8_t> TcpStoreClient::call(const char* operation, const std::vect
 }
 
 void TcpStoreClient::set(const std::string& key, const std::vector<uint8_t>& value) {
+  if (value.size() + key.size() + 16 > wire::kMaxFrame) {
+    throw Error(BPL_ERR_INVALID_ARGUMENT, "a value of " + std::to_string(value.size()) + " bytes for key '" + key +
+                                              "': the store takes values of at most " +
+                                              std::to_string(wire::kMaxFrame - key.size() - 16) + " bytes");
+  }
   std::vector<uint8_t> request{wire::kSet};
   wire::put_string(request, key);
   request.insert(request.end(), value.begin(), value.end());

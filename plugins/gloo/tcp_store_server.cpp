@@ -217,37 +217,47 @@ class TcpStoreServer::State {
   }
 };
 
-TcpStoreServer::TcpStoreServer(uint16_t port) : state_(std::make_unique<State>()) {
-  const std::string where = "port " + std::to_string(port);
-  // Every interface, IPv6 and IPv4 alike where the host has IPv6, as torch's TCPStore listens.
-  bool v6 = true;
-  listen_fd_ = ::socket(AF_INET6, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (listen_fd_ < 0) {
-    v6 = false;
-    listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  }
-  if (listen_fd_ < 0) throw Error(BPL_ERR_IO, "cannot open a socket for the store: " + std::string(std::strerror(errno)));
+namespace {
+
+// A listening socket on `port` of every interface of `family`, or -1 with errno set.
+int listen_on(int family, uint16_t port) {
+  const int fd = ::socket(family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
   const int on = 1, off = 0;
-  ::setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
-  int bound;
-  if (v6) {
-    ::setsockopt(listen_fd_, IPPROTO_IPV6, IPV6_V6ONLY, &off, sizeof(off));
-    sockaddr_in6 address{};
-    address.sin6_family = AF_INET6;
-    address.sin6_addr = in6addr_any;
-    address.sin6_port = htons(port);
-    bound = ::bind(listen_fd_, reinterpret_cast<sockaddr*>(&address), sizeof(address));
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
+  sockaddr_storage address{};
+  socklen_t length;
+  if (family == AF_INET6) {
+    ::setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &off, sizeof(off));  // IPv4 clients too
+    auto& v6 = reinterpret_cast<sockaddr_in6&>(address);
+    v6.sin6_family = AF_INET6;
+    v6.sin6_addr = in6addr_any;
+    v6.sin6_port = htons(port);
+    length = sizeof(v6);
   } else {
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_addr.s_addr = htonl(INADDR_ANY);
-    address.sin_port = htons(port);
-    bound = ::bind(listen_fd_, reinterpret_cast<sockaddr*>(&address), sizeof(address));
+    auto& v4 = reinterpret_cast<sockaddr_in&>(address);
+    v4.sin_family = AF_INET;
+    v4.sin_addr.s_addr = htonl(INADDR_ANY);
+    v4.sin_port = htons(port);
+    length = sizeof(v4);
   }
-  if (bound != 0 || ::listen(listen_fd_, SOMAXCONN) != 0) {
-    const std::string why = std::strerror(errno);
-    ::close(listen_fd_);
-    throw Error(BPL_ERR_IO, "cannot serve the store on " + where + ": " + why);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&address), length) != 0 || ::listen(fd, SOMAXCONN) != 0) {
+    const int error = errno;
+    ::close(fd);
+    errno = error;
+    return -1;
+  }
+  return fd;
+}
+
+}  // namespace
+
+TcpStoreServer::TcpStoreServer(uint16_t port) : state_(std::make_unique<State>()) {
+  // Every interface, IPv6 and IPv4 alike, as torch's TCPStore listens; IPv4 alone on a host without IPv6.
+  listen_fd_ = listen_on(AF_INET6, port);
+  if (listen_fd_ < 0 && errno != EADDRINUSE) listen_fd_ = listen_on(AF_INET, port);
+  if (listen_fd_ < 0) {
+    throw Error(BPL_ERR_IO, "cannot serve the store on port " + std::to_string(port) + ": " + std::strerror(errno));
   }
   wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (wake_fd_ < 0) {

@@ -21,7 +21,8 @@ namespace backplane::gloo_plugin::wire {
 
 constexpr char kGreeting[] = "backplane-store 1\n";
 constexpr size_t kGreetingSize = sizeof(kGreeting) - 1;
-// No frame of the rendezvous comes near this; a larger length means the peer is not speaking this protocol.
+// No frame of the rendezvous comes near this: a client refuses a larger value, and a server that reads a
+// larger length takes its peer for something that does not speak this protocol.
 constexpr uint32_t kMaxFrame = 64u << 20;
 
 enum Operation : uint8_t { kSet = 1, kGet = 2, kAdd = 3, kCheck = 4 };

@@ -64,6 +64,10 @@ TEST_F(TcpStore, SetGetAddCheckAcrossClients) {
   for (size_t i = 0; i < large.size(); ++i) large[i] = static_cast<uint8_t>(i * 7);
   a.set("large", large);
   EXPECT_EQ(b.get("large", milliseconds(1000)), large);
+  const Error too_large = error_of([&] { a.set("huge", std::vector<uint8_t>(64u << 20)); });
+  EXPECT_EQ(too_large.status(), BPL_ERR_INVALID_ARGUMENT) << too_large.what();
+  EXPECT_NE(std::string(too_large.what()).find("67108864 bytes for key 'huge'"), std::string::npos) << too_large.what();
+  EXPECT_TRUE(a.check("large")) << "the connection goes on after a refused value";
   EXPECT_EQ(a.add("n", 5), 5);
   EXPECT_EQ(b.add("n", -2), 3);
   EXPECT_EQ(a.add("n", 0), 3);
