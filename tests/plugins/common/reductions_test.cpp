@@ -12,6 +12,7 @@
 #include <random>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "dtypes.h"
@@ -106,63 +107,54 @@ TEST(Reductions, HalfTypesHaveNoFoldOfTheirOwn) {
   EXPECT_EQ(reduce_function(BPL_DTYPE_BF16, BPL_OP_MAX), nullptr);
 }
 
-// The plugins' own bf16 <-> f32 loops (dtypes.h), which the widened reductions run, give c10's results
-// bit for bit: every bf16 value, and f32 values of every kind (ties, NaNs, infinities, subnormals).
-TEST(Reductions, Bf16ConversionMatchesC10BitForBit) {
+// Every 16-bit value of `dtype` widened to f32, and the f32 values with `bits` (then random ones, up to
+// `count`) narrowed to it, give what c10's type C gives, bit for bit.
+template <typename C>
+void expect_conversions_match_c10(bpl_dtype dtype, std::vector<uint32_t> bits, size_t count) {
   std::vector<uint16_t> every(65536);
   for (size_t i = 0; i < every.size(); ++i) every[i] = static_cast<uint16_t>(i);
   std::vector<float> widened(every.size());
-  backplane::plugin::convert(every.data(), BPL_DTYPE_BF16, widened.data(), BPL_DTYPE_F32, every.size());
+  backplane::plugin::convert(every.data(), dtype, widened.data(), BPL_DTYPE_F32, every.size());
   for (size_t i = 0; i < every.size(); ++i) {
-    c10::BFloat16 reference;
-    reference.x = every[i];
-    const float expected = static_cast<float>(reference);
-    ASSERT_EQ(std::memcmp(&widened[i], &expected, 4), 0) << "bf16 0x" << std::hex << every[i];
+    const float expected = static_cast<float>(C(every[i], C::from_bits()));
+    ASSERT_EQ(std::memcmp(&widened[i], &expected, 4), 0) << "dtype " << dtype << " 0x" << std::hex << every[i];
   }
-  std::mt19937 random(7);
-  std::vector<uint32_t> bits = {0x00000000, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000, 0x7F800001, 0xFFFFFFFF,
-                                0x3F808000, 0x3F818000, 0x3F80FFFF, 0x00000001, 0x007FFFFF, 0x7F7FFFFF, 0x7F7F8000};
-  while (bits.size() < 200000) bits.push_back(random());
+  std::mt19937 random(static_cast<unsigned>(dtype));
+  while (bits.size() < count) bits.push_back(random());
   std::vector<float> values(bits.size());
   std::memcpy(values.data(), bits.data(), bits.size() * 4);
   std::vector<uint16_t> narrowed(values.size());
-  backplane::plugin::convert(values.data(), BPL_DTYPE_F32, narrowed.data(), BPL_DTYPE_BF16, values.size());
+  backplane::plugin::convert(values.data(), BPL_DTYPE_F32, narrowed.data(), dtype, values.size());
   for (size_t i = 0; i < values.size(); ++i) {
-    ASSERT_EQ(narrowed[i], c10::BFloat16(values[i]).x) << "f32 bits 0x" << std::hex << bits[i];
+    ASSERT_EQ(narrowed[i], C(values[i]).x) << "dtype " << dtype << ", f32 bits 0x" << std::hex << bits[i];
   }
+}
+
+// The plugins' own bf16 <-> f32 loops (half.h), which the widened reductions run, give c10's results
+// bit for bit: every bf16 value, and f32 values of every kind (ties, NaNs, infinities, subnormals).
+TEST(Reductions, Bf16ConversionMatchesC10BitForBit) {
+  expect_conversions_match_c10<c10::BFloat16>(
+      BPL_DTYPE_BF16, {0x00000000, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000, 0x7F800001, 0xFFFFFFFF, 0x3F808000,
+                       0x3F818000, 0x3F80FFFF, 0x00000001, 0x007FFFFF, 0x7F7FFFFF, 0x7F7F8000},
+      200000);
 }
 
 // The plugins' own f16 <-> f32 conversions (half.h: no c10 in the plugins) give c10's results bit for
 // bit: every f16 value widened (subnormals, infinities, NaNs with their payload), and f32 values of
 // every kind narrowed (ties at every exponent, the overflow threshold, subnormal results, NaNs).
 TEST(Reductions, F16ConversionMatchesC10BitForBit) {
-  std::vector<uint16_t> every(65536);
-  for (size_t i = 0; i < every.size(); ++i) every[i] = static_cast<uint16_t>(i);
-  std::vector<float> widened(every.size());
-  backplane::plugin::convert(every.data(), BPL_DTYPE_F16, widened.data(), BPL_DTYPE_F32, every.size());
-  for (size_t i = 0; i < every.size(); ++i) {
-    const float expected = static_cast<float>(c10::Half(every[i], c10::Half::from_bits()));
-    ASSERT_EQ(std::memcmp(&widened[i], &expected, 4), 0) << "f16 0x" << std::hex << every[i];
-  }
-  std::mt19937 random(13);
   std::vector<uint32_t> bits = {0x00000000, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000, 0x7F800001, 0xFFFFFFFF,
                                 0x477FEFFF, 0x477FF000, 0x477FE000, 0x38800000, 0x387FFFFF, 0x33000000, 0x33000001,
                                 0x32FFFFFF, 0x00000001, 0x3F801000, 0x3F803000, 0x3F800FFF};
-  // Every f16 value and the midpoints beside it, as f32: the ties of every exponent.
+  // Every finite f16 value as f32, and the f32 values beside it and halfway to the next: the ties of
+  // every exponent.
   for (uint32_t h = 0; h < 0x7C00; ++h) {
-    uint32_t f;
     const float wide = static_cast<float>(c10::Half(static_cast<uint16_t>(h), c10::Half::from_bits()));
+    uint32_t f;
     std::memcpy(&f, &wide, 4);
     bits.insert(bits.end(), {f, f + 1, f - 1, f + 0x1000, f | 0x80000000u});
   }
-  while (bits.size() < 600000) bits.push_back(random());
-  std::vector<float> values(bits.size());
-  std::memcpy(values.data(), bits.data(), bits.size() * 4);
-  std::vector<uint16_t> narrowed(values.size());
-  backplane::plugin::convert(values.data(), BPL_DTYPE_F32, narrowed.data(), BPL_DTYPE_F16, values.size());
-  for (size_t i = 0; i < values.size(); ++i) {
-    ASSERT_EQ(narrowed[i], c10::Half(values[i]).x) << "f32 bits 0x" << std::hex << bits[i];
-  }
+  expect_conversions_match_c10<c10::Half>(BPL_DTYPE_F16, std::move(bits), 600000);
 }
 
 // The reductions with streaming stores (dtypes.h's Stores::kStreamed) give the cached ones' results bit
