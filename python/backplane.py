@@ -281,6 +281,24 @@ class _Buffer:
         self.count = nbytes // _SIZES[self.dtype]
 
 
+def _of_send(send, recv, dtype, count, what, name="recv"):
+    """`recv` as a buffer of send's dtype holding `count` elements (`what` says why that many; None: any
+    number): a ValueError naming what is wrong otherwise, before anything is written into it."""
+    r = _Buffer(recv, dtype, True, name)
+    if r.dtype != send.dtype:
+        raise ValueError("%s holds %s elements and send %s: both must hold one dtype" % (name, r.dtype_name, send.dtype_name))
+    if count is not None and r.count != count:
+        raise ValueError("%s holds %d elements: expected %d (%s)" % (name, r.count, count, what))
+    return r
+
+
+def _extent(name, buf, counts, displs):
+    """A ValueError unless `buf` holds every block counts[r] at displs[r]."""
+    needed = max([d + c for c, d in zip(counts, displs) if c > 0] or [0])
+    if buf.count < needed:
+        raise ValueError("%s holds %d elements: its blocks reach element %d" % (name, buf.count, needed))
+
+
 def _op(op: str) -> int:
     if op not in _OPS:
         raise ValueError("op=%r: expected one of %s" % (op, sorted(_OPS)))
@@ -426,7 +444,7 @@ class Comm(_Handle):
                   dtype: Optional[str] = None, async_op: bool = False) -> Optional[Request]:
         """recv = op over ranks of send (in place when recv is None)."""
         s = _Buffer(send, dtype, recv is None, "send")
-        r = s if recv is None else _Buffer(recv, dtype, True, "recv")
+        r = s if recv is None else _of_send(s, recv, dtype, s.count, "as many as send")
         return self._start("allreduce", (s, r), lambda req: _api().bpl_allreduce(
             self._live(), s.address, r.address, s.count, s.dtype, _op(op), req), async_op)
 
@@ -440,7 +458,7 @@ class Comm(_Handle):
                dtype: Optional[str] = None, async_op: bool = False) -> Optional[Request]:
         """recv on root = op over ranks of send (in place when recv is None); other ranks' recv unused."""
         s = _Buffer(send, dtype, recv is None, "send")
-        r = s if recv is None else _Buffer(recv, dtype, True, "recv")
+        r = s if recv is None else _of_send(s, recv, dtype, s.count if self.rank == root else None, "as many as send")
         return self._start("reduce", (s, r), lambda req: _api().bpl_reduce(
             self._live(), s.address, r.address, s.count, s.dtype, _op(op), root, req), async_op)
 
@@ -448,9 +466,7 @@ class Comm(_Handle):
                   async_op: bool = False) -> Optional[Request]:
         """recv (size times send's elements) = every rank's send, in rank order."""
         s = _Buffer(send, dtype, False, "send")
-        r = _Buffer(recv, dtype, True, "recv")
-        if r.count != s.count * self.size:
-            raise ValueError("recv holds %d elements: expected %d (size %d x %d)" % (r.count, s.count * self.size, self.size, s.count))
+        r = _of_send(s, recv, dtype, s.count * self.size, "size %d x %d" % (self.size, s.count))
         return self._start("allgather", (s, r), lambda req: _api().bpl_allgather(
             self._live(), s.address, r.address, s.count, s.dtype, req), async_op)
 
@@ -458,7 +474,7 @@ class Comm(_Handle):
                        async_op: bool = False) -> Optional[Request]:
         """recv = block `rank` of the reduction of send (size blocks of recv's elements)."""
         s = _Buffer(send, dtype, False, "send")
-        r = _Buffer(recv, dtype, True, "recv")
+        r = _of_send(s, recv, dtype, None, "")
         if s.count != r.count * self.size:
             raise ValueError("send holds %d elements: expected %d (size %d x %d)" % (s.count, r.count * self.size, self.size, r.count))
         return self._start("reduce_scatter", (s, r), lambda req: _api().bpl_reduce_scatter(
@@ -468,7 +484,7 @@ class Comm(_Handle):
                  async_op: bool = False) -> Optional[Request]:
         """recv block r = send block `rank` of rank r (size equal blocks each)."""
         s = _Buffer(send, dtype, False, "send")
-        r = _Buffer(recv, dtype, True, "recv")
+        r = _of_send(s, recv, dtype, None, "")
         if s.count != r.count or s.count % self.size:
             raise ValueError("send and recv must hold the same number of elements, a multiple of size %d" % self.size)
         return self._start("alltoall", (s, r), lambda req: _api().bpl_alltoall(
@@ -479,7 +495,7 @@ class Comm(_Handle):
         """recv on root (size times send's elements) = every rank's send, in rank order; recv is not
         given on the other ranks."""
         s = _Buffer(send, dtype, False, "send")
-        r = _Buffer(recv, dtype, True, "recv") if recv is not None else None
+        r = _of_send(s, recv, dtype, None, "") if recv is not None else None
         if self.rank == root and (r is None or r.count != s.count * self.size):
             raise ValueError("the root's recv must hold %d elements (size %d x %d)" % (s.count * self.size, self.size, s.count))
         return self._start("gather", (s, r), lambda req: self._v13("bpl_gather")(
@@ -490,6 +506,8 @@ class Comm(_Handle):
         """recv = block `rank` of send on root (size blocks of recv's elements); send is None elsewhere."""
         r = _Buffer(recv, dtype, True, "recv")
         s = _Buffer(send, dtype, False, "send") if send is not None else None
+        if s is not None and s.dtype != r.dtype:
+            raise ValueError("send holds %s elements and recv %s: both must hold one dtype" % (s.dtype_name, r.dtype_name))
         if self.rank == root and (s is None or s.count != r.count * self.size):
             raise ValueError("the root's send must hold %d elements (size %d x %d)" % (r.count * self.size, self.size, r.count))
         return self._start("scatter", (s, r), lambda req: self._v13("bpl_scatter")(
@@ -501,9 +519,10 @@ class Comm(_Handle):
         """Rank r's send (counts[r] elements) lands at recv + displs[r] on every rank (displs None: the
         blocks end to end in rank order)."""
         s = _Buffer(send, dtype, False, "send")
-        r = _Buffer(recv, dtype, True, "recv")
+        r = _of_send(s, recv, dtype, None, "")
         c = _int64_array(counts, self.size, "counts")
         d = _int64_array(_end_to_end(counts) if displs is None else displs, self.size, "displs")
+        _extent("recv", r, c, d)
         return self._start("allgatherv", (s, r), lambda req: self._v13("bpl_allgatherv")(
             self._live(), s.address, s.count, r.address, c, d, s.dtype, req), async_op)
 
@@ -513,10 +532,12 @@ class Comm(_Handle):
         """This rank sends sendcounts[r] elements from send + sdispls[r] to rank r, and receives
         recvcounts[r] from rank r at recv + rdispls[r] (displacements None: blocks end to end)."""
         s = _Buffer(send, dtype, False, "send")
-        r = _Buffer(recv, dtype, True, "recv")
+        r = _of_send(s, recv, dtype, None, "")
         arrays = [_int64_array(values, self.size, name) for values, name in (
             (sendcounts, "sendcounts"), (_end_to_end(sendcounts) if sdispls is None else sdispls, "sdispls"),
             (recvcounts, "recvcounts"), (_end_to_end(recvcounts) if rdispls is None else rdispls, "rdispls"))]
+        _extent("send", s, arrays[0], arrays[1])
+        _extent("recv", r, arrays[2], arrays[3])
         return self._start("alltoallv", (s, r), lambda req: self._v13("bpl_alltoallv")(
             self._live(), s.address, arrays[0], arrays[1], r.address, arrays[2], arrays[3], s.dtype, req), async_op)
 

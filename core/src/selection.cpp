@@ -80,11 +80,11 @@ Selection select_backend(const char* backend, const EnvLookup& env, const Machin
       throw Error(BPL_ERR_INVALID_ARGUMENT,
                   "NXD_CPU_MODE='" + *cpu_mode + "' is not an integer (expected 1 for CPU mode, 0 for Neuron)");
     }
-    if (*value > 0) {
-      selection.candidates.push_back({"gloo", "NXD_CPU_MODE=" + *cpu_mode});
-    } else {
-      selection.candidates.push_back({"neuron", "NXD_CPU_MODE=" + *cpu_mode});
+    if (*value < 0) {
+      throw Error(BPL_ERR_INVALID_ARGUMENT, "NXD_CPU_MODE='" + *cpu_mode +
+                                                "' is negative (expected 1, or any integer > 0, for CPU mode; 0 for Neuron)");
     }
+    selection.candidates.push_back({*value > 0 ? "gloo" : "neuron", "NXD_CPU_MODE=" + *cpu_mode});
     return selection;
   }
 

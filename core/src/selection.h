@@ -33,7 +33,7 @@ MachineProbe probe_machine();  // looks for /dev/neuron*
 
 // Highest first: explicit `backend` > BPL_BACKEND > NXD_CPU_MODE (>0 → gloo, 0 → neuron) > auto
 // (neuron if a Neuron device is present, mpi if launched by an MPI launcher, then gloo).
-// Throws Error(INVALID_ARGUMENT) for a non-integer NXD_CPU_MODE or a malformed backend name.
+// Throws Error(INVALID_ARGUMENT) for an NXD_CPU_MODE that is not an integer >= 0, or a malformed backend name.
 Selection select_backend(const char* backend, const EnvLookup& env, const MachineProbe& machine);
 
 // Where a plugin file is looked for, in order: BPL_PLUGIN_PATH (colon-separated), then the plugin folder

@@ -22,6 +22,10 @@ bool cpu_mode() {
     throw Error(BPL_ERR_INVALID_ARGUMENT, std::string("NXD_CPU_MODE='") + value +
                                               "' is not an integer (expected 1 for CPU mode, 0 for the accelerator)");
   }
+  if (mode < 0) {
+    throw Error(BPL_ERR_INVALID_ARGUMENT, std::string("NXD_CPU_MODE='") + value +
+                                              "' is negative (expected 1, or any integer > 0, for CPU mode; 0 for the accelerator)");
+  }
   return mode > 0;
 }
 

@@ -90,6 +90,9 @@ TEST_F(CpuModeTest, IsReadOnEveryCallAndNonIntegersAreErrors) {
     std::string message = error_of([] { bp::cpu_mode(); });
     EXPECT_NE(message.find(std::string("NXD_CPU_MODE='") + bad + "' is not an integer"), std::string::npos) << message;
   }
+  setenv("NXD_CPU_MODE", "-3", 1);
+  const std::string negative = error_of([] { bp::cpu_mode(); });
+  EXPECT_NE(negative.find("NXD_CPU_MODE='-3' is negative"), std::string::npos) << negative;
   EXPECT_TRUE(bp::get_device().is_cpu());
 }
 

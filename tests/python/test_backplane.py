@@ -110,6 +110,7 @@ def variable_collectives(world):
         expect(False, "counts of the wrong length must be refused")
     except ValueError as e:
         expect("one per rank" in str(e), str(e))
+    receive_buffers_are_checked_before_anything_is_written(world)
     # byte strings of any length, the empty one included
     text = lambda r: (b"rank %d:" % r) + bytes([r]) * (700 * r) + b"\0end"  # noqa: E731
     for root in range(size):
@@ -118,6 +119,39 @@ def variable_collectives(world):
     expect(world.broadcast_bytes(b"" if rank == 0 else b"x") == b"", "broadcast_bytes of nothing")
     gathered = world.allgather_bytes(b"" if rank == 1 else text(rank))
     expect(gathered == [b"" if r == 1 else text(r) for r in range(size)], "allgather_bytes: %r" % [len(g) for g in gathered])
+
+
+def expect_value_error(call, text, what):
+    try:
+        call()
+    except ValueError as e:
+        expect(text in str(e), "%s: %s" % (what, e))
+        return
+    raise AssertionError("%s: no ValueError" % what)
+
+
+def receive_buffers_are_checked_before_anything_is_written(world):
+    """A receive buffer too small for the result, or of another dtype than the send, is a ValueError
+    naming it, on every rank alike, and nothing is written past it (the memory behind a view stays)."""
+    rank, size = world.rank, world.size
+    send = array.array("f", [1.0] * 6)
+    behind = array.array("f", [-1.0] * 6)
+    short = memoryview(behind)[:2]
+    expect_value_error(lambda: world.allreduce(send, short), "recv holds 2 elements: expected 6", "allreduce, short recv")
+    expect_value_error(lambda: world.reduce(send, short, root=rank), "recv holds 2 elements: expected 6",
+                       "reduce, short recv on its root")
+    expect_value_error(lambda: world.allreduce(send, array.array("d", [0.0] * 6)), "recv holds f64 elements and send f32",
+                       "allreduce, f64 recv of an f32 send")
+    expect_value_error(lambda: world.alltoall(array.array("f", [0.0] * size), array.array("i", [0] * size)),
+                       "both must hold one dtype", "alltoall of two dtypes")
+    counts = [2] * size
+    expect_value_error(lambda: world.allgatherv(array.array("f", [0.0] * 2), short, counts),
+                       "recv holds 2 elements: its blocks reach element %d" % (2 * size), "allgatherv, short recv")
+    expect_value_error(lambda: world.alltoallv(array.array("f", [0.0] * 2), counts, array.array("f", [0.0] * 2 * size), counts),
+                       "send holds 2 elements: its blocks reach element %d" % (2 * size), "alltoallv, short send")
+    expect(list(behind) == [-1.0] * 6, "nothing written: %r" % list(behind))
+    world.allreduce(send, memoryview(behind))  # the right size goes through
+    expect(list(behind) == [float(size)] * 6, "allreduce into the whole buffer: %r" % list(behind))
 
 
 def devices_kernels_and_programs(rt, world):
