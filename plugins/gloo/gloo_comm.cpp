@@ -605,6 +605,8 @@ void GlooComm::begin(bpl_collective op, bpl_dtype dtype, int64_t count, int root
   current_.root = root;
   current_.reduce_op = reduce_op;
   current_.pairing = pairing;
+  if (shm_) shm_->set_call(current_);
+  if (machine_shm_) machine_shm_->set_call(current_);
 }
 
 uint32_t GlooComm::tag() const {

@@ -42,6 +42,7 @@
 
 #include "backplane/backplane.h"
 #include "dtypes.h"
+#include "fingerprint.h"
 #include "plugin_support.h"
 
 namespace backplane::gloo_plugin {
@@ -193,6 +194,10 @@ class ShmGroup {
   // every waiter: every rank's waits then fail at once with the first record's status and reason (an
   // abort is ABORTED on the rank that aborted, REMOTE on the others). Never blocks.
   void fail(bpl_status status, const std::string& reason);
+  // The collective the next steps belong to, as the communicator numbered it (GlooComm::begin): every
+  // step compares it as it compares the step's kind and size, so that ranks that disagree on its op,
+  // dtype, count, root or reduce op fail with MISMATCH at its first step, whatever bytes they move.
+  void set_call(const Fingerprint& call);
   // Whether another rank failed the group (its record is the one every wait throws).
   bool failed_by_another_rank() const;
 
@@ -286,6 +291,9 @@ class ShmGroup {
   Header* header_;
   Progress* progress_;  // by rank
   uint32_t steps_ = 0;  // this rank's published steps (= its counter)
+  uint64_t call_hash_ = 0;            // set_call's
+  FingerprintWords call_words_{};
+  uint64_t words_published_[2] = {0, 0};  // whose fingerprint this rank's record holds, by step parity
   std::vector<const char*> inputs_;  // by rank: a reduction's operands, kept to spare an allocation per call
   bool single_copy_ = false;
   // Point to point, by peer, under p2p_mutex_: sends announced to it, its announcements taken, those

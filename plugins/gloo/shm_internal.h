@@ -20,6 +20,7 @@
 #include <string>
 #include <thread>
 
+#include "fingerprint.h"
 #include "local_process.h"
 #include "plugin_support.h"
 #include "polled_request.h"
@@ -122,15 +123,20 @@ CopyFn output_copy(size_t output_bytes);
 using namespace shm_detail;  // the files of ShmGroup only
 
 // A rank's published step, and what it does in the last two steps (by step % 2: a peer is at most one
-// step ahead), so that ranks calling different collectives or sizes find out at once instead of
-// reading each other's data wrongly.
+// step ahead), so that ranks calling different collectives, or the same one differently, find out at
+// once instead of reading each other's data wrongly. Its first line is what every step compares.
 struct alignas(kLine) ShmGroup::Progress {
   std::atomic<uint32_t> step;
   uint32_t kind[2];
+  // The call the step belongs to (set_call: a hash of its fingerprint, 0 where none was set): ranks
+  // that move the same bytes for different dtypes, reduce ops or roots differ here.
+  uint64_t call[2];
   uint64_t bytes[2];
   // Single copy: where this rank's buffers lie in its address space, for its peers to read from.
-  uint64_t send_address[2];
+  alignas(kLine) uint64_t send_address[2];
   uint64_t recv_address[2];
+  // The call's fingerprint, read only to say how ranks that disagree differ.
+  alignas(kLine) FingerprintWords call_words[2];
 };
 
 struct alignas(kLine) ShmGroup::Header {

@@ -23,12 +23,12 @@
 namespace backplane::gloo_plugin {
 
 size_t ShmGroup::header_bytes() {
-  static_assert(sizeof(Progress) == kLine, "one progress record per cache line");
+  static_assert(sizeof(Progress) % kLine == 0, "progress records keep cache lines apart");
   return round_up(sizeof(Header), kLine);
 }
 
 size_t ShmGroup::buffers_offset(int size) {
-  return round_up(header_bytes() + kLine * static_cast<size_t>(size), 4096);
+  return round_up(header_bytes() + sizeof(Progress) * static_cast<size_t>(size), 4096);
 }
 
 namespace {
@@ -119,7 +119,7 @@ std::unique_ptr<ShmGroup> ShmGroup::create(const std::string& name, int size) {
   }
   auto* header = new (base) Header();
   header->size = static_cast<uint32_t>(size);
-  for (int r = 0; r < size; ++r) new (static_cast<char*>(base) + header_bytes() + kLine * static_cast<size_t>(r)) Progress();
+  for (int r = 0; r < size; ++r) new (static_cast<char*>(base) + header_bytes() + sizeof(Progress) * static_cast<size_t>(r)) Progress();
   for (size_t m = 0; m < static_cast<size_t>(size) * static_cast<size_t>(size); ++m) {
     new (static_cast<char*>(base) + mailboxes_offset(size) + sizeof(Mailbox) * m) Mailbox();
   }
@@ -155,11 +155,21 @@ char* ShmGroup::slot(uint32_t step, int rank) const {
          kSlotBytes * (buffer * static_cast<size_t>(size_) + static_cast<size_t>(rank));
 }
 
+void ShmGroup::set_call(const Fingerprint& call) {
+  call_hash_ = call_hash(call);
+  call_words_ = encode(call);
+}
+
 uint32_t ShmGroup::publish(uint32_t kind, uint64_t bytes) {
   const uint32_t step = ++steps_;
   Progress& mine = progress_[rank_];
   mine.kind[step % 2] = kind;
   mine.bytes[step % 2] = bytes;
+  mine.call[step % 2] = call_hash_;
+  if (words_published_[step % 2] != call_hash_) {  // a call's first step of this parity: its fingerprint
+    mine.call_words[step % 2] = call_words_;
+    words_published_[step % 2] = call_hash_;
+  }
   mine.step.store(step, std::memory_order_seq_cst);  // releases the slot's data and the record above
   if (header_->sleepers.load(std::memory_order_seq_cst) > 0) futex_wake_all(&mine.step);
   return step;
@@ -225,7 +235,8 @@ void ShmGroup::wait_for_peers(uint32_t step, const Deadline& deadline) {
     if (r == rank_) continue;
     wait_for(r, step, deadline);
     const Progress& theirs = progress_[r];
-    if (theirs.kind[step % 2] != mine.kind[step % 2] || theirs.bytes[step % 2] != mine.bytes[step % 2]) {
+    if (theirs.kind[step % 2] != mine.kind[step % 2] || theirs.bytes[step % 2] != mine.bytes[step % 2] ||
+        theirs.call[step % 2] != mine.call[step % 2]) {
       // A rank that failed goes on to its next call (a barrier at finalize, say): the failure, not the
       // call it then makes, is what went wrong.
       if (header_->failed_by.load(std::memory_order_acquire) != 0) throw_failure_record();
@@ -234,26 +245,32 @@ void ShmGroup::wait_for_peers(uint32_t step, const Deadline& deadline) {
   }
 }
 
-// What each rank calls at `step`, grouped (fingerprint.h): the ranks that have not reached it within a
-// moment (one that is stopped, or still on its way) are left out.
+// What each rank calls at `step`, grouped (fingerprint.h): the collectives as the ranks called them,
+// or, where those agree, the steps they took (one rank's alltoall in place against another's not); the
+// ranks that have not reached the step within a moment (one that is stopped, or still on its way) are
+// left out.
 std::string ShmGroup::disagreement_at(uint32_t step) const {
   const auto give_up = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
-  std::vector<std::pair<int, std::string>> calls;
+  std::vector<std::pair<int, std::string>> calls, steps;
   for (int r = 0; r < size_; ++r) {
     const Progress& theirs = progress_[r];
     auto reached = [&] { return static_cast<int32_t>(theirs.step.load(std::memory_order_acquire) - step) >= 0; };
     while (!reached() && std::chrono::steady_clock::now() < give_up) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     if (!reached()) continue;
+    const std::optional<Fingerprint> call =
+        theirs.call[step % 2] != 0 ? decode(theirs.call_words[step % 2]) : std::nullopt;
+    calls.emplace_back(rank_name(r), call ? describe(*call) : "a step of no collective");
     // An alltoallv's ranks have no size in common to compare (agree_on_counts checks its counts).
     const uint32_t published = theirs.kind[step % 2];
     const int root = root_of(published);
-    calls.emplace_back(rank_name(r), std::string(kind_name(kind_of(published))) +
+    steps.emplace_back(rank_name(r), std::string(kind_name(kind_of(published))) +
                                          (root >= 0 ? " with root " + std::to_string(rank_name(root)) : "") +
                                          (kind_of(published) == kAlltoallv
                                               ? ""
                                               : " of " + std::to_string(theirs.bytes[step % 2]) + " bytes"));
   }
-  return disagreement(calls);
+  const std::string by_call = disagreement(calls);
+  return by_call.empty() ? disagreement(steps) : by_call;
 }
 
 }  // namespace backplane::gloo_plugin

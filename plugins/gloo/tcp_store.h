@@ -48,9 +48,10 @@ class TcpStoreServer {
   std::thread thread_;
 };
 
-// A client connection. Every call waits at most the operation timeout for its answer (a get, its own
-// timeout plus that); a call that fails or runs out of time ends the connection (an answer that came
-// late would be read as the next call's), and every later call fails at once with the same error.
+// A client connection, one call at a time. Every call waits at most the operation timeout for its
+// answer (a get, its own timeout plus that) once it has the connection; a call that fails or runs out
+// of time ends the connection (an answer that came late would be read as the next call's), and every
+// later call fails at once with the same error.
 class TcpStoreClient : public KvStore {
  public:
   // Connects to host:port, trying again while nothing listens there yet, for at most `connect_timeout`;
@@ -68,9 +69,11 @@ class TcpStoreClient : public KvStore {
   bool check(const std::string& key) override;
 
  private:
-  // Sends `request` and returns the answer, within `deadline`; ends the connection on any failure.
+  // Sends `request` and returns the answer, which the server may hold for `server_holds` (a get's
+  // wait) and must give within the operation timeout after that, counted from when the connection is
+  // this call's (another thread's get may hold it first); ends the connection on any failure.
   std::vector<uint8_t> call(const char* operation, const std::vector<uint8_t>& request,
-                            std::chrono::steady_clock::time_point deadline);
+                            std::chrono::milliseconds server_holds);
   std::optional<std::vector<uint8_t>> get_within(const std::string& key, std::chrono::milliseconds timeout);
   [[noreturn]] void fail(bpl_status status, const std::string& message);
 

@@ -164,9 +164,13 @@ void TcpStoreClient::fail(bpl_status status, const std::string& message) {
 }
 
 std::vector<uint8_t> TcpStoreClient::call(const char* operation, const std::vector<uint8_t>& request,
-                                          Clock::time_point deadline) {
+                                          std::chrono::milliseconds server_holds) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (failed_ != BPL_OK) throw Error(failed_, failure_);
+  // From now, not from the call: a caller that waited for another's get to end took none of its bound.
+  const auto answered_by = plugin::deadline_after(server_holds);
+  const auto deadline = answered_by == Clock::time_point::max() ? answered_by
+                                                                 : plugin::deadline_after(operation_timeout_, answered_by);
   const std::vector<uint8_t> frame = wire::framed(request);
   Io io = send_all(fd_, frame.data(), frame.size(), deadline);
   uint8_t length_bytes[4];
@@ -198,7 +202,7 @@ void TcpStoreClient::set(const std::string& key, const std::vector<uint8_t>& val
   std::vector<uint8_t> request{wire::kSet};
   wire::put_string(request, key);
   request.insert(request.end(), value.begin(), value.end());
-  call("set", request, plugin::deadline_after(operation_timeout_));
+  call("set", request, std::chrono::milliseconds(0));
 }
 
 std::optional<std::vector<uint8_t>> TcpStoreClient::get_within(const std::string& key, std::chrono::milliseconds timeout) {
@@ -206,11 +210,7 @@ std::optional<std::vector<uint8_t>> TcpStoreClient::get_within(const std::string
   wire::put_i64(request, timeout.count());
   wire::put_string(request, key);
   // The server answers at the get's deadline itself; the connection's own bound comes on top.
-  const auto server_answers_by = plugin::deadline_after(timeout);
-  const auto deadline = server_answers_by == Clock::time_point::max()
-                            ? server_answers_by
-                            : plugin::deadline_after(operation_timeout_, server_answers_by);
-  std::vector<uint8_t> answer = call("get", request, deadline);
+  std::vector<uint8_t> answer = call("get", request, timeout);
   if (answer.empty()) {
     std::lock_guard<std::mutex> lock(mutex_);
     fail(BPL_ERR_REMOTE, "the store at " + where_ + " sent a malformed answer to get");
@@ -237,7 +237,7 @@ int64_t TcpStoreClient::add(const std::string& key, int64_t delta) {
   std::vector<uint8_t> request{wire::kAdd};
   wire::put_string(request, key);
   wire::put_i64(request, delta);
-  const std::vector<uint8_t> answer = call("add", request, plugin::deadline_after(operation_timeout_));
+  const std::vector<uint8_t> answer = call("add", request, std::chrono::milliseconds(0));
   wire::Reader r(answer.data(), answer.size());
   const int64_t sum = r.i64();
   if (!r.good()) {
@@ -250,7 +250,7 @@ int64_t TcpStoreClient::add(const std::string& key, int64_t delta) {
 bool TcpStoreClient::check(const std::string& key) {
   std::vector<uint8_t> request{wire::kCheck};
   wire::put_string(request, key);
-  const std::vector<uint8_t> answer = call("check", request, plugin::deadline_after(operation_timeout_));
+  const std::vector<uint8_t> answer = call("check", request, std::chrono::milliseconds(0));
   return !answer.empty() && answer[0] == 1;
 }
 

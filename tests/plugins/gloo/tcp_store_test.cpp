@@ -111,6 +111,23 @@ TEST_F(TcpStore, GetOfAKeyThatNeverComesTimesOutAndTheConnectionGoesOn) {
   EXPECT_TRUE(client.wait_for("k", milliseconds(50)));
 }
 
+// Calls from several threads take the connection in turn: one that waits for another thread's get to
+// end is bounded from when it has the connection, and is not failed (nor the connection ended) for
+// the time it queued. (The failure board shares a connection between a rank's threads.)
+TEST_F(TcpStore, ACallQueuedBehindALongGetIsNotTimedOut) {
+  TcpStoreClient client("127.0.0.1", port_, milliseconds(2000), milliseconds(300), "rank 0");
+  client.set("k", bytes("v"));
+  std::thread long_get([&] { EXPECT_FALSE(client.wait_for("never", milliseconds(800))); });
+  std::this_thread::sleep_for(milliseconds(100));  // the get has the connection
+  try {
+    EXPECT_TRUE(client.check("k"));  // queued about 700 ms, more than its 300 ms bound
+  } catch (const Error& e) {
+    ADD_FAILURE() << e.what();
+  }
+  long_get.join();
+  EXPECT_EQ(client.get("k", milliseconds(100)), bytes("v"));
+}
+
 // The server ends with its owner: a client's next call is REMOTE naming the store's address and host,
 // at once, and so is every call after it.
 TEST(TcpStoreEnds, ACallAfterTheServerEndedIsARemoteErrorNamingIt) {
