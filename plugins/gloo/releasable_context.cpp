@@ -104,6 +104,14 @@ void ReleasableContext::connect_full_mesh(::gloo::rendezvous::Store& store,
 
 void ReleasableContext::release() {
   if (transport_) transport_->release();
+  // And the connections closed: a pair that its peer's end, or the shut-down of the communicator's
+  // sockets, left in some states stays registered in Gloo's event loop, which its socket then wakes
+  // at once, over and over (an idle rank spun a core after a peer left).
+  for (int r = 0; r < size; ++r) {
+    if (r == rank) continue;
+    const std::unique_ptr<transport::Pair>& pair = getPair(r);
+    if (pair) pair->close();
+  }
 }
 
 }  // namespace backplane::gloo_plugin

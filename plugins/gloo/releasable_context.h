@@ -32,7 +32,8 @@ class ReleasableContext : public ::gloo::rendezvous::Context {
   // Gloo's connectFullMesh, then every buffer of the context is made through this one.
   void connect_full_mesh(::gloo::rendezvous::Store& store, std::shared_ptr<::gloo::transport::Device>& device);
   // From any thread: every wait on the context's buffers in progress throws TransferReleased, and so
-  // does every send, recv or wait after it. For good: the communicator has failed.
+  // does every send, recv or wait after it, and the connections are closed. For good: the
+  // communicator has failed.
   void release();
 
  private:

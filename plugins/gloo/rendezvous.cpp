@@ -262,6 +262,8 @@ Rendezvous rendezvous(const bpl_launch_info& launch) {
     }
     throw Error(e.status(), as_rank + (serves ? " (store server)" : " (store client)") + " failed: " + e.what() + hint);
   }
+  // Every rank is connected (each connects both its connections before it arrives).
+  if (server != nullptr) server->stop_listening();
   result.server = std::move(server);
   result.device = device;
   result.store_host_rank = agent_hosts ? -1 : 0;

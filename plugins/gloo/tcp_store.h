@@ -16,6 +16,7 @@
 // the get's own deadline, by the server, so the connection stays in step either way.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -38,12 +39,20 @@ class TcpStoreServer {
   TcpStoreServer(const TcpStoreServer&) = delete;
   TcpStoreServer& operator=(const TcpStoreServer&) = delete;
 
+  // Takes no more connections (the port is free at once; those made go on): once every rank of the
+  // job is connected, so that a process that starts a new job at the same port right after this one
+  // ends never meets this job's store (it tries again until the new job's store listens).
+  void stop_listening();
+
  private:
   class State;
   void serve();
+  void wake();
 
-  int listen_fd_ = -1;
-  int wake_fd_ = -1;  // an eventfd: written to end the serving thread
+  int listen_fd_ = -1;  // the serving thread's, once it runs
+  int wake_fd_ = -1;    // an eventfd: written to stop listening, or to end the serving thread
+  std::atomic<bool> stop_listening_{false};
+  std::atomic<bool> ending_{false};
   std::unique_ptr<State> state_;
   std::thread thread_;
 };

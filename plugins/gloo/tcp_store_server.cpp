@@ -267,14 +267,24 @@ TcpStoreServer::TcpStoreServer(uint16_t port) : state_(std::make_unique<State>()
   thread_ = std::thread([this] { serve(); });
 }
 
-TcpStoreServer::~TcpStoreServer() {
+void TcpStoreServer::wake() {
   const uint64_t one = 1;
   if (::write(wake_fd_, &one, sizeof(one)) < 0) {
-    // cannot fail for an eventfd far below its limit; the thread would then stay blocked in poll
+    // cannot fail for an eventfd far below its limit
   }
+}
+
+void TcpStoreServer::stop_listening() {
+  stop_listening_.store(true);
+  wake();
+}
+
+TcpStoreServer::~TcpStoreServer() {
+  ending_.store(true);
+  wake();
   thread_.join();
   ::close(wake_fd_);
-  ::close(listen_fd_);
+  if (listen_fd_ >= 0) ::close(listen_fd_);
 }
 
 void TcpStoreServer::serve() {
@@ -284,6 +294,7 @@ void TcpStoreServer::serve() {
   for (;;) {
     const int timeout_ms = s.expire_waits();
     s.drop_closed();
+    // A listener closed is polled as -1, which poll passes over.
     polled.assign({{wake_fd_, POLLIN, 0}, {listen_fd_, POLLIN, 0}});
     polled_connections.clear();
     for (State::Connection& c : s.connections) {
@@ -291,8 +302,18 @@ void TcpStoreServer::serve() {
       polled_connections.push_back(&c);
     }
     if (::poll(polled.data(), polled.size(), timeout_ms) < 0 && errno != EINTR) return;
-    if (polled[0].revents != 0) return;  // the server is being destroyed
-    if (polled[1].revents & POLLIN) s.accept_all(listen_fd_);
+    if (polled[0].revents != 0) {
+      uint64_t count = 0;
+      if (::read(wake_fd_, &count, sizeof(count)) < 0) {
+        // nothing to read: woken already
+      }
+      if (ending_.load()) return;
+      if (stop_listening_.load() && listen_fd_ >= 0) {
+        ::close(listen_fd_);
+        listen_fd_ = -1;
+      }
+    }
+    if (listen_fd_ >= 0 && (polled[1].revents & POLLIN)) s.accept_all(listen_fd_);
     for (size_t i = 0; i < polled_connections.size(); ++i) {
       State::Connection& c = *polled_connections[i];
       const short events = polled[i + 2].revents;

@@ -494,6 +494,62 @@ int mismatched_collectives() {
   return status == BPL_OK ? 0 : 3;
 }
 
+// Test 9: bpl_init and bpl_finalize back to back, BPL_TEST_CYCLES times, each world's allreduce checked:
+// rank R reports "cycles" BPL_OK with the number done, or the first failure and its cycle.
+int reinit_cycles() {
+  const int cycles = env_int("BPL_TEST_CYCLES", 30);
+  const int rank = env_int("RANK", -1);
+  const auto start = Clock::now();
+  for (int cycle = 0; cycle < cycles; ++cycle) {
+    bpl_runtime* runtime = nullptr;
+    bpl_status status = bpl_init(nullptr, &runtime);
+    std::string what = status == BPL_OK ? "" : bpl_last_error();
+    if (status == BPL_OK) {
+      bpl_comm* world = nullptr;
+      int32_t size = 0;
+      bpl_comm_world(runtime, &world);
+      bpl_comm_size(world, &size);
+      int64_t value = rank + 1 + cycle;
+      status = bpl_allreduce(world, &value, &value, 1, BPL_DTYPE_I64, BPL_OP_SUM, nullptr);
+      if (status != BPL_OK) what = bpl_last_error();
+      if (status == BPL_OK && value != size * (size + 1) / 2 + static_cast<int64_t>(size) * cycle) {
+        status = BPL_ERR_INTERNAL;
+        what = "the allreduce gave " + std::to_string(value);
+      }
+      const bpl_status finalized = bpl_finalize(runtime);
+      if (status == BPL_OK && finalized != BPL_OK) {
+        status = finalized;
+        what = bpl_last_error();
+      }
+    }
+    if (status != BPL_OK) {
+      std::printf("rank %d: cycles %s after %lld ms: cycle %d: %s\n", rank, bpl_status_name(status),
+                  static_cast<long long>(ms_since(start)), cycle, what.c_str());
+      return 3;
+    }
+  }
+  std::printf("rank %d: cycles BPL_OK after %lld ms: %d cycles\n", rank, static_cast<long long>(ms_since(start)), cycles);
+  return 0;
+}
+
+// Test 10: rank 0 leaves the job without a word (it exits after a barrier); the others stay idle for
+// 2 s, calling nothing, and report "idle" with the CPU time their process used meanwhile.
+int idle_after_rank0_exits() {
+  Rank r = join();
+  bpl_status status = bpl_barrier(r.world, nullptr);
+  if (r.rank == 0) {
+    std::fflush(stdout);
+    std::_Exit(0);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // rank 0 is gone by now
+  const int64_t before = cpu_ms();
+  const auto start = Clock::now();
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  report(r, "idle", status, start, " cpu_ms=" + std::to_string(cpu_ms() - before));
+  finalize(r);
+  return 0;
+}
+
 // Test 8: joins and leaves; the rendezvous tests start it with conflicting launch variables.
 int join_and_leave() {
   Rank r = join();
@@ -946,6 +1002,36 @@ TEST_P(Fault, SmallMismatchesAndSkippedCollectivesWithoutDetailAreErrors) {
 INSTANTIATE_TEST_SUITE_P(Backends, Fault, ::testing::Values("gloo", "gloo_tcp", "gloo_machines", "mpi"),
                          [](const auto& info) { return info.param; });
 
+// 9. bpl_init right after bpl_finalize, again and again, in every rank's process: each world is a new
+//    one (no rank meets the store of the world before, whose host may still be ending it), through
+//    shared memory and over TCP.
+TEST(FaultGloo, InitRightAfterFinalizeWorksEveryTime) {
+  for (const std::string backend : {"gloo", "gloo_tcp"}) {
+    SCOPED_TRACE(backend);
+    Job job = run_job(backend, 2, "reinit_cycles", {{"BPL_TEST_CYCLES", "40"}}, std::chrono::seconds(120));
+    for (int rank = 0; rank < 2; ++rank) EXPECT_EVENT(job, rank, "cycles", "BPL_OK");
+    std::printf("%s: rank 0: %s\n", backend.c_str(), job.event(0, "cycles") ? job.event(0, "cycles")->message.c_str() : "");
+  }
+}
+
+// 4. Idle ranks use no core while nothing happens, also after a peer left the job: over 2 s of calling
+//    nothing after rank 0 exited, a survivor's process uses under 5% of a core.
+TEST(FaultGloo, IdleSurvivorsOfAnExitedRankUseNoCore) {
+  for (const std::string backend : {"gloo", "gloo_tcp"}) {
+    SCOPED_TRACE(backend);
+    Job job = run_job(backend, 3, "idle_after_rank0_exits", {});
+    for (int rank : {1, 2}) {
+      EXPECT_EVENT(job, rank, "idle", "BPL_OK");
+      const Event* idle = job.event(rank, "idle");
+      if (idle == nullptr) continue;
+      std::smatch cpu;
+      ASSERT_TRUE(std::regex_search(idle->message, cpu, std::regex("cpu_ms=(\\d+)"))) << job.output;
+      EXPECT_LT(std::stoll(cpu[1]), 100) << "rank " << rank << " spun while idle: " << idle->message;
+      std::printf("%s: rank %d used %s ms of CPU in 2 s idle\n", backend.c_str(), rank, cpu[1].str().c_str());
+    }
+  }
+}
+
 // bpl_comm_abort on gloo closes the connections: every peer in a collective learns of it at once,
 // the third rank as well as the two the aborting rank's collective was exchanging with.
 TEST(FaultGloo, AbortClosesTheConnectionsSoPeersFailAtOnce) {
@@ -1352,5 +1438,7 @@ int main(int argc, char** argv) {
                                           {"exit_cleanly_mid_allreduce", exit_cleanly_mid_allreduce},
                                           {"mismatched_collectives", mismatched_collectives},
                                           {"kill_mid_exchange", kill_mid_exchange},
-                                          {"join_and_leave", join_and_leave}});
+                                          {"join_and_leave", join_and_leave},
+                                          {"reinit_cycles", reinit_cycles},
+                                          {"idle_after_rank0_exits", idle_after_rank0_exits}});
 }
