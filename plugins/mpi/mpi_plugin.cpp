@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backplane/plugin.h"
+#include "deadline_guard.h"
 #include "kernels_module.h"
 #include "dtypes.h"
 #include "host_device.h"
@@ -164,7 +165,15 @@ void initialize_mpi(const bpl_launch_info& launch) {
     }
     make_mpi_symbols_global();
     int provided = MPI_THREAD_SINGLE;
-    int code = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+    int code;
+    {
+      DeadlineGuard guard(std::chrono::milliseconds(launch.timeout_ms),
+                          "MPI_Init_thread (rank " + std::to_string(launch.rank) + " of " +
+                              std::to_string(launch.world_size) + ")",
+                          "it waits for every rank of the job to start, and another rank is stopped, stuck or "
+                          "never started");
+      code = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+    }
     if (code != MPI_SUCCESS) throw plugin::Error(BPL_ERR_UNAVAILABLE, "MPI_Init_thread failed: " + mpi_error_string(code));
     s.initialized_here = true;
     s.process.thread_level = provided;
@@ -273,6 +282,8 @@ bpl_status runtime_destroy(bpl_plugin_runtime* rt) {
   return guarded([&] {
     ProcessState& s = state();
     std::lock_guard<std::mutex> lock(s.mutex);
+    const std::chrono::milliseconds timeout = rt->world->timeout();
+    const int rank = rt->world->rank();
     if (s.runtimes == 1 && s.initialized_here && !s.process.communicator_failed) {
       // MPI_Finalize waits for every rank with no timeout: first see, within the timeout, that all of
       // them came this far (a rank stopped or gone makes this fail, and MPI_Finalize is then skipped).
@@ -294,7 +305,13 @@ bpl_status runtime_destroy(bpl_plugin_runtime* rt) {
                                          "the failed rank");
         return BPL_OK;
       }
-      int code = MPI_Finalize();
+      int code;
+      {
+        DeadlineGuard guard(timeout, "MPI_Finalize (rank " + std::to_string(rank) + ")",
+                            "it waits for every rank to finalize, and a rank stopped or stuck after every rank "
+                            "reached bpl_finalize");
+        code = MPI_Finalize();
+      }
       if (code != MPI_SUCCESS) throw plugin::Error(BPL_ERR_REMOTE, "MPI_Finalize failed: " + mpi_error_string(code));
     }
     return BPL_OK;

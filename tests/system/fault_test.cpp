@@ -550,6 +550,14 @@ int idle_after_rank0_exits() {
   return 0;
 }
 
+// Test 11 (mpi): rank 1 stops before bpl_init (its helper kills it after T + 6 s); the others init.
+int stop_before_init() {
+  if (env_int("OMPI_COMM_WORLD_RANK", -1) == 1) stop_self_until_killed(kTimeoutMs + 6000);
+  Rank r = join();
+  finalize(r);
+  return 0;
+}
+
 // Test 8: joins and leaves; the rendezvous tests start it with conflicting launch variables.
 int join_and_leave() {
   Rank r = join();
@@ -1108,6 +1116,25 @@ TEST_P(Fault, HugeTimeoutsAndCountsAreHandled) {
   std::printf("%s: %s\n", backend().c_str(), job.event(0, "huge_allreduce")->message.c_str());
 }
 
+// 5. A rank stopped before MPI_Init: MPI_Init_thread waits for every rank with no bound of its own.
+//    Each other rank ends at T saying what it waited in, and mpirun then ends the job, well before the
+//    stopped rank's helper would (before, they waited for as long as it stayed stopped).
+TEST(FaultMpi, RankStoppedBeforeMpiInitEndsTheJobAtTheTimeout) {
+  if (!mpi_backend_built()) GTEST_SKIP() << kNoMpi;
+  const auto start = Clock::now();
+  Job job = run_job("mpi", 3, "stop_before_init", {});
+  const auto took = ms_since(start);
+  const ProcessResult& mpirun = job.processes.front();
+  EXPECT_FALSE(mpirun.timed_out) << job.output;
+  EXPECT_NE(mpirun.exit_code, 0) << job.output;
+  EXPECT_GE(took, kTimeoutMs) << job.output;
+  EXPECT_LT(took, kTimeoutMs + 4000) << "the job waited for the stopped rank: " << job.output;
+  EXPECT_TRUE(std::regex_search(job.output, std::regex("MPI_Init_thread \\(rank [02] of 3\\) did not return within 3000 ms "
+                                                       "\\(BPL_TIMEOUT_MS\\): it waits for every rank of the job to start")))
+      << job.output;
+  std::printf("mpirun ended after %lld ms\n", static_cast<long long>(took));
+}
+
 /* BPL_MPI_WATCHDOG=1: MPI's own blocking calls, watched. A call past the timeout (or on a communicator
    aborted meanwhile) ends the job: mpirun exits with the watchdog's code, 124, and the ranks' log says
    what the call was and what is known of the peers. */
@@ -1440,5 +1467,6 @@ int main(int argc, char** argv) {
                                           {"kill_mid_exchange", kill_mid_exchange},
                                           {"join_and_leave", join_and_leave},
                                           {"reinit_cycles", reinit_cycles},
-                                          {"idle_after_rank0_exits", idle_after_rank0_exits}});
+                                          {"idle_after_rank0_exits", idle_after_rank0_exits},
+                                          {"stop_before_init", stop_before_init}});
 }
