@@ -22,6 +22,7 @@
 #include "backplane/parallel/distributed.h"
 #include "backplane/parallel/lora.h"
 #include "checkpoint_files.h"
+#include "checkpoint_manifest.h"
 
 namespace backplane::parallel {
 namespace fs = std::filesystem;
@@ -153,6 +154,10 @@ std::string integrity_problem(const fs::path& file, const std::string* bytes = n
 }  // namespace
 
 std::pair<int, int> checkpoint_files::saved_layout(const fs::path& dir) {
+  // The layout the checkpoint recorded, where it did; else what its files say.
+  if (const std::optional<Manifest> manifest = read_manifest(dir.parent_path() / kDone)) {
+    return {manifest->tensor_parallel_size, manifest->pipeline_parallel_size};
+  }
   int tp = 0, pp = 0;
   while (fs::exists(dir / shard_name(0, tp, 0))) ++tp;
   while (fs::exists(dir / shard_name(0, 0, pp))) ++pp;
@@ -267,7 +272,8 @@ void wait_for_writes_at_exit() {
 void complete_save(const fs::path& root, const fs::path& folder, int num_kept) {
   barrier("to finish writing");
   if (get_rank() == 0) {
-    write_bytes_atomically(folder / kDone, "1");
+    write_bytes_atomically(folder / kDone, manifest_text(folder, get_tensor_model_parallel_size(),
+                                                         get_pipeline_model_parallel_size(), {kMarker, kDone}));
     apply_retention(root, num_kept);
   }
   barrier("for the checkpoint to be marked complete");
@@ -495,10 +501,11 @@ std::string newest_loadable_tag(const std::string& path, torch::nn::Module* mode
   if (complete.empty()) throw Error(BPL_ERR_NOT_FOUND, "no complete checkpoint under " + path);
   std::string newest_problem;
   for (auto tag = complete.rbegin(); tag != complete.rend(); ++tag) {
-    std::string problem;
-    for (const fs::path& file : files_to_read(fs::path(path) / *tag, model, optimizer, scheduler)) {
-      problem = integrity_problem(file);
+    const fs::path folder = fs::path(path) / *tag;
+    std::string problem = missing_file(folder, folder / kDone);
+    for (const fs::path& file : files_to_read(folder, model, optimizer, scheduler)) {
       if (!problem.empty()) break;
+      problem = integrity_problem(file);
     }
     at::Tensor loadable = at::full({1}, problem.empty() ? 1 : 0, at::kInt);
     get_world_group()->all_reduce(loadable, ReduceOp::Min);
@@ -528,6 +535,8 @@ UserContent load_checkpoint(const std::string& path, const std::string& tag, tor
   if (!fs::exists(folder / kDone)) {
     throw Error(BPL_ERR_NOT_FOUND, "checkpoint " + folder.string() + " is not complete (no done marker) or does not exist");
   }
+  const std::string missing = missing_file(folder, folder / kDone);
+  if (!missing.empty()) throw Error(BPL_ERR_NOT_FOUND, missing);
   const int tp = get_tensor_model_parallel_rank(), pp = get_pipeline_model_parallel_rank();
   const int tp_size = get_tensor_model_parallel_size();
   auto check_tensor_parallel_size = [&](torch::serialize::InputArchive& archive, const fs::path& file) {

@@ -395,6 +395,35 @@ TEST(DpTrain, ResumingPassesOverACorruptedNewestCheckpoint) {
   std::filesystem::remove_all(dir);
 }
 
+// 6. A checkpoint one of whose files was deleted (a tensor-parallel shard, with its checksum file) is
+//    passed over on resume, naming the missing file, on every rank: its layout is the one it recorded,
+//    not the one the remaining files suggest (with one TP file left it was read as TP 1 and resharded,
+//    and the run went on from other weights).
+TEST(DpTrain, ResumingPassesOverACheckpointMissingAFileNamingIt) {
+  const std::string dir = fresh_dir("missing");
+  const std::vector<std::string> layout = {"--tp", "2"};
+  std::vector<std::string> train = {kBin + "/dp_train", "--steps", "20", "--save-every", "10", "--checkpoint-dir", dir};
+  train.insert(train.end(), layout.begin(), layout.end());
+  ProcessResult first = run_process(under_bpl_run(4, train), {{"NXD_CPU_MODE", "1"}}, std::chrono::seconds(180));
+  ASSERT_EQ(first.exit_code, 0) << describe(first);
+  const std::string shard = dir + "/step_00020/model/dp_rank_00_tp_rank_01_pp_rank_00.pt";
+  ASSERT_TRUE(std::filesystem::remove(shard)) << shard;
+  std::filesystem::remove(shard + ".crc32");
+  std::vector<std::string> resume = {kBin + "/dp_train", "--steps", "25", "--checkpoint-dir", dir, "--resume"};
+  resume.insert(resume.end(), layout.begin(), layout.end());
+  ProcessResult resumed = run_process(under_bpl_run(4, resume), {{"NXD_CPU_MODE", "1"}}, std::chrono::seconds(180));
+  EXPECT_EQ(resumed.exit_code, 0) << describe(resumed);
+  EXPECT_NE(resumed.output.find("resumed from step 10 "), std::string::npos) << resumed.output;
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_NE(resumed.output.find("rank " + std::to_string(rank) + ": checkpoint " + dir +
+                                  "/step_00020 cannot be loaded by every rank (here: checkpoint " + dir +
+                                  "/step_00020 is missing " + shard),
+              std::string::npos)
+        << resumed.output;
+  }
+  std::filesystem::remove_all(dir);
+}
+
 // The pid of the process whose command line contains `marker` and whose environment has RANK=`rank`.
 pid_t find_rank(const std::string& marker, int rank) {
   for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
