@@ -88,7 +88,8 @@ bpl_status runtime_destroy(bpl_plugin_runtime* rt) {
     try {
       if (!runtime->world->has_failed()) runtime->world->barrier(nullptr);
     } catch (const std::exception& e) {
-      plugin::log(BPL_LOG_INFO, kName, std::string("barrier at finalize failed: ") + e.what());
+      // Said, not returned: this rank's finalize is complete, but the job did not end together.
+      plugin::log(BPL_LOG_WARN, kName, std::string("not every rank reached bpl_finalize: ") + e.what());
     }
     if (runtime->world->has_failed()) runtime->world->leave_after_failure();
     return BPL_OK;

@@ -1081,7 +1081,8 @@ TEST_P(Fault, AbortFromAnotherThreadReleasesABlockingCall) {
               released[1].str().c_str(), third->status.c_str(), static_cast<long long>(third->ms), third->message.c_str());
 }
 
-// 1. A rank stopped before it finalizes: the others' bpl_finalize returns within T and a moment.
+// 1. A rank stopped before it finalizes: the others' bpl_finalize returns within T and a moment, and
+//    says (a warning naming the stopped rank) that the job did not end together.
 TEST_P(Fault, FinalizeReturnsThoughARankIsStopped) {
   Job job = run_job(backend(), 3, "stop_before_finalize", {});
   for (int rank : {0, 2}) {
@@ -1089,6 +1090,8 @@ TEST_P(Fault, FinalizeReturnsThoughARankIsStopped) {
     EXPECT_EVENT(job, rank, "finalize", "BPL_OK");
     EXPECT_LE(job.event(rank, "finalize")->ms, kTimeoutMs + 1500) << job.output;
   }
+  EXPECT_TRUE(std::regex_search(job.output, std::regex("WARN: not every rank reached bpl_finalize: [^\\n]*rank 1\\b")))
+      << job.output;
   std::printf("%s: bpl_finalize returned after %lld ms\n", backend().c_str(),
               static_cast<long long>(job.event(0, "finalize")->ms));
 }
