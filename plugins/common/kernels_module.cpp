@@ -70,8 +70,15 @@ bpl_status program_compile(bpl_plugin_runtime* rt, const char* format, const voi
   return forward(&bpl_plugin_api::program_compile, rt, format, source, source_size, flags, artifact, artifact_size);
 }
 
-// Only ever given what the module made: it is loaded.
-void artifact_free(void* artifact) { module_table().artifact_free(artifact); }
+// Only ever given what the module made, so the module is loaded; nothing may throw across the C
+// boundary all the same (a void entry has no status to carry a failure).
+void artifact_free(void* artifact) noexcept {
+  try {
+    module_table().artifact_free(artifact);
+  } catch (const std::exception& e) {
+    plugin::log(BPL_LOG_ERROR, plugin::name(), std::string("artifact_free: ") + e.what());
+  }
+}
 
 bpl_status program_load(bpl_plugin_runtime* rt, const char* format, const void* artifact, size_t artifact_size,
                         const bpl_program_options* options, bpl_plugin_program** out) {
