@@ -53,7 +53,7 @@ std::optional<Fingerprint> decode(const FingerprintWords& words) {
 }
 
 std::string describe(const Fingerprint& f) {
-  std::string text = std::string(bpl_collective_name(static_cast<bpl_collective>(f.op))) +
+  std::string text = std::string(f.op == kFinalizeOp ? "bpl_finalize" : bpl_collective_name(static_cast<bpl_collective>(f.op))) +
                      (f.sequence > 0 ? " #" + std::to_string(f.sequence) : "");
   std::string args;
   auto add = [&](const std::string& item) { args += (args.empty() ? "" : ", ") + item; };

@@ -20,10 +20,14 @@
 
 namespace backplane {
 
+// The barrier that bpl_finalize makes is no collective of the ABI, but ranks tell it from a bpl_barrier:
+// where one rank finalizes while the others call a collective, it is named as finalizing.
+constexpr int64_t kFinalizeOp = 1000;
+
 // -1 marks a field the operation does not have (a barrier has no dtype, a broadcast no reduce op).
 struct Fingerprint {
   int64_t sequence = 0;  // 1-based number of the collective on its communicator (0: not shown)
-  int64_t op = -1;       // bpl_collective
+  int64_t op = -1;       // bpl_collective, or kFinalizeOp
   int64_t dtype = -1;
   int64_t count = -1;
   int64_t root = -1;

@@ -719,8 +719,8 @@ void GlooComm::run_alltoall(const void* send, void* recv, size_t count, bpl_dtyp
   if (count > 0) path_->alltoall(send, recv, count * plugin::dtype_size(dtype));
 }
 
-void GlooComm::run_barrier() {
-  begin(BPL_COLL_BARRIER);
+void GlooComm::run_barrier(bpl_collective as) {
+  begin(as);
   path_->barrier();
 }
 

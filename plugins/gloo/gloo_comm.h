@@ -114,7 +114,11 @@ class GlooComm {
     submit(count * plugin::dtype_size(dtype), [=] { run_alltoall(send, recv, count, dtype); }, req);
   }
   void barrier(bpl_plugin_request** req) {
-    submit(0, [=] { run_barrier(); }, req);
+    submit(0, [=] { run_barrier(BPL_COLL_BARRIER); }, req);
+  }
+  // The barrier of bpl_finalize: fingerprinted as finalizing (kFinalizeOp), not as a bpl_barrier.
+  void barrier_at_finalize() {
+    submit(0, [=] { run_barrier(static_cast<bpl_collective>(kFinalizeOp)); }, nullptr);
   }
   void gather(const void* send, void* recv, size_t count, bpl_dtype dtype, int root, bpl_plugin_request** req) {
     submit(count * plugin::dtype_size(dtype), [=] { run_gather(send, recv, count, dtype, root); }, req);
@@ -182,7 +186,7 @@ class GlooComm {
   void run_allgather(const void* send, void* recv, size_t count, bpl_dtype dtype);
   void run_reduce_scatter(const void* send, void* recv, size_t recvcount, bpl_dtype dtype, bpl_reduce_op op);
   void run_alltoall(const void* send, void* recv, size_t count, bpl_dtype dtype);
-  void run_barrier();
+  void run_barrier(bpl_collective as);
   void run_gather(const void* send, void* recv, size_t count, bpl_dtype dtype, int root);
   void run_scatter(const void* send, void* recv, size_t count, bpl_dtype dtype, int root);
   void run_allgatherv(const void* send, size_t sendcount, void* recv, const plugin::Counts& recvcounts,

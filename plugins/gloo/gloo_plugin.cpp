@@ -86,7 +86,7 @@ bpl_status runtime_destroy(bpl_plugin_runtime* rt) {
     // A failing barrier (a peer already gone) must not stop the local cleanup; a world that failed
     // already cannot meet its peers.
     try {
-      if (!runtime->world->has_failed()) runtime->world->barrier(nullptr);
+      if (!runtime->world->has_failed()) runtime->world->barrier_at_finalize();
     } catch (const std::exception& e) {
       // Said, not returned: this rank's finalize is complete, but the job did not end together.
       plugin::log(BPL_LOG_WARN, kName, std::string("not every rank reached bpl_finalize: ") + e.what());

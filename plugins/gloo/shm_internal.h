@@ -144,6 +144,7 @@ struct alignas(kLine) ShmGroup::Header {
   uint32_t size;
   alignas(kLine) std::atomic<uint32_t> failed_by;  // 0, or 1 + the rank whose record follows
   int32_t status;
+  int32_t late_rank;  // the rank the record says did not arrive in time, or -1
   char reason[512];
   alignas(kLine) std::atomic<uint32_t> sleepers;  // waiters in futex_wait: publishers wake only then
   alignas(kLine) std::atomic<uint32_t> readers;   // threads of the group in process_vm_readv (read_peer)
@@ -292,7 +293,7 @@ void ShmGroup::wait_until(int peer, std::atomic<uint32_t>& word, Reached reached
       if (pid != 0 && plugin::process_state(pid) == plugin::ProcessState::kStopped) {
         reason += " (" + plugin::local_peer_description(rank_name(peer), pid, plugin::ProcessState::kStopped) + ")";
       }
-      fail(BPL_ERR_TIMEOUT, reason);
+      fail(BPL_ERR_TIMEOUT, reason, peer);
       throw plugin::Error(BPL_ERR_TIMEOUT, reason);
     }
     header_->sleepers.fetch_add(1, std::memory_order_seq_cst);

@@ -175,7 +175,7 @@ uint32_t ShmGroup::publish(uint32_t kind, uint64_t bytes) {
   return step;
 }
 
-void ShmGroup::fail(bpl_status status, const std::string& reason) {
+void ShmGroup::fail(bpl_status status, const std::string& reason, int late_rank) {
   uint32_t none = 0;
   if (header_->failed_by.load(std::memory_order_acquire) == 0) {
     // Claim the record with a placeholder rank first, so that nobody reads a half-written reason.
@@ -184,6 +184,7 @@ void ShmGroup::fail(bpl_status status, const std::string& reason) {
       std::memcpy(header_->reason, reason.data(), n);
       header_->reason[n] = '\0';
       header_->status = status;
+      header_->late_rank = late_rank;
       header_->failed_by.store(1 + static_cast<uint32_t>(rank_), std::memory_order_release);
     }
   }
@@ -211,8 +212,24 @@ void ShmGroup::throw_failure_record() {
   auto status = static_cast<bpl_status>(header_->status);
   if (by_rank == rank_) throw plugin::Error(status, header_->reason);
   if (status == BPL_ERR_ABORTED) status = BPL_ERR_REMOTE;  // for the peers, a rank went away
-  throw plugin::Error(status, std::string(header_->reason) + " [the communicator's first failure, seen by rank " +
-                                  std::to_string(rank_name(by_rank)) + "]");
+  const std::string seen_by = " [the communicator's first failure, seen by rank " + std::to_string(rank_name(by_rank)) + "]";
+  const int late_rank = header_->late_rank;
+  if (late_rank < 0) throw plugin::Error(status, header_->reason + seen_by);
+  // Rank `by_rank` gave up waiting for rank `late_rank`. Where it has ended since (it left at finalize,
+  // say), its end is what fails this rank's call; and to the late rank itself the record is news of
+  // rank `by_rank`, not of itself.
+  const pid_t pid = peer_pid(by_rank);
+  const plugin::ProcessState state = pid != 0 ? plugin::process_state(pid) : plugin::ProcessState::kRunning;
+  if (late_rank != rank_ && state != plugin::ProcessState::kEnded) throw plugin::Error(status, header_->reason + seen_by);
+  const std::string gave_up = "gave up waiting for " +
+                              (late_rank == rank_ ? std::string("this rank") : "rank " + std::to_string(rank_name(late_rank))) +
+                              " at its timeout (" + header_->reason + ")";
+  if (state == plugin::ProcessState::kEnded) {
+    throw plugin::Error(BPL_ERR_REMOTE, "shared memory: " + plugin::local_peer_description(rank_name(by_rank), pid, state) +
+                                            ", after it " + gave_up + seen_by);
+  }
+  throw plugin::Error(status, "shared memory: rank " + std::to_string(rank_name(by_rank)) + " of this communicator " +
+                                  gave_up + seen_by);
 }
 
 void ShmGroup::wait_for(int peer, uint32_t step, const Deadline& deadline) {

@@ -517,35 +517,48 @@ void Request::expire() {
 
 /* ---- communicator ---- */
 
-MpiComm::MpiComm(const MpiProcess& process, MPI_Comm comm, std::chrono::milliseconds timeout)
-    : process_(process), comm_(comm), timeout_ms_(timeout.count()) {
+namespace {
+void check_call(int code, const char* call) {
+  if (code != MPI_SUCCESS) throw Error(BPL_ERR_REMOTE, std::string(call) + " failed: " + mpi_error_string(code));
+}
+}  // namespace
+
+MPI_Comm duplicate_within(const MpiProcess& process, MPI_Comm comm, std::chrono::milliseconds timeout) {
+  MPI_Comm copy = MPI_COMM_NULL;
   MPI_Request duplicated = MPI_REQUEST_NULL;
   {
-    MpiLock lock(process_);
-    check(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
-    check(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
-    check(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
-    check(MPI_Comm_idup(comm_, &agree_, &duplicated), "MPI_Comm_idup");
+    MpiLock lock(process);
+    check_call(MPI_Comm_idup(comm, &copy, &duplicated), "MPI_Comm_idup");
   }
   const auto give_up = plugin::deadline_after(timeout);
   Backoff backoff(0);
   for (int done = 0; !done;) {
     {
-      MpiLock lock(process_);
-      check(MPI_Test(&duplicated, &done, MPI_STATUS_IGNORE), "MPI_Comm_idup");
+      MpiLock lock(process);
+      check_call(MPI_Test(&duplicated, &done, MPI_STATUS_IGNORE), "MPI_Comm_idup");
     }
     if (done) break;
     if (std::chrono::steady_clock::now() >= give_up) {
-      process_.communicator_failed = true;
+      process.communicator_failed = true;  // the duplication stays MPI's, with the rank it waits for
       throw Error(BPL_ERR_TIMEOUT, "duplicating the communicator did not complete within " +
                                        std::to_string(timeout.count()) + " ms: a rank is missing or stuck");
     }
     backoff.pause();
   }
+  MpiLock lock(process);
+  check_call(MPI_Comm_set_errhandler(copy, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+  return copy;
+}
+
+MpiComm::MpiComm(const MpiProcess& process, MPI_Comm comm, std::chrono::milliseconds timeout)
+    : process_(process), comm_(comm), timeout_ms_(timeout.count()) {
   {
     MpiLock lock(process_);
-    check(MPI_Comm_set_errhandler(agree_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+    check(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+    check(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
+    check(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
   }
+  agree_ = duplicate_within(process_, comm_, timeout);
   learn_peers();
   if (process_.watchdog != nullptr) process_.watchdog->watch(this);
 }
@@ -570,9 +583,7 @@ int MpiComm::next_schedule_tag(const Fingerprint& f, bool with_count) {
   return static_cast<int>(((sequence & 0x3fffu) << 16) | static_cast<uint32_t>(call_hash(call) & 0xffffu));
 }
 
-void MpiComm::check(int code, const char* call) const {
-  if (code != MPI_SUCCESS) throw Error(BPL_ERR_REMOTE, std::string(call) + " failed: " + mpi_error_string(code));
-}
+void MpiComm::check(int code, const char* call) const { check_call(code, call); }
 
 void MpiComm::poison(bpl_status status, const std::string& cause) {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -1328,8 +1339,8 @@ bool MpiComm::watched_recv(void* buf, size_t count, bpl_dtype dtype, int peer, i
   return true;
 }
 
-void MpiComm::arrival_check(const char* what) {
-  start(std::make_unique<Request>(this, what, fingerprint(BPL_COLL_BARRIER), 0,
+void MpiComm::finalize_barrier() {
+  start(std::make_unique<Request>(this, "bpl_finalize", fingerprint(static_cast<bpl_collective>(kFinalizeOp)), 0,
                                   [comm = comm_](MPI_Request* r) { return MPI_Ibarrier(comm, r); }),
         nullptr);
 }

@@ -189,6 +189,10 @@ class Request : public plugin::PolledRequest {
   size_t round_unmatched_ = 0;  // probed receives of the round not received yet
 };
 
+// A duplicate of `comm` (MPI_ERRORS_RETURN set), made with MPI_Comm_idup and waited for within
+// `timeout`: every rank of `comm` takes part, and one that does not is a TIMEOUT, not a wait for ever.
+MPI_Comm duplicate_within(const MpiProcess& process, MPI_Comm comm, std::chrono::milliseconds timeout);
+
 class MpiComm {
  public:
   // Duplicates `comm` for the agreements and learns where its ranks run; both bounded by `timeout`.
@@ -234,10 +238,10 @@ class MpiComm {
   void send(const void* buf, size_t count, bpl_dtype dtype, int peer, int tag, bpl_plugin_request** req);
   void recv(void* buf, size_t count, bpl_dtype dtype, int peer, int tag, bpl_plugin_request** req);
   std::unique_ptr<MpiComm> split(int color, int key);
-  // Returns once every rank has called it (`what` names the occasion), or throws at the timeout: MPI's
-  // own non-blocking barrier, waited for the bounded way in either mode (a watched call would end the
-  // job instead).
-  void arrival_check(const char* what);
+  // The barrier of bpl_finalize (fingerprinted as finalizing, kFinalizeOp): returns once every rank has
+  // called it, or throws at the timeout. MPI's own non-blocking barrier, waited for the bounded way in
+  // either mode (a watched call would end the job instead).
+  void finalize_barrier();
   // ABI 1.2: a communicator of `size` ranks that only they create (MPI_Comm_create_group), each passing
   // its `rank` in it; they learn each other's MPI_COMM_WORLD ranks through the caller's `store`, within
   // `timeout` (a member missing is TIMEOUT naming it, members disagreeing MISMATCH).

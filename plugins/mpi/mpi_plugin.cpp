@@ -41,7 +41,8 @@ bpl_status guarded(Body&& body) noexcept {
 struct ProcessState {
   std::mutex mutex;
   int runtimes = 0;
-  bool initialized_here = false;
+  bool initialized_here = false;          // then MPI_Finalize runs at exit (finalize_at_exit)
+  std::chrono::milliseconds exit_timeout{0};  // the last runtime's, which bounds MPI_Finalize at exit
   std::mutex serialize;  // for MpiProcess::serialize when MPI is not thread-multiple
   MpiProcess process;
   Watchdog watchdog;  // MpiProcess::watchdog's, running while a runtime is (BPL_MPI_WATCHDOG=1)
@@ -142,6 +143,32 @@ size_t eager_message_bytes() {
   return limit > kHeaderMargin ? static_cast<size_t>(limit) - kHeaderMargin : 0;
 }
 
+// MPI can be initialised once in a process, so MPI that backplane initialised stays so from the last
+// bpl_finalize to the process's exit (as PyTorch's MPI process group does): a bpl_init may follow a
+// bpl_finalize any number of times. MPI_Finalize waits for every rank to finalize, under the timeout.
+void finalize_at_exit() {
+  ProcessState& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!s.initialized_here || finalized) return;
+  if (s.runtimes > 0 || s.process.communicator_failed) {
+    // MPI_Finalize would wait for a failed rank, or for ranks still running the job that this one left
+    // without bpl_finalize: leaving MPI initialised is the bounded choice, and mpirun then ends the job
+    // reporting this rank as ending without MPI_Finalize.
+    plugin::log(BPL_LOG_WARN, kName, std::string("MPI_Finalize skipped at exit: ") +
+                                         (s.runtimes > 0 ? "bpl_finalize was not called"
+                                                         : "a communicator failed, and MPI_Finalize would wait for "
+                                                           "the failed rank"));
+    return;
+  }
+  DeadlineGuard guard(s.exit_timeout, "MPI_Finalize at exit",
+                      "it waits for every rank of the job to finalize, and a rank is stopped, stuck, or still "
+                      "running long after this one");
+  const int code = MPI_Finalize();
+  if (code != MPI_SUCCESS) plugin::log(BPL_LOG_ERROR, kName, "MPI_Finalize at exit failed: " + mpi_error_string(code));
+}
+
 void initialize_mpi(const bpl_launch_info& launch) {
   ProcessState& s = state();
   int initialized = 0, finalized = 0;
@@ -149,8 +176,13 @@ void initialize_mpi(const bpl_launch_info& launch) {
   MPI_Finalized(&finalized);
   if (finalized) {
     throw plugin::Error(BPL_ERR_UNAVAILABLE,
-                        "MPI was already finalised in this process (an earlier bpl_finalize or the program); MPI "
-                        "cannot be initialised twice");
+                        "MPI was finalised in this process by the program; MPI cannot be initialised twice");
+  }
+  if (s.process.communicator_failed) {
+    // A new world duplicates MPI_COMM_WORLD, which waits for every rank, the failed one included.
+    throw plugin::Error(BPL_ERR_UNAVAILABLE,
+                        "a communicator of the mpi backend failed or was aborted earlier in this process, and Open MPI "
+                        "cannot leave a failed rank behind: a new world needs a new job");
   }
   if (!initialized) {
     // Without an MPI launcher, N ranks would each become a singleton MPI job: refuse instead.
@@ -176,6 +208,7 @@ void initialize_mpi(const bpl_launch_info& launch) {
     }
     if (code != MPI_SUCCESS) throw plugin::Error(BPL_ERR_UNAVAILABLE, "MPI_Init_thread failed: " + mpi_error_string(code));
     s.initialized_here = true;
+    std::atexit(finalize_at_exit);
     s.process.thread_level = provided;
     // Open MPI reports some failures of non-blocking collectives (a truncation inside libnbc's schedule)
     // on MPI_COMM_WORLD, whose default handler ends the job: they must come back as errors. A program
@@ -248,11 +281,8 @@ bpl_status runtime_create(const bpl_launch_info* launch, bpl_plugin_runtime** ou
                                                   " of " + std::to_string(launch->world_size));
       }
     }
-    MPI_Comm world = MPI_COMM_NULL;
-    if (MPI_Comm_dup(base, &world) != MPI_SUCCESS) {
-      throw plugin::Error(BPL_ERR_INTERNAL, base == MPI_COMM_WORLD ? "MPI_Comm_dup(MPI_COMM_WORLD) failed"
-                                                                   : "MPI_Comm_dup(options->native_comm) failed");
-    }
+    // Within the timeout: every rank calls bpl_init (again, after a bpl_finalize) to get its world.
+    const MPI_Comm world = duplicate_within(s.process, base, std::chrono::milliseconds(launch->timeout_ms));
     auto runtime = std::make_unique<bpl_plugin_runtime>();
     runtime->world = std::make_unique<MpiComm>(s.process, world, std::chrono::milliseconds(launch->timeout_ms));
     // Waits yield while they spin only where this machine's ranks outnumber its cores (polled_request.h;
@@ -272,6 +302,7 @@ bpl_status runtime_create(const bpl_launch_info* launch, bpl_plugin_runtime** ou
                             : "; blocking operations: the plugin's schedules, waited for within the timeout") +
                        "; " + kernels_module::details();
     if (s.process.watchdog != nullptr) s.watchdog.start();
+    s.exit_timeout = std::chrono::milliseconds(launch->timeout_ms);
     ++s.runtimes;
     *out = runtime.release();
     return BPL_OK;
@@ -282,38 +313,18 @@ bpl_status runtime_destroy(bpl_plugin_runtime* rt) {
   return guarded([&] {
     ProcessState& s = state();
     std::lock_guard<std::mutex> lock(s.mutex);
-    const std::chrono::milliseconds timeout = rt->world->timeout();
-    const int rank = rt->world->rank();
     if (s.runtimes == 1 && s.initialized_here && !s.process.communicator_failed) {
-      // MPI_Finalize waits for every rank with no timeout: first see, within the timeout, that all of
-      // them came this far (a rank stopped or gone makes this fail, and MPI_Finalize is then skipped).
+      // The ranks leave together, as on every backend: MPI_Finalize at exit then waits only for ranks
+      // that came this far (a rank stopped or gone fails this, and MPI_Finalize is then skipped).
       try {
-        rt->world->arrival_check("bpl_finalize");
+        rt->world->finalize_barrier();
       } catch (const std::exception& e) {
         plugin::log(BPL_LOG_WARN, kName, std::string("not every rank reached bpl_finalize: ") + e.what());
       }
     }
     delete rt;
     if (s.process.watchdog != nullptr) s.watchdog.stop();
-    if (--s.runtimes == 0 && s.initialized_here) {
-      s.initialized_here = false;
-      if (s.process.communicator_failed) {
-        // MPI_Finalize synchronises with every rank, the failed or stopped one included, and has no
-        // timeout: leaving MPI initialised is the bounded choice. The process can exit; mpirun then
-        // ends the job and reports this rank as ending without MPI_Finalize.
-        plugin::log(BPL_LOG_WARN, kName, "MPI_Finalize skipped: a communicator failed, and MPI_Finalize would wait for "
-                                         "the failed rank");
-        return BPL_OK;
-      }
-      int code;
-      {
-        DeadlineGuard guard(timeout, "MPI_Finalize (rank " + std::to_string(rank) + ")",
-                            "it waits for every rank to finalize, and a rank stopped or stuck after every rank "
-                            "reached bpl_finalize");
-        code = MPI_Finalize();
-      }
-      if (code != MPI_SUCCESS) throw plugin::Error(BPL_ERR_REMOTE, "MPI_Finalize failed: " + mpi_error_string(code));
-    }
+    --s.runtimes;  // MPI that backplane initialised is finalised at exit (finalize_at_exit)
     return BPL_OK;
   });
 }

@@ -16,7 +16,7 @@
 
 namespace {
 
-// One runtime per backend for the whole process: MPI cannot be initialised twice in a process.
+// One runtime per backend for the whole process, made on first use.
 std::map<std::string, bpl_runtime*> runtimes;
 
 bpl_runtime* runtime_for(const std::string& backend) {

@@ -498,7 +498,7 @@ int mismatched_collectives() {
 // rank R reports "cycles" BPL_OK with the number done, or the first failure and its cycle.
 int reinit_cycles() {
   const int cycles = env_int("BPL_TEST_CYCLES", 30);
-  const int rank = env_int("RANK", -1);
+  const int rank = env_int("RANK", env_int("OMPI_COMM_WORLD_RANK", -1));
   const auto start = Clock::now();
   for (int cycle = 0; cycle < cycles; ++cycle) {
     bpl_runtime* runtime = nullptr;
@@ -532,20 +532,47 @@ int reinit_cycles() {
   return 0;
 }
 
+// Test 9 (mpi): rank 0's allreduce times out (rank 1 sleeps through it, until mpirun ends the job),
+// which fails MPI for its process; it then finalizes and calls bpl_init again ("reinit"), which must
+// be refused at once.
+int reinit_after_failure() {
+  Rank r = join();
+  if (r.rank != 0) {
+    std::this_thread::sleep_for(std::chrono::seconds(30));
+    return 0;
+  }
+  int64_t value = 1;
+  auto start = Clock::now();
+  report(r, "allreduce", bpl_allreduce(r.world, &value, &value, 1, BPL_DTYPE_I64, BPL_OP_SUM, nullptr), start);
+  finalize(r);
+  start = Clock::now();
+  bpl_runtime* again = nullptr;
+  const bpl_status status = bpl_init(nullptr, &again);
+  report(r, "reinit", status, start);
+  if (status == BPL_OK) bpl_finalize(again);
+  return 0;
+}
+
 // Test 10: rank 0 leaves the job without a word (it exits after a barrier); the others stay idle for
 // 2 s, calling nothing, and report "idle" with the CPU time their process used meanwhile.
 int idle_after_rank0_exits() {
   Rank r = join();
+  const bool finalizes = env_text("BPL_TEST_CASE") == "finalize";
   bpl_status status = bpl_barrier(r.world, nullptr);
   if (r.rank == 0) {
+    if (finalizes) finalize(r);
     std::fflush(stdout);
     std::_Exit(0);
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // rank 0 is gone by now
+  // Rank 0 is gone by then (when it finalizes, its barrier waits for the others until the timeout).
+  std::this_thread::sleep_for(std::chrono::milliseconds(finalizes ? r.timeout_ms + 1000 : 200));
   const int64_t before = cpu_ms();
-  const auto start = Clock::now();
+  auto start = Clock::now();
   std::this_thread::sleep_for(std::chrono::seconds(2));
   report(r, "idle", status, start, " cpu_ms=" + std::to_string(cpu_ms() - before));
+  std::vector<float> data(16, 1.0f);
+  start = Clock::now();
+  report(r, "next", bpl_allreduce(r.world, data.data(), data.data(), 16, BPL_DTYPE_F32, BPL_OP_SUM, nullptr), start);
   finalize(r);
   return 0;
 }
@@ -848,7 +875,7 @@ TEST_P(Fault, RankExitingCleanlyMidCollectiveFailsTheOthers) {
       EXPECT_LE(failed->ms, kTimeoutMs + 1500) << failed->message;
       if (which == "finalize" && failed->status == "BPL_ERR_MISMATCH") {
         // bpl_finalize's barrier met the others' allreduce: named as what rank 1 called.
-        EXPECT_NE(failed->message.find("rank 1 calls barrier"), std::string::npos) << failed->message;
+        EXPECT_NE(failed->message.find("rank 1 calls bpl_finalize"), std::string::npos) << failed->message;
       } else {
         EXPECT_TRUE(failed->status == "BPL_ERR_REMOTE" || failed->status == "BPL_ERR_TIMEOUT") << failed->message;
         expect_names_only(failed->message, 1, backend() == "gloo_machines" && rank == 2);
@@ -1012,18 +1039,36 @@ INSTANTIATE_TEST_SUITE_P(Backends, Fault, ::testing::Values("gloo", "gloo_tcp", 
 
 // 9. bpl_init right after bpl_finalize, again and again, in every rank's process: each world is a new
 //    one (no rank meets the store of the world before, whose host may still be ending it), through
-//    shared memory and over TCP.
-TEST(FaultGloo, InitRightAfterFinalizeWorksEveryTime) {
-  for (const std::string backend : {"gloo", "gloo_tcp"}) {
+//    shared memory and over TCP; and on MPI, which backplane initialises once and finalises at exit.
+TEST(Reinit, InitRightAfterFinalizeWorksEveryTimeOnEveryBackend) {
+  for (const std::string backend : {"gloo", "gloo_tcp", "mpi"}) {
     SCOPED_TRACE(backend);
+    if (backend == "mpi" && !mpi_backend_built()) continue;
     Job job = run_job(backend, 2, "reinit_cycles", {{"BPL_TEST_CYCLES", "40"}}, std::chrono::seconds(120));
     for (int rank = 0; rank < 2; ++rank) EXPECT_EVENT(job, rank, "cycles", "BPL_OK");
+    for (const auto& process : job.processes) EXPECT_EQ(process.exit_code, 0) << job.output;  // mpi: MPI_Finalize at exit
     std::printf("%s: rank 0: %s\n", backend.c_str(), job.event(0, "cycles") ? job.event(0, "cycles")->message.c_str() : "");
   }
 }
 
+// 9b. On MPI, a process whose communicator failed cannot make a new world (duplicating MPI_COMM_WORLD
+//     would wait for the failed rank): bpl_init after bpl_finalize is refused at once, saying why.
+TEST(FaultMpi, InitAfterAFailureIsRefusedSayingWhy) {
+  if (!mpi_backend_built()) GTEST_SKIP() << kNoMpi;
+  Job job = run_job("mpi", 2, "reinit_after_failure", {{"BPL_TIMEOUT_MS", "1000"}});
+  EXPECT_FALSE(job.processes.front().timed_out) << job.output;
+  EXPECT_EVENT(job, 0, "allreduce", "BPL_ERR_TIMEOUT");
+  EXPECT_EVENT(job, 0, "reinit", "BPL_ERR_UNAVAILABLE");
+  if (const Event* reinit = job.event(0, "reinit")) {
+    EXPECT_LT(reinit->ms, 500) << reinit->message;
+    EXPECT_NE(reinit->message.find("failed or was aborted earlier in this process"), std::string::npos) << reinit->message;
+  }
+  EXPECT_NE(job.output.find("MPI_Finalize skipped at exit"), std::string::npos) << job.output;
+}
+
 // 4. Idle ranks use no core while nothing happens, also after a peer left the job: over 2 s of calling
-//    nothing after rank 0 exited, a survivor's process uses under 5% of a core.
+//    nothing after rank 0 exited, a survivor's process uses under 5% of a core. Their next call fails
+//    at once naming rank 0.
 TEST(FaultGloo, IdleSurvivorsOfAnExitedRankUseNoCore) {
   for (const std::string backend : {"gloo", "gloo_tcp"}) {
     SCOPED_TRACE(backend);
@@ -1036,6 +1081,27 @@ TEST(FaultGloo, IdleSurvivorsOfAnExitedRankUseNoCore) {
       ASSERT_TRUE(std::regex_search(idle->message, cpu, std::regex("cpu_ms=(\\d+)"))) << job.output;
       EXPECT_LT(std::stoll(cpu[1]), 100) << "rank " << rank << " spun while idle: " << idle->message;
       std::printf("%s: rank %d used %s ms of CPU in 2 s idle\n", backend.c_str(), rank, cpu[1].str().c_str());
+      EXPECT_EVENT(job, rank, "next", "BPL_ERR_REMOTE");
+      if (const Event* next = job.event(rank, "next")) expect_names_only(next->message, 0);
+    }
+  }
+}
+
+// 7. Rank 0 finalizes alone: its barrier gives up on the others at the timeout and it exits. The
+//    survivors' next call fails at once naming rank 0, which ended, not the rank it gave up waiting for
+//    (on shared memory, rank 1 used to read rank 0's record as news of itself).
+TEST(FaultGloo, ARankThatFinalizedAloneIsNamedAtTheSurvivorsNextCall) {
+  for (const std::string backend : {"gloo", "gloo_tcp"}) {
+    SCOPED_TRACE(backend);
+    Job job = run_job(backend, 3, "idle_after_rank0_exits", {{"BPL_TEST_CASE", "finalize"}, {"BPL_TIMEOUT_MS", "1000"}});
+    for (int rank : {1, 2}) {
+      EXPECT_EVENT(job, rank, "next", "BPL_ERR_REMOTE");
+      const Event* next = job.event(rank, "next");
+      if (next == nullptr) continue;
+      EXPECT_LT(next->ms, 500) << next->message;
+      expect_names_only(next->message, 0);
+      EXPECT_NE(next->message.find("has ended"), std::string::npos) << next->message;
+      std::printf("%s: rank %d: %s\n", backend.c_str(), rank, next->message.c_str());
     }
   }
 }
@@ -1470,6 +1536,7 @@ int main(int argc, char** argv) {
                                           {"kill_mid_exchange", kill_mid_exchange},
                                           {"join_and_leave", join_and_leave},
                                           {"reinit_cycles", reinit_cycles},
+                                          {"reinit_after_failure", reinit_after_failure},
                                           {"idle_after_rank0_exits", idle_after_rank0_exits},
                                           {"stop_before_init", stop_before_init}});
 }
