@@ -576,11 +576,13 @@ MpiComm::~MpiComm() {
 
 int MpiComm::next_schedule_tag(const Fingerprint& f, bool with_count) {
   const uint32_t sequence = schedules_.fetch_add(1, std::memory_order_relaxed);
-  if (probes_all()) return static_cast<int>(sequence % (static_cast<uint32_t>(process_.tag_upper_bound) + 1));
-  // Bits 16-29: the sequence; bits 0-15: the call's hash. (Bit 30: the message's size class, wire_tag.)
+  // The largest tag, MPI_TAG_UB, is the explanations' (explanation_tag): no schedule's reaches it.
+  if (probes_all()) return static_cast<int>(sequence % static_cast<uint32_t>(process_.tag_upper_bound));
+  // Bits 16-29: the sequence, below 0x3fff; bits 0-15: the call's hash. (Bit 30: the message's size
+  // class, wire_tag.)
   Fingerprint call = f;
   if (!with_count) call.count = -1;
-  return static_cast<int>(((sequence & 0x3fffu) << 16) | static_cast<uint32_t>(call_hash(call) & 0xffffu));
+  return static_cast<int>(((sequence % 0x3fffu) << 16) | static_cast<uint32_t>(call_hash(call) & 0xffffu));
 }
 
 void MpiComm::check(int code, const char* call) const { check_call(code, call); }
@@ -743,35 +745,73 @@ MpiComm::Exchange* MpiComm::post_explanation(const Fingerprint& mine) {
   if (explanation_) return explanation_.get();
   auto exchange = std::make_unique<Exchange>();
   exchange->mine = encode(mine);
-  exchange->all.resize(static_cast<size_t>(size_));
+  exchange->theirs.resize(static_cast<size_t>(size_));
   MpiLock serialized(process_);
-  if (MPI_Iallgather(exchange->mine.data(), kFingerprintWords, MPI_INT64_T, exchange->all.data(), kFingerprintWords,
-                     MPI_INT64_T, agree_, &exchange->request) != MPI_SUCCESS) {
-    return nullptr;
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    MPI_Request request = MPI_REQUEST_NULL;
+    if (MPI_Isend(exchange->mine.data(), kFingerprintWords, MPI_INT64_T, r, explanation_tag(), agree_, &request) !=
+        MPI_SUCCESS) {
+      break;
+    }
+    exchange->sends.push_back(request);
   }
   explanation_ = std::move(exchange);
   return explanation_.get();
 }
 
+// Takes the words of the peers that have sent theirs; true once every peer's is in.
+bool MpiComm::receive_explanations(Exchange& exchange) {
+  MpiLock lock(process_);
+  for (;;) {
+    int flag = 0;
+    MPI_Message message = MPI_MESSAGE_NULL;
+    MPI_Status status;
+    if (MPI_Improbe(MPI_ANY_SOURCE, explanation_tag(), agree_, &flag, &message, &status) != MPI_SUCCESS || !flag) break;
+    FingerprintWords words{};
+    int count = 0;
+    MPI_Get_count(&status, MPI_INT64_T, &count);
+    if (count != static_cast<int>(kFingerprintWords) ||
+        MPI_Mrecv(words.data(), kFingerprintWords, MPI_INT64_T, &message, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
+      char ignored[8 * kFingerprintWords];
+      MPI_Mrecv(ignored, 0, MPI_BYTE, &message, MPI_STATUS_IGNORE);  // (truncated: dropped)
+      continue;
+    }
+    exchange.theirs[static_cast<size_t>(status.MPI_SOURCE)] = words;
+  }
+  int answered = 1;
+  for (const auto& words : exchange.theirs) answered += words.has_value() ? 1 : 0;
+  return answered == size_;
+}
+
 std::pair<bpl_status, std::string> MpiComm::explain_stall(const Fingerprint& mine) {
   Exchange* exchange = post_explanation(mine);
-  bool complete = false;
-  if (exchange != nullptr && is_collective(mine)) {
-    const auto give_up = plugin::deadline_after(explanation_window(timeout()));
-    Backoff backoff(0);
-    while (!complete && std::chrono::steady_clock::now() < give_up) {
-      int flag = 0;
-      {
-        MpiLock lock(process_);
-        if (MPI_Test(&exchange->request, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) break;
-      }
-      complete = flag != 0;
-      if (!complete) backoff.pause();
+  if (exchange == nullptr || !is_collective(mine)) return {BPL_ERR_TIMEOUT, stopped_peers_note(false)};
+  // The peers that stalled in this operation too time out at about the same moment, give or take how
+  // late each came to it: within the window, each one's word arrives.
+  const auto give_up = plugin::deadline_after(explanation_window(timeout()));
+  Backoff backoff(0);
+  bool everyone = false;
+  while (!(everyone = receive_explanations(*exchange)) && std::chrono::steady_clock::now() < give_up) backoff.pause();
+  std::vector<std::pair<int, Fingerprint>> by_rank;
+  std::string silent;
+  for (int r = 0; r < size_; ++r) {
+    const std::optional<FingerprintWords>& words = r == rank_ ? std::optional<FingerprintWords>(exchange->mine)
+                                                               : exchange->theirs[static_cast<size_t>(r)];
+    const std::optional<Fingerprint> call = words ? decode(*words) : std::nullopt;
+    if (call) {
+      by_rank.emplace_back(r, *call);
+    } else {
+      silent += (silent.empty() ? "" : ",") + std::to_string(r);
     }
   }
-  const std::string report = complete ? compared(exchange->all) : "";
-  if (!report.empty()) return {BPL_ERR_MISMATCH, report + " (found when the operation stalled)"};
-  return {BPL_ERR_TIMEOUT, stopped_peers_note(complete)};
+  if (!silent.empty()) silent = (silent.find(',') == std::string::npos ? "rank " : "ranks ") + silent;
+  const std::string report = compare(by_rank, size_);
+  if (!report.empty()) {
+    return {BPL_ERR_MISMATCH, report + (silent.empty() ? "" : "; no word from " + silent + ", which left the operation or never came") +
+                                  " (found when the operation stalled)"};
+  }
+  return {BPL_ERR_TIMEOUT, stopped_peers_note(everyone, silent)};
 }
 
 std::string MpiComm::describe_stall(const Fingerprint& mine) {
@@ -781,7 +821,7 @@ std::string MpiComm::describe_stall(const Fingerprint& mine) {
   return status == BPL_ERR_MISMATCH ? ": " + explanation : explanation;
 }
 
-std::string MpiComm::stopped_peers_note(bool every_rank_answered) const {
+std::string MpiComm::stopped_peers_note(bool every_rank_answered, const std::string& silent) const {
   std::string stopped;
   for (int r = 0; r < size_; ++r) {
     const pid_t pid = local_pid_of_rank_.empty() ? 0 : local_pid_of_rank_[static_cast<size_t>(r)];
@@ -791,9 +831,13 @@ std::string MpiComm::stopped_peers_note(bool every_rank_answered) const {
     stopped += (stopped.empty() ? " (" : "; ") + plugin::local_peer_description(r, pid, state);
   }
   if (!stopped.empty()) return stopped + ")";
-  return every_rank_answered ? " (every rank is in this operation: one is slow)"
-                             : " (a peer is stopped, stuck or far behind, on another machine or in another "
-                               "operation: it cannot be named from here)";
+  if (every_rank_answered) return " (every rank is in this operation: one is slow)";
+  if (!silent.empty()) {
+    return " (no word from " + silent + " of this communicator, stopped, stuck or far behind, on another machine or in another "
+           "operation)";
+  }
+  return " (a peer is stopped, stuck or far behind, on another machine or in another operation: it cannot be "
+         "named from here)";
 }
 
 int MpiComm::local_ranks() const {

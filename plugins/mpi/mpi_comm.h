@@ -357,7 +357,10 @@ class MpiComm {
   Exchange* post_explanation(const Fingerprint& mine);
   // " (rank 1 of this communicator, process 4242 on this machine, is stopped)", or what can be said
   // when no peer of this machine is stopped or ended.
-  std::string stopped_peers_note(bool every_rank_answered) const;
+  // `silent`: the ranks that gave no word about the operation ("rank 2", "ranks 2,5"), if known.
+  std::string stopped_peers_note(bool every_rank_answered, const std::string& silent = "") const;
+  // Takes the explanations that arrived; true once every peer's is in.
+  bool receive_explanations(Exchange& exchange);
   // Learns the process (machine and pid) of every rank, to name a stopped or ended one.
   void learn_peers();
 
@@ -379,11 +382,16 @@ class MpiComm {
   std::atomic<bool> poisoned_flag_{false};  // poisoned_ is set: an operation's start reads it without the lock
   std::vector<std::unique_ptr<Request>> abandoned_;
   // The one exchange of fingerprints after this rank's first failure (explain_stall).
+  // A rank's word about the operation it stalled or failed in: its fingerprint, sent to every other
+  // rank under kExplanationTag on agree_ (point to point: a rank that left the operation, or never came,
+  // cannot hold up the others' comparison), and the words received from the others.
   struct Exchange {
     FingerprintWords mine{};
-    std::vector<FingerprintWords> all;
-    MPI_Request request = MPI_REQUEST_NULL;
+    std::vector<MPI_Request> sends;
+    std::vector<std::optional<FingerprintWords>> theirs;  // by rank
   };
+  // The explanations' tag on agree_, which schedules never use (next_schedule_tag).
+  int explanation_tag() const { return process_.tag_upper_bound; }
   std::unique_ptr<Exchange> explanation_;
   std::vector<pid_t> local_pid_of_rank_;   // 0 for this rank and for ranks on other machines
   WatchedCall watched_call_;
