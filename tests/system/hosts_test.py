@@ -31,6 +31,7 @@ Scenarios:
 """
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -322,6 +323,14 @@ class AllreduceLoop:
             expect(not left, f"nothing left in host {i}: {left}", results)
 
 
+def named_culprits(output):
+    """The ranks a failure's claim names ("the connection to rank N", "rank N of this communicator"):
+    the communicator's first failure where the message reports one, else the rank's own."""
+    failed = [line for line in output.splitlines() if ": failed after " in line]
+    claim = failed[-1].split(" [the communicator's first failure")[0] if failed else ""
+    return {int(a or b) for a, b in re.findall(r"the connection to rank (\d+)|rank (\d+) of this communicator", claim)}
+
+
 def fault_host_killed(bin_dir):
     """Three hosts in a loop of allreduces; every process of host 2 SIGKILLed (the kernel closes its
     sockets): both survivors fail at once, naming rank 2 as on another machine, and leave nothing behind."""
@@ -335,6 +344,8 @@ def fault_host_killed(bin_dir):
         expect(all(code != 0 for code, _ in results), "every survivor fails", results)
         expect(all("BPL_ERR_REMOTE" in out and "rank 2, on another machine" in out for _, out in results),
                "every survivor names rank 2, on another machine", results)
+        expect(all(named_culprits(out) == {2} for _, out in results),
+               "what every survivor says failed names rank 2 alone, not the other survivor", results)
         expect(elapsed < 10, f"the survivors fail at once, well within the 30 s timeout (took {elapsed:.1f} s)", results)
         job.expect_nothing_left([0, 1], results)
     print(f"passed: host 2 killed: both survivors failed in {elapsed:.1f} s naming rank 2; nothing left behind")
