@@ -562,11 +562,13 @@ int idle_after_rank0_exits() {
   bpl_status status = bpl_barrier(r.world, nullptr);
   if (r.rank == 0) {
     if (finalizes) finalize(r);
+    // Not before the others' barrier completed too (over TCP a peer may still be finishing it).
+    if (!finalizes) std::this_thread::sleep_for(std::chrono::milliseconds(100));
     std::fflush(stdout);
     std::_Exit(0);
   }
   // Rank 0 is gone by then (when it finalizes, its barrier waits for the others until the timeout).
-  std::this_thread::sleep_for(std::chrono::milliseconds(finalizes ? r.timeout_ms + 1000 : 200));
+  std::this_thread::sleep_for(std::chrono::milliseconds(finalizes ? r.timeout_ms + 1000 : 300));
   const int64_t before = cpu_ms();
   auto start = Clock::now();
   std::this_thread::sleep_for(std::chrono::seconds(2));
