@@ -92,5 +92,18 @@ TEST(Fingerprint, DifferentCallsNameTheRanksAndFields) {
             "allreduce (f32, count 15, sum); rank 1 differs from the others; differ in: count");
 }
 
+// bpl_finalize's barrier is not a bpl_barrier: a rank that finalizes while another calls a barrier is
+// told apart, and named as finalizing.
+TEST(Fingerprint, FinalizeIsNamedAndDiffersFromABarrier) {
+  Fingerprint barrier;
+  barrier.op = BPL_COLL_BARRIER;
+  Fingerprint finalizing;
+  finalizing.op = kFinalizeOp;
+  EXPECT_EQ(describe(finalizing), "bpl_finalize");
+  EXPECT_NE(call_hash(barrier), call_hash(finalizing));
+  EXPECT_EQ(compare({barrier, finalizing}),
+            "ranks disagree on the collective they call: rank 0 calls barrier; rank 1 calls bpl_finalize; differ in: op");
+}
+
 }  // namespace
 }  // namespace backplane
