@@ -2,8 +2,6 @@
 // c10d::TCPStore seen through c10d's Gloo store adapter, and a Gloo TCP device), with nothing of the
 // plugin's own.
 #include <c10/util/BFloat16.h>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <gloo/allgather.h>
 #include <gloo/allgatherv.h>
 #include <gloo/allreduce.h>
@@ -25,7 +23,9 @@
 #include <stdexcept>
 #include <vector>
 
+#include "gloo_kv_store.h"
 #include "raw_library.h"
+#include "tcp_store.h"
 
 namespace backplane::bench {
 namespace {
@@ -72,17 +72,15 @@ std::shared_ptr<gloo::transport::Device> device_for(const std::string& master_ad
 
 class RawGloo : public RawLibrary {
  public:
-  // Meets as PyTorch's Gloo does: rank 0 hosts a TCPStore at addr:port, the others join it.
+  // Meets as PyTorch's Gloo does, through a TCP store that rank 0 hosts at addr:port (backplane's own:
+  // only the meeting goes through it, none of the collectives).
   RawGloo(int rank, int world, const std::string& addr, int port, int64_t timeout_ms)
       : timeout_(timeout_ms), rank_(rank), world_(world) {
-    c10d::TCPStoreOptions options;
-    options.port = static_cast<uint16_t>(port);
-    options.isServer = rank == 0;
-    options.waitWorkers = false;
-    options.timeout = timeout_;
-    tcp_store_ = c10::make_intrusive<c10d::TCPStore>(addr, options);
-    auto store = std::make_shared<c10d::ProcessGroupGloo::GlooStore>(tcp_store_);
-    gloo::rendezvous::PrefixStore prefixed("bench-raw-gloo", *store);
+    if (rank == 0) store_server_ = std::make_unique<backplane::gloo_plugin::TcpStoreServer>(static_cast<uint16_t>(port));
+    auto client = std::make_shared<backplane::gloo_plugin::TcpStoreClient>(addr, static_cast<uint16_t>(port), timeout_,
+                                                                           timeout_, "rank 0");
+    backplane::gloo_plugin::GlooKvStore store(client, "bench-raw-gloo", timeout_);
+    gloo::rendezvous::PrefixStore prefixed("bench-raw-gloo", store);
     context_ = std::make_shared<gloo::rendezvous::Context>(rank, world);
     context_->setTimeout(timeout_);
     std::shared_ptr<gloo::transport::Device> device = device_for(addr);
@@ -207,7 +205,7 @@ class RawGloo : public RawLibrary {
   int rank_;
   int world_;
   uint32_t tag_ = 0;
-  c10::intrusive_ptr<c10d::TCPStore> tcp_store_;  // on rank 0 the server, which the others may still use
+  std::unique_ptr<backplane::gloo_plugin::TcpStoreServer> store_server_;  // rank 0's, which the others may still use
   std::shared_ptr<gloo::rendezvous::Context> context_;
 };
 

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdlib>
 
+#include "elf_needed.h"
 #include "environment.h"
 #include "error.h"
 #include "log.h"
@@ -43,10 +44,36 @@ const bpl_host_api* host_api() {
   return &host;
 }
 
+namespace {
+
+// Whether the plugin at `path` links a Gloo (libgloo) while the program already carries another in its
+// global scope: PyPI's LibTorch exports the Gloo it bundles, so in a program linked with LibTorch (the
+// C++ frontend's) the gloo plugin's calls into its own Gloo would bind to LibTorch's copy, another
+// version (a crash at the first connection). Such a plugin is opened with RTLD_DEEPBIND: it binds first
+// to what it links itself. Only then: a deep-bound library that reads `environ` itself (Open MPI's) sees
+// another copy of it than the program. Python keeps LibTorch out of the global scope; builds under
+// AddressSanitizer, which refuses RTLD_DEEPBIND, link no LibTorch into their programs.
+bool needs_its_own_gloo(const std::string& path) {
+#if defined(__SANITIZE_ADDRESS__)
+  (void)path;
+  return false;
+#else
+  if (dlsym(RTLD_DEFAULT, "_ZN4gloo10allgathervERNS_17AllgathervOptionsE") == nullptr) return false;  // gloo::allgatherv
+  for (const std::string& library : elf_needed_libraries(path)) {
+    if (library.rfind("libgloo", 0) == 0) return true;
+  }
+  return false;
+#endif
+}
+
+}  // namespace
+
 std::shared_ptr<Plugin> Plugin::load(const std::string& path) {
   boost::dll::shared_library library;
   try {
-    library.load(path, boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
+    auto mode = boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local;
+    if (needs_its_own_gloo(path)) mode |= boost::dll::load_mode::rtld_deepbind;
+    library.load(path, mode);
   } catch (const std::exception& e) {
     // Boost.DLL's message carries dlerror()'s text: the missing library or unresolved symbol.
     throw Error(BPL_ERR_IO, "cannot load plugin '" + path + "': " + e.what());

@@ -3,8 +3,8 @@ with backend "backplane" (neuronx-distributed itself does not install here, so t
 are written out: a column-parallel linear keeps its output split, a row-parallel linear takes that split
 input and sums the partial products with an all_reduce).
 
-    NXD_CPU_MODE=1 python3 tests/support/torchrun.py --nproc_per_node 2 examples/python/cpu_mode_mlp.py --check
-    NXD_CPU_MODE=1 build/bin/bpl-run --nproc-per-node 2 python3 examples/python/cpu_mode_mlp.py --check
+    NXD_CPU_MODE=1 PYTHONPATH=build/python .venv/bin/torchrun --nproc_per_node 2 examples/python/cpu_mode_mlp.py --check
+    NXD_CPU_MODE=1 PYTHONPATH=build/python build/bin/bpl-run --nproc-per-node 2 .venv/bin/python examples/python/cpu_mode_mlp.py --check
 
 With --check, every rank also runs the unsharded MLP on the full weights, forward and backward, and
 compares the output and the weight gradients of its shard; the exit status says whether they match.
@@ -98,7 +98,7 @@ def main():
     outputs.sum().backward()
     if rank == 0:
         print(f"Output sum is {outputs.sum().item()}")
-        print(f"backend: {dist.group.WORLD.describe()}")
+        print(f"backend: {backplane_torch.describe(dist.group.WORLD)}")
 
     status = 0
     if args.check:

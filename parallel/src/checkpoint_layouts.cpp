@@ -329,7 +329,7 @@ void load_optimizer_across_layouts(const fs::path& dir, torch::nn::Module& model
     state_archive.load_from(bytes);
     std::unique_ptr<torch::optim::OptimizerParamState> state = new_param_state(base);
     state->serialize(state_archive);
-    base.state()[c10::guts::to_string(parameter.unsafeGetTensorImpl())] = std::move(state);
+    base.state()[parameter.unsafeGetTensorImpl()] = std::move(state);
   }
 }
 

@@ -2,6 +2,7 @@
 #include "backplane/parallel/grads.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 
 #include <cmath>
 #include <map>
@@ -53,7 +54,7 @@ double grad_norm(const std::vector<at::Tensor>& partitioned, const std::vector<a
 void scale_gradients(const std::vector<at::Tensor>& grads, double max_norm, double norm) {
   const double factor = max_norm / (norm + 1e-6);
   if (factor >= 1) return;
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   for (const at::Tensor& g : grads) g.mul_(factor);  // in place: the gradients themselves
 }
 
@@ -94,7 +95,7 @@ void bucket_allreduce_gradients(const std::vector<at::Tensor>& parameters, Group
   if (!group) group = get_data_parallel_group();
   if (group->size() == 1) return;
   const auto cap = static_cast<int64_t>(bucket_cap_mb * 1024 * 1024);
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   // Per dtype, in reverse parameter order.
   std::map<at::ScalarType, std::vector<at::Tensor>> by_dtype;
   for (auto it = parameters.rbegin(); it != parameters.rend(); ++it) {

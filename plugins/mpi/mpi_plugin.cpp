@@ -152,16 +152,15 @@ void finalize_at_exit() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!s.initialized_here || finalized) return;
-  if (s.runtimes > 0 || s.process.communicator_failed) {
-    // MPI_Finalize would wait for a failed rank, or for ranks still running the job that this one left
-    // without bpl_finalize: leaving MPI initialised is the bounded choice, and mpirun then ends the job
-    // reporting this rank as ending without MPI_Finalize.
-    plugin::log(BPL_LOG_WARN, kName, std::string("MPI_Finalize skipped at exit: ") +
-                                         (s.runtimes > 0 ? "bpl_finalize was not called"
-                                                         : "a communicator failed, and MPI_Finalize would wait for "
-                                                           "the failed rank"));
+  if (s.process.communicator_failed) {
+    // MPI_Finalize would wait for the failed rank: leaving MPI initialised is the bounded choice, and
+    // mpirun then ends the job reporting this rank as ending without MPI_Finalize.
+    plugin::log(BPL_LOG_WARN, kName, "MPI_Finalize skipped at exit: a communicator failed, and MPI_Finalize would "
+                                     "wait for the failed rank");
     return;
   }
+  // A runtime still open (a program that never called bpl_finalize, or whose torch backend outlives
+  // Python) is left to MPI_Finalize, which frees its communicators.
   DeadlineGuard guard(s.exit_timeout, "MPI_Finalize at exit",
                       "it waits for every rank of the job to finalize, and a rank is stopped, stuck, or still "
                       "running long after this one");

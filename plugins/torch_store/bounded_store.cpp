@@ -65,6 +65,10 @@ auto BoundedStore::bounded(const char* operation, Call&& call) -> decltype(call(
   }
 }
 
+c10::intrusive_ptr<c10d::Store> BoundedStore::clone() {
+  throw plugin::Error(BPL_ERR_UNSUPPORTED, "the store connection to " + where_ + " is not cloned");
+}
+
 void BoundedStore::set(const std::string& key, const std::vector<uint8_t>& value) {
   bounded("set", [&] { store_->set(key, value); });
 }

@@ -31,6 +31,8 @@ class BoundedStore : public c10d::Store {
   BoundedStore(const std::string& host, const c10d::TCPStoreOptions& options, std::chrono::milliseconds operation_timeout,
                std::string where, std::string host_name);
 
+  // Not cloned: the gloo plugin holds the one connection, and hands the store to nothing of torch's.
+  c10::intrusive_ptr<c10d::Store> clone() override;
   void set(const std::string& key, const std::vector<uint8_t>& value) override;
   std::vector<uint8_t> compareSet(const std::string& key, const std::vector<uint8_t>& expected,
                                   const std::vector<uint8_t>& desired) override;

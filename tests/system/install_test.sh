@@ -6,10 +6,11 @@
 #  - run the Python module from the prefix, finding libbackplane.so beside itself;
 #  - move the prefix and delete its gloo plugin: the library must say so, naming every folder it
 #    searched, and never load the build tree's plugin instead.
-# Usage: install_test.sh <build dir> <source dir>
+# Usage: install_test.sh <build dir> <source dir> <the project's Python>
 set -eu
 build_dir=$1
 source_dir=$2
+python=$3
 prefix=$(mktemp -d /tmp/bpl-install-XXXXXX)
 work=$(mktemp -d /tmp/bpl-consumer-XXXXXX)
 trap 'rm -rf "$prefix" "$work"' EXIT
@@ -58,12 +59,12 @@ fi
 
 echo "--- Python from the prefix"
 PYTHONPATH="$prefix/lib/python3/dist-packages" NXD_CPU_MODE=1 \
-  "$prefix/bin/bpl-run" --nproc-per-node 2 python3 "$source_dir/tests/python/test_backplane.py"
+  "$prefix/bin/bpl-run" --nproc-per-node 2 "$python" "$source_dir/tests/python/test_backplane.py"
 # The torch.distributed backend, where this build has it: imported from the prefix alone.
 if ls "$prefix"/lib/python3/dist-packages/backplane_torch.*.so > /dev/null 2>&1; then
   echo "--- torch.distributed backend from the prefix"
   PYTHONPATH="$prefix/lib/python3/dist-packages" PYTHONWARNINGS=ignore \
-    "$prefix/bin/bpl-run" --nproc-per-node 2 /usr/bin/python3 "$source_dir/tests/torch_backend/test_process_group.py"
+    "$prefix/bin/bpl-run" --nproc-per-node 2 "$python" "$source_dir/tests/torch_backend/test_process_group.py"
 fi
 echo "--- moved, then a plugin deleted"
 moved=$(mktemp -d /tmp/bpl-moved-XXXXXX)

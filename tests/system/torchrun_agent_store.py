@@ -10,8 +10,6 @@ import socket
 import subprocess
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-TORCHRUN = os.path.join(HERE, "..", "support", "torchrun.py")
 
 
 def free_port():
@@ -21,7 +19,7 @@ def free_port():
 
 
 def torchrun(program, *args):
-    command = [sys.executable, TORCHRUN, "--nnodes", "1", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
                "--master_port", str(free_port()), "--no_python", program, *args]
     env = dict(os.environ, NXD_CPU_MODE="1")
     run = subprocess.run(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120, check=False)

@@ -363,7 +363,7 @@ def main():
     else:
         dist.init_process_group("backplane", timeout=timeout)
     gloo = dist.new_group(backend="gloo")
-    print(f"rank {dist.get_rank()}: {dist.group.WORLD.describe()}", flush=True)
+    print(f"rank {dist.get_rank()}: {backplane_torch.describe(dist.group.WORLD)}", flush=True)
     tests = (lambda: test_collectives(gloo), lambda: test_large_list_gather(gloo), test_asynchronous_work_and_futures,
              test_subgroups, lambda: test_ddp_matches_gloo(gloo), test_bad_input_is_an_exception)
     for test in tests:

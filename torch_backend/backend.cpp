@@ -1,4 +1,4 @@
-#include "process_group.h"
+#include "backend.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/ivalue.h>
@@ -221,11 +221,10 @@ bpl_reduce_op reduce_op_of(const c10d::ReduceOp& op, const char* name, std::opti
     case c10d::ReduceOp::MIN: return BPL_OP_MIN;
     case c10d::ReduceOp::MAX: return BPL_OP_MAX;
     case c10d::ReduceOp::PREMUL_SUM: {
-      auto* supplement = dynamic_cast<c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
-      if (supplement == nullptr || !supplement->tensor_factors.empty()) {
-        fail(std::string(name) + ": PREMUL_SUM takes a scalar factor here (a tensor factor is not supported)");
-      }
-      *factor = supplement->double_factor;
+      auto* supplement = dynamic_cast<c10d::PreMulSumSupplement*>(op.supplement_.get());
+      if (supplement == nullptr) fail(std::string(name) + ": PREMUL_SUM without its factor");
+      // A factor given as a tensor has one element (torch checks it).
+      *factor = supplement->tensor_factor.defined() ? supplement->tensor_factor.item<double>() : supplement->double_factor;
       return BPL_OP_SUM;
     }
     default:
@@ -440,7 +439,7 @@ class BackplaneWork : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 
-c10::intrusive_ptr<c10d::ProcessGroup> ProcessGroupBackplane::create(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+c10::intrusive_ptr<c10d::Backend> BackendBackplane::create(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                                                      int size, std::chrono::milliseconds timeout) {
   auto callbacks = std::make_unique<StoreCallbacks>(store);
   std::shared_ptr<Runtime> runtime = Runtime::current();
@@ -456,7 +455,7 @@ c10::intrusive_ptr<c10d::ProcessGroup> ProcessGroupBackplane::create(const c10::
     Runtime::set_current(runtime);
     bpl_comm* world = nullptr;
     check(bpl_comm_world(handle, &world), "bpl_comm_world");
-    return c10::make_intrusive<ProcessGroupBackplane>(runtime, world, false, nullptr, timeout);
+    return c10::make_intrusive<BackendBackplane>(runtime, world, false, nullptr, timeout);
   }
   bpl_comm* comm = nullptr;
   check(bpl_comm_create_from_store(runtime->handle(), callbacks->table(), rank, size, &comm), "bpl_comm_create_from_store");
@@ -465,7 +464,7 @@ c10::intrusive_ptr<c10d::ProcessGroup> ProcessGroupBackplane::create(const c10::
     bpl_comm_destroy(comm);
     check(status, "bpl_comm_set_timeout");
   }
-  return c10::make_intrusive<ProcessGroupBackplane>(runtime, comm, true, std::move(callbacks), timeout);
+  return c10::make_intrusive<BackendBackplane>(runtime, comm, true, std::move(callbacks), timeout);
 }
 
 namespace {
@@ -481,9 +480,9 @@ int size_of(bpl_comm* comm) {
 }
 }  // namespace
 
-ProcessGroupBackplane::ProcessGroupBackplane(std::shared_ptr<Runtime> runtime, bpl_comm* comm, bool owns_comm,
+BackendBackplane::BackendBackplane(std::shared_ptr<Runtime> runtime, bpl_comm* comm, bool owns_comm,
                                              std::unique_ptr<StoreCallbacks> store, std::chrono::milliseconds timeout)
-    : c10d::ProcessGroup(rank_of(comm), size_of(comm)),
+    : c10d::Backend(rank_of(comm), size_of(comm)),
       communicator_(std::make_shared<Communicator>(std::move(runtime), comm, owns_comm, std::move(store))),
       completions_(std::make_shared<CompletionQueue>()),
       scratch_(std::make_unique<ScratchBuffers>()),
@@ -492,15 +491,15 @@ ProcessGroupBackplane::ProcessGroupBackplane(std::shared_ptr<Runtime> runtime, b
   if (!owns_comm) bpl_comm_set_timeout(comm_, timeout.count());
 }
 
-ProcessGroupBackplane::~ProcessGroupBackplane() { completions_->stop(); }
+BackendBackplane::~BackendBackplane() { completions_->stop(); }
 
-std::string ProcessGroupBackplane::describe() const {
+std::string BackendBackplane::describe() const {
   bpl_runtime_info info = BPL_RUNTIME_INFO_INIT;
   check(bpl_runtime_describe(communicator_->runtime(), &info), "bpl_runtime_describe");
   return std::string(info.backend) + " (" + info.selection_reason + "): " + info.details;
 }
 
-void ProcessGroupBackplane::wait_for_completions() { CompletionQueue::wait_until_idle(); }
+void BackendBackplane::wait_for_completions() { CompletionQueue::wait_until_idle(); }
 
 void CompletionQueue::run() {
   for (;;) {
@@ -518,7 +517,7 @@ void CompletionQueue::run() {
   }
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::post(c10d::OpType type, const char* name,
+c10::intrusive_ptr<c10d::Work> BackendBackplane::post(c10d::OpType type, const char* name,
                                                            const std::function<bpl_status(bpl_request**)>& start,
                                                            std::function<void()> finish, std::vector<at::Tensor> outputs,
                                                            std::vector<at::Tensor> keep) {
@@ -528,7 +527,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::post(c10d::OpType type, co
                                             std::move(finish), std::move(outputs), std::move(keep));
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::post_each(c10d::OpType type, const char* name, int count,
+c10::intrusive_ptr<c10d::Work> BackendBackplane::post_each(c10d::OpType type, const char* name, int count,
                                                                 const std::function<bpl_status(int, bpl_request**)>& start,
                                                                 std::function<void()> finish, std::vector<at::Tensor> outputs,
                                                                 std::vector<at::Tensor> keep) {
@@ -547,7 +546,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::post_each(c10d::OpType typ
                                             std::move(finish), std::move(outputs), std::move(keep));
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::allreduce(std::vector<at::Tensor>& tensors,
+c10::intrusive_ptr<c10d::Work> BackendBackplane::allreduce(std::vector<at::Tensor>& tensors,
                                                                 const c10d::AllreduceOptions& opts) {
   const char* op_name = "allreduce";
   if (tensors.empty()) fail("allreduce: no tensor given");
@@ -581,7 +580,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::allreduce(std::vector<at::
       tensors, {buffer});
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::allreduce_coalesced(std::vector<at::Tensor>& tensors,
+c10::intrusive_ptr<c10d::Work> BackendBackplane::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                                           const c10d::AllreduceCoalescedOptions& opts) {
   const char* op_name = "allreduce_coalesced";
   if (tensors.empty()) fail("allreduce_coalesced: no tensor given");
@@ -605,7 +604,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::allreduce_coalesced(std::v
       [flat, targets] { copy_slices(flat, targets); }, tensors, {flat});
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::broadcast(std::vector<at::Tensor>& tensors,
+c10::intrusive_ptr<c10d::Work> BackendBackplane::broadcast(std::vector<at::Tensor>& tensors,
                                                                 const c10d::BroadcastOptions& opts) {
   const char* op_name = "broadcast";
   const at::Tensor& tensor = single(tensors, op_name);
@@ -620,7 +619,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::broadcast(std::vector<at::
       [buffer, tensor] { copy_back(tensor, buffer); }, tensors, {buffer});
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::reduce(std::vector<at::Tensor>& tensors,
+c10::intrusive_ptr<c10d::Work> BackendBackplane::reduce(std::vector<at::Tensor>& tensors,
                                                              const c10d::ReduceOptions& opts) {
   const char* op_name = "reduce";
   const at::Tensor& tensor = single(tensors, op_name);
@@ -643,7 +642,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::reduce(std::vector<at::Ten
       tensors, {buffer, result});
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::allgather(std::vector<std::vector<at::Tensor>>& outputs,
+c10::intrusive_ptr<c10d::Work> BackendBackplane::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                                 std::vector<at::Tensor>& inputs,
                                                                 const c10d::AllgatherOptions&) {
   const char* op_name = "allgather";
@@ -681,7 +680,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::allgather(std::vector<std:
       [gathered, targets] { copy_slices(gathered, targets); }, targets, {source, gathered});
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::_allgather_base(at::Tensor& output, at::Tensor& input,
+c10::intrusive_ptr<c10d::Work> BackendBackplane::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                                       const c10d::AllgatherOptions&) {
   const char* op_name = "_allgather_base";
   const bpl_dtype dtype = dtype_of(input, op_name);
@@ -699,7 +698,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::_allgather_base(at::Tensor
       [gathered, output] { copy_back(output, gathered); }, {output}, {source, gathered});
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::gather(std::vector<std::vector<at::Tensor>>& outputs,
+c10::intrusive_ptr<c10d::Work> BackendBackplane::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                              std::vector<at::Tensor>& inputs, const c10d::GatherOptions& opts) {
   const char* op_name = "gather";
   const at::Tensor& input = single(inputs, op_name);
@@ -729,7 +728,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::gather(std::vector<std::ve
       targets, {source, gathered});
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::scatter(std::vector<at::Tensor>& outputs,
+c10::intrusive_ptr<c10d::Work> BackendBackplane::scatter(std::vector<at::Tensor>& outputs,
                                                               std::vector<std::vector<at::Tensor>>& inputs,
                                                               const c10d::ScatterOptions& opts) {
   const char* op_name = "scatter";
@@ -756,7 +755,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::scatter(std::vector<at::Te
       [result, output] { copy_back(output, result); }, outputs, {parts, result});
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::reduce_scatter(std::vector<at::Tensor>& outputs,
+c10::intrusive_ptr<c10d::Work> BackendBackplane::reduce_scatter(std::vector<at::Tensor>& outputs,
                                                                      std::vector<std::vector<at::Tensor>>& inputs,
                                                                      const c10d::ReduceScatterOptions& opts) {
   const char* op_name = "reduce_scatter";
@@ -777,7 +776,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::reduce_scatter(std::vector
       [result, output] { copy_back(output, result); }, outputs, {flat, result});
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+c10::intrusive_ptr<c10d::Work> BackendBackplane::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                            const c10d::ReduceScatterOptions& opts) {
   const char* op_name = "_reduce_scatter_base";
   const bpl_dtype dtype = dtype_of(output, op_name);
@@ -842,7 +841,7 @@ std::vector<int64_t> split_elements(const std::vector<int64_t>& splits, const at
 }
 }  // namespace
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::alltoall_base(at::Tensor& output, at::Tensor& input,
+c10::intrusive_ptr<c10d::Work> BackendBackplane::alltoall_base(at::Tensor& output, at::Tensor& input,
                                                                     std::vector<int64_t>& output_splits,
                                                                     std::vector<int64_t>& input_splits,
                                                                     const c10d::AllToAllOptions&) {
@@ -869,7 +868,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::alltoall_base(at::Tensor& 
       [result, output] { copy_back(output, result); }, {output}, {source, result});
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+c10::intrusive_ptr<c10d::Work> BackendBackplane::alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
                                                                const c10d::AllToAllOptions&) {
   const char* op_name = "alltoall";
   const int size = getSize();
@@ -905,12 +904,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::alltoall(std::vector<at::T
       [result, targets] { copy_slices(result, targets); }, outputs, {source, result});
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::barrier(const c10d::BarrierOptions&) {
+c10::intrusive_ptr<c10d::Work> BackendBackplane::barrier(const c10d::BarrierOptions&) {
   return post(
       c10d::OpType::BARRIER, "barrier", [&](bpl_request** req) { return bpl_barrier(comm_, req); }, nullptr, {}, {});
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
+c10::intrusive_ptr<c10d::Work> BackendBackplane::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
   const char* op_name = "send";
   const at::Tensor& tensor = single(tensors, op_name);
   const bpl_dtype dtype = dtype_of(tensor, op_name);
@@ -922,7 +921,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::send(std::vector<at::Tenso
       tensors, {buffer});
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
+c10::intrusive_ptr<c10d::Work> BackendBackplane::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
   const char* op_name = "recv";
   const at::Tensor& tensor = single(tensors, op_name);
   const bpl_dtype dtype = dtype_of(tensor, op_name);
@@ -934,7 +933,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::recv(std::vector<at::Tenso
       [buffer, tensor] { copy_back(tensor, buffer); }, tensors, {buffer});
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::recvAnysource(std::vector<at::Tensor>&, int) {
+c10::intrusive_ptr<c10d::Work> BackendBackplane::recvAnysource(std::vector<at::Tensor>&, int) {
   fail("recv from any source is not supported: backplane's receives name their peer (pass src)");
 }
 

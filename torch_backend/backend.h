@@ -1,11 +1,11 @@
-// ProcessGroupBackplane: torch.distributed's backend "backplane", a c10d::ProcessGroup (torch 1.13) on
-// backplane's C ABI. Every operation is posted as a backplane request and returns at once; its Work
-// completes when the caller waits, or, once its future is asked for (DDP's communication hooks), on the
-// group's completion thread. Errors are backplane's messages, raised as RuntimeError in Python.
+// BackendBackplane: torch.distributed's backend "backplane", a c10d::Backend for CPU tensors on
+// backplane's C ABI (torch 2's ProcessGroup dispatches each device's operations to its backend). Every
+// operation is posted as a backplane request and returns at once; its Work completes when the caller
+// waits, or, once its future is asked for (DDP's communication hooks), on the group's completion thread. Errors are backplane's messages, raised as RuntimeError in Python.
 #pragma once
 
 #include <c10/util/SmallVector.h>
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include <chrono>
 #include <functional>
@@ -25,17 +25,17 @@ using Requests = c10::SmallVector<bpl_request*, 1>;
 class CompletionQueue;
 class ScratchBuffers;
 
-class ProcessGroupBackplane : public c10d::ProcessGroup {
+class BackendBackplane : public c10d::Backend {
  public:
   // torch's creator (Backend.register_backend): the first group of the process (the default group)
   // starts backplane's runtime with `store` as its meeting place (bpl_init_options.store); every later
   // group is made by its members alone through its own store (bpl_comm_create_from_store).
-  static c10::intrusive_ptr<c10d::ProcessGroup> create(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+  static c10::intrusive_ptr<c10d::Backend> create(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                                        std::chrono::milliseconds timeout);
 
-  ProcessGroupBackplane(std::shared_ptr<Runtime> runtime, bpl_comm* comm, bool owns_comm,
+  BackendBackplane(std::shared_ptr<Runtime> runtime, bpl_comm* comm, bool owns_comm,
                         std::unique_ptr<StoreCallbacks> store, std::chrono::milliseconds timeout);
-  ~ProcessGroupBackplane() override;
+  ~BackendBackplane() override;
 
   const std::string getBackendName() const override { return "backplane"; }
   // What backplane chose for this process: backend, why, and its details (bpl_runtime_describe).
