@@ -50,9 +50,9 @@ namespace {
 // global scope: PyPI's LibTorch exports the Gloo it bundles, so in a program linked with LibTorch (the
 // C++ frontend's) the gloo plugin's calls into its own Gloo would bind to LibTorch's copy, another
 // version (a crash at the first connection). Such a plugin is opened with RTLD_DEEPBIND: it binds first
-// to what it links itself. Only then: a deep-bound library that reads `environ` itself (Open MPI's) sees
-// another copy of it than the program. Python keeps LibTorch out of the global scope; builds under
-// AddressSanitizer, which refuses RTLD_DEEPBIND, link no LibTorch into their programs.
+// to what it links itself. No other plugin is: a deep-bound library that reads `environ` itself (Open
+// MPI's) would see another copy of it than the program's. Python keeps LibTorch out of the global scope;
+// AddressSanitizer refuses RTLD_DEEPBIND (tools/test-sanitized leaves out the tests that would need it).
 bool needs_its_own_gloo(const std::string& path) {
 #if defined(__SANITIZE_ADDRESS__)
   (void)path;
