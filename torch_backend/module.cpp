@@ -1,4 +1,5 @@
-// The Python module backplane_torch: importing it registers torch.distributed's backend "backplane".
+// The Python module backplane_torch: importing it registers torch.distributed's backend "backplane"
+// (and, under mpirun, gives torch's env:// the launch variables torchrun would).
 //
 //   import backplane_torch
 //   torch.distributed.init_process_group("backplane")   # plugin chosen by BPL_BACKEND, NXD_CPU_MODE, auto
@@ -29,12 +30,37 @@ c10::intrusive_ptr<BackendBackplane> backend_of(const c10::intrusive_ptr<c10d::P
   return c10::intrusive_ptr<BackendBackplane>::reclaim_copy(ours);
 }
 
+// Under mpirun, torch's env:// rendezvous finds none of the variables it reads: they are taken from
+// Open MPI's, as torchrun would give them (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE), with the
+// store at 127.0.0.1 when every rank runs on this machine (else MASTER_ADDR must be given: mpirun -x)
+// and on a port of the job's own (20000-32767, below Linux's ephemeral ports, from Open MPI's job id).
+// What the launch environment already has is kept.
+void launch_variables_from_mpirun() {
+  py::object environ = py::module_::import("os").attr("environ");
+  auto has = [&](const char* name) { return environ.attr("__contains__")(name).cast<bool>(); };
+  auto get = [&](const char* name) { return environ.attr("__getitem__")(name).cast<std::string>(); };
+  if (!has("OMPI_COMM_WORLD_RANK") || has("RANK")) return;
+  auto set_default = [&](const char* name, const std::string& value) { environ.attr("setdefault")(name, value); };
+  set_default("RANK", get("OMPI_COMM_WORLD_RANK"));
+  set_default("WORLD_SIZE", get("OMPI_COMM_WORLD_SIZE"));
+  if (has("OMPI_COMM_WORLD_LOCAL_RANK")) set_default("LOCAL_RANK", get("OMPI_COMM_WORLD_LOCAL_RANK"));
+  if (has("OMPI_COMM_WORLD_LOCAL_SIZE")) {
+    set_default("LOCAL_WORLD_SIZE", get("OMPI_COMM_WORLD_LOCAL_SIZE"));
+    if (get("OMPI_COMM_WORLD_LOCAL_SIZE") == get("OMPI_COMM_WORLD_SIZE")) set_default("MASTER_ADDR", "127.0.0.1");
+  }
+  if (has("OMPI_MCA_ess_base_jobid")) {
+    const unsigned long job = std::stoul(get("OMPI_MCA_ess_base_jobid"));
+    set_default("MASTER_PORT", std::to_string(20000 + job % 12768));
+  }
+}
+
 }  // namespace
 
 PYBIND11_MODULE(backplane_torch, m) {
   m.doc() = "torch.distributed backend 'backplane' (import registers it)";
   // The base class's Python type must be known before ours derives from it.
   py::module_ distributed = py::module_::import("torch.distributed");
+  launch_variables_from_mpirun();
   py::class_<BackendBackplane, c10d::Backend, c10::intrusive_ptr<BackendBackplane>>(m, "BackendBackplane")
       .def("describe", &BackendBackplane::describe,
            "What backplane chose for this process: the backend, why, and its details.");

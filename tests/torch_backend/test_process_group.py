@@ -351,10 +351,7 @@ def test_bad_input_is_an_exception():
 
 
 def main():
-    # Under mpirun, torch's env:// rendezvous learns rank and world from Open MPI's variables.
-    if "RANK" not in os.environ and "OMPI_COMM_WORLD_RANK" in os.environ:
-        os.environ["RANK"] = os.environ["OMPI_COMM_WORLD_RANK"]
-        os.environ["WORLD_SIZE"] = os.environ["OMPI_COMM_WORLD_SIZE"]
+    # Under mpirun, backplane_torch gave torch's env:// rendezvous the launch variables (RANK, ...).
     timeout = datetime.timedelta(seconds=float(os.environ.get("TEST_TIMEOUT_S", "60")))
     init_file = os.environ.get("TEST_INIT_FILE")  # torch's FileStore as the meeting place instead of env://
     if init_file:
