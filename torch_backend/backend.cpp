@@ -4,6 +4,7 @@
 #include <ATen/core/ivalue.h>
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -56,8 +57,15 @@ class Communicator {
   }
   bpl_comm* get() const { return comm_; }
   bpl_runtime* runtime() const { return runtime_->handle(); }
+  // The status of the first operation of the group that failed (BPL_OK while none has): getError.
+  void record_failure(bpl_status status) {
+    int none = BPL_OK;
+    first_failure_.compare_exchange_strong(none, status);
+  }
+  bpl_status first_failure() const { return static_cast<bpl_status>(first_failure_.load()); }
 
  private:
+  std::atomic<int> first_failure_{BPL_OK};
   std::shared_ptr<Runtime> runtime_;  // first in, last out: the communicator goes before the runtime
   bpl_comm* comm_;
   bool owns_comm_;
@@ -397,6 +405,7 @@ class BackplaneWork : public c10d::Work {
     free_requests();
     std::exception_ptr error;
     if (status != BPL_OK) {
+      communicator_->record_failure(status);
       error = std::make_exception_ptr(
           std::runtime_error("backplane: " + name_ + " failed (" + bpl_status_name(status) + "): " + message));
     } else {
@@ -501,6 +510,37 @@ std::string BackendBackplane::describe() const {
 
 void BackendBackplane::wait_for_completions() { CompletionQueue::wait_until_idle(); }
 
+void BackendBackplane::setTimeout(std::chrono::milliseconds timeout) {
+  check(bpl_comm_set_timeout(comm_, timeout.count()), "bpl_comm_set_timeout");
+  timeout_ = timeout;
+}
+
+c10d::ErrorType BackendBackplane::getError() {
+  switch (communicator_->first_failure()) {
+    case BPL_OK: return c10d::ErrorType::SUCCESS;
+    case BPL_ERR_TIMEOUT: return c10d::ErrorType::TIMEOUT;
+    case BPL_ERR_REMOTE: return c10d::ErrorType::REMOTE_ERROR;
+    default: return c10d::ErrorType::COMM_ERROR;
+  }
+}
+
+void BackendBackplane::abort() {
+  check(bpl_comm_abort(comm_), "bpl_comm_abort");
+  communicator_->record_failure(BPL_ERR_ABORTED);
+}
+
+void BackendBackplane::shutdown() { completions_->stop(); }
+
+c10::intrusive_ptr<c10d::Backend> BackendBackplane::split(const c10::intrusive_ptr<c10d::Store>& store,
+                                                          const std::vector<int>& ranks,
+                                                          const c10::intrusive_ptr<Options>& opts) {
+  // `ranks` are the new group's members by their rank here; they alone meet, through `store`.
+  const auto me = std::find(ranks.begin(), ranks.end(), getRank());
+  if (me == ranks.end()) return nullptr;  // not a member: no backend here
+  return create(store, static_cast<int>(me - ranks.begin()), static_cast<int>(ranks.size()),
+                opts ? opts->timeout : timeout_);
+}
+
 void CompletionQueue::run() {
   for (;;) {
     c10::intrusive_ptr<BackplaneWork> work;
@@ -523,6 +563,7 @@ c10::intrusive_ptr<c10d::Work> BackendBackplane::post(c10d::OpType type, const c
                                                            std::vector<at::Tensor> keep) {
   bpl_request* request = nullptr;
   check(start(&request), name);
+  ++sequence_;
   return c10::make_intrusive<BackplaneWork>(communicator_, completions_, getRank(), type, name, Requests{request},
                                             std::move(finish), std::move(outputs), std::move(keep));
 }
@@ -542,6 +583,7 @@ c10::intrusive_ptr<c10d::Work> BackendBackplane::post_each(c10d::OpType type, co
     }
     requests.push_back(request);
   }
+  ++sequence_;
   return c10::make_intrusive<BackplaneWork>(communicator_, completions_, getRank(), type, name, std::move(requests),
                                             std::move(finish), std::move(outputs), std::move(keep));
 }

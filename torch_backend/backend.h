@@ -38,6 +38,17 @@ class BackendBackplane : public c10d::Backend {
   ~BackendBackplane() override;
 
   const std::string getBackendName() const override { return "backplane"; }
+  // torch 2's lifecycle of a backend: the group's timeout, its first failure, aborting and shutting
+  // down, the number of operations posted, and subgroups made by their members alone (split).
+  void setTimeout(std::chrono::milliseconds timeout) override;
+  c10d::ErrorType getError() override;
+  void abort() override;
+  void shutdown() override;
+  uint64_t getSequenceNumberForGroup() override { return sequence_; }
+  bool supportsSplitting() const override { return true; }
+  c10::intrusive_ptr<Options> getBackendOptions() override { return c10::make_intrusive<Options>("backplane", timeout_); }
+  c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks,
+                                          const c10::intrusive_ptr<Options>& opts) override;
   // What backplane chose for this process: backend, why, and its details (bpl_runtime_describe).
   std::string describe() const;
   // The group's communicator (for benchmarks that call the C ABI beside the group).
@@ -97,6 +108,7 @@ class BackendBackplane : public c10d::Backend {
   std::unique_ptr<ScratchBuffers> scratch_;  // its buffers' storages live on in the works that use them
   bpl_comm* comm_;  // communicator_'s
   std::chrono::milliseconds timeout_;
+  uint64_t sequence_ = 0;  // operations posted
 };
 
 }  // namespace backplane::torch_backend

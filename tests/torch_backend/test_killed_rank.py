@@ -73,8 +73,16 @@ def rank_main(fault, store_host):
         print(f"rank {rank}: RuntimeError after {waited:.2f} s: {e}", flush=True)
         named = f"rank {victim}" in str(e)
         in_time = waited < TIMEOUT_S + 3.0
-        print(f"rank {rank}: survivor {'OK' if named and in_time else 'FAILED'}", flush=True)
-        os._exit(0 if named and in_time else 1)
+        # The backend keeps the group's first failure for torch (get_error): a killed rank is the
+        # communicator's REMOTE error, a stopped one its TIMEOUT (or REMOTE, where a peer that timed
+        # out first closed its connections).
+        error = dist.group.WORLD._get_backend(torch.device("cpu")).get_error()
+        kinds = torch._C._distributed_c10d.ErrorType
+        expected = (kinds.REMOTE_ERROR,) if fault == "kill" else (kinds.TIMEOUT, kinds.REMOTE_ERROR)
+        kept = error in expected
+        print(f"rank {rank}: get_error() is {error}", flush=True)
+        print(f"rank {rank}: survivor {'OK' if named and in_time and kept else 'FAILED'}", flush=True)
+        os._exit(0 if named and in_time and kept else 1)
     print(f"rank {rank}: no error although rank {victim} was killed", flush=True)
     os._exit(1)
 

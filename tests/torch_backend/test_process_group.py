@@ -325,6 +325,30 @@ def test_ddp_matches_gloo(gloo):
         check(torch.allclose(a, b, rtol=1e-5, atol=1e-6), "DDP parameters differ from Gloo's")
 
 
+def test_backend_lifecycle():
+    """What torch 2 asks of a backend besides operations: its operations counted, its first failure (none
+    here), its options, and subgroups split from it by their members alone (torch's split_group)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    before = backend._get_sequence_number_for_group()
+    dist.all_reduce(torch.ones(1))
+    check(backend._get_sequence_number_for_group() == before + 1,
+          f"rank {rank}: one operation moves the sequence number from {before} by one")
+    check(backend.get_error() == torch._C._distributed_c10d.ErrorType.SUCCESS,
+          f"rank {rank}: no failure yet, but get_error() says {backend.get_error()}")
+    alone = dist.split_group(split_ranks=[[r] for r in range(world)])
+    t = torch.tensor([float(rank + 1)])
+    dist.all_reduce(t, group=alone)
+    same(t, torch.tensor([float(rank + 1)]), "all_reduce on a group of one split from the world")
+    evens = [r for r in range(world) if r % 2 == 0]
+    odds = [r for r in range(world) if r % 2 == 1]
+    halves = dist.split_group(split_ranks=[g for g in (evens, odds) if g])
+    mine = evens if rank % 2 == 0 else odds
+    t = torch.tensor([float(rank + 1)])
+    dist.all_reduce(t, group=halves)
+    same(t, torch.tensor([float(sum(r + 1 for r in mine))]), "all_reduce on the evens and the odds split from the world")
+
+
 def test_bad_input_is_an_exception():
     rank, world = dist.get_rank(), dist.get_world_size()
 
@@ -362,7 +386,7 @@ def main():
     gloo = dist.new_group(backend="gloo")
     print(f"rank {dist.get_rank()}: {backplane_torch.describe(dist.group.WORLD)}", flush=True)
     tests = (lambda: test_collectives(gloo), lambda: test_large_list_gather(gloo), test_asynchronous_work_and_futures,
-             test_subgroups, lambda: test_ddp_matches_gloo(gloo), test_bad_input_is_an_exception)
+             test_subgroups, test_backend_lifecycle, lambda: test_ddp_matches_gloo(gloo), test_bad_input_is_an_exception)
     for test in tests:
         test()
     leave_a_callback_releasing_at_exit()
