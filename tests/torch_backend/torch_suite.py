@@ -1,0 +1,82 @@
+"""PyTorch's own distributed test suite (torch/testing/_internal/distributed/distributed_test.py, the one
+PyTorch runs for its backends) pointed at a backend, and compared with torch's Gloo.
+
+    .venv/bin/python tests/torch_backend/torch_suite.py [--world N] [--backends backplane,gloo] [-k PATTERN]
+
+Each backend's run spawns WORLD ranks per test, as PyTorch's own spawn runner does, meeting through a
+file:// store. With both backends, it lists every test that passes on gloo but not on backplane, and
+exits non-zero if there is one. PYTHONPATH must reach backplane_torch (build/python).
+"""
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+HEADER = re.compile(r"^(test_\w+) \(__main__\.\w+\.\w+\) \.\.\. ", re.M)
+OUTCOME = re.compile(r"(?:^| )(ok|FAIL|ERROR|skipped|expected failure)\b[^\n]*$", re.M)
+
+
+def outcomes_of(text):
+    """{test: outcome} from unittest's verbose output, whose outcome words come after what the ranks
+    logged meanwhile: the last outcome between a test's header and the next one's."""
+    headers = list(HEADER.finditer(text))
+    outcomes = {}
+    for i, header in enumerate(headers):
+        end = headers[i + 1].start() if i + 1 < len(headers) else len(text)
+        found = OUTCOME.findall(text, header.end() - 1, end)  # from the space before a same-line outcome
+        outcomes[header.group(1)] = found[-1] if found else "unknown"
+    return outcomes
+
+
+if os.environ.get("BPL_TORCH_SUITE"):
+    # The suite's process and the ranks it spawns (which import this file again): its test class,
+    # defined here at the top, where the ranks find it.
+    if os.environ["BACKEND"] == "backplane":
+        import backplane_torch  # noqa: F401  (registers the backend)
+    from torch.testing._internal.common_utils import run_tests
+    from torch.testing._internal.distributed.distributed_test import DistributedTest, TestDistBackend
+
+    class TestDistBackendWithSpawn(TestDistBackend, DistributedTest._DistTestBase):
+        def setUp(self):
+            super().setUp()
+            self._spawn_processes()
+
+
+def run(backend, world, pattern):
+    """{test: outcome} of one backend's run."""
+    temp = tempfile.mkdtemp(prefix=f"bpl-suite-{backend}-")
+    env = dict(os.environ, BPL_TORCH_SUITE="1", BACKEND=backend, WORLD_SIZE=str(world), TEMP_DIR=temp,
+               INIT_METHOD="file://" + os.path.join(temp, "init_file"))
+    command = [sys.executable, os.path.abspath(__file__), "-v"] + (["-k", pattern] if pattern else [])
+    output = subprocess.run(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=False).stdout
+    text = output.decode(errors="replace")
+    with open(os.path.join(temp, "output.log"), "w") as log:
+        log.write(text)
+    outcomes = outcomes_of(text)
+    counts = {k: sum(1 for v in outcomes.values() if v == k) for k in ("ok", "FAIL", "ERROR", "skipped")}
+    print(f"{backend} at {world} ranks: {counts} (log: {temp}/output.log)", flush=True)
+    return outcomes
+
+
+def main():
+    if os.environ.get("BPL_TORCH_SUITE"):
+        return run_tests()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--world", type=int, default=2)
+    parser.add_argument("--backends", default="backplane,gloo")
+    parser.add_argument("-k", dest="pattern", default="")
+    args = parser.parse_args()
+    results = {b: run(b, args.world, args.pattern) for b in args.backends.split(",")}
+    if "gloo" not in results or "backplane" not in results:
+        return 0
+    behind = sorted(t for t, o in results["gloo"].items() if o == "ok" and results["backplane"].get(t) != "ok")
+    for test in behind:
+        print(f"passes on gloo, not on backplane ({results['backplane'].get(test, 'not run')}): {test}")
+    print(f"{len(behind)} test(s) pass on gloo and not on backplane")
+    return 1 if behind else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
