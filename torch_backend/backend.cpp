@@ -740,6 +740,111 @@ c10::intrusive_ptr<c10d::Work> BackendBackplane::_allgather_base(at::Tensor& out
       [gathered, output] { copy_back(output, gathered); }, {output}, {source, gathered});
 }
 
+c10::intrusive_ptr<c10d::Work> BackendBackplane::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                                std::vector<at::Tensor>& inputs,
+                                                                                const c10d::AllgatherOptions&) {
+  const char* op_name = "allgather_into_tensor_coalesced";
+  if (outputs.size() != inputs.size()) {
+    fail(std::string(op_name) + ": " + std::to_string(outputs.size()) + " outputs for " + std::to_string(inputs.size()) + " inputs");
+  }
+  std::vector<at::Tensor> sources, results;
+  std::vector<bpl_dtype> dtypes;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    dtypes.push_back(dtype_of(inputs[i], op_name));
+    if (outputs[i].scalar_type() != inputs[i].scalar_type() || outputs[i].numel() != getSize() * inputs[i].numel()) {
+      fail(std::string(op_name) + ": output " + std::to_string(i) + " has " + std::to_string(outputs[i].numel()) +
+           " elements; expected " + std::to_string(getSize() * inputs[i].numel()) + " (world size x input " +
+           std::to_string(i) + ") of its dtype");
+    }
+    sources.push_back(contiguous(inputs[i]));
+    results.push_back(contiguous(outputs[i]));
+  }
+  std::vector<at::Tensor> keep = sources;
+  keep.insert(keep.end(), results.begin(), results.end());
+  return post_each(
+      c10d::OpType::ALLGATHER_INTO_TENSOR_COALESCED, op_name, static_cast<int>(inputs.size()),
+      [&](int i, bpl_request** req) {
+        return bpl_allgather(comm_, sources[i].data_ptr(), results[i].data_ptr(), sources[i].numel(), dtypes[i], req);
+      },
+      [results, outputs] {
+        for (size_t i = 0; i < outputs.size(); ++i) copy_back(outputs[i], results[i]);
+      },
+      outputs, keep);
+}
+
+c10::intrusive_ptr<c10d::Work> BackendBackplane::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                                std::vector<at::Tensor>& inputs,
+                                                                                const c10d::ReduceScatterOptions& opts) {
+  const char* op_name = "reduce_scatter_tensor_coalesced";
+  if (outputs.size() != inputs.size()) {
+    fail(std::string(op_name) + ": " + std::to_string(outputs.size()) + " outputs for " + std::to_string(inputs.size()) + " inputs");
+  }
+  std::optional<double> factor;
+  const bpl_reduce_op op = reduce_op_of(opts.reduceOp, op_name, &factor);
+  std::vector<at::Tensor> sources, results;
+  std::vector<bpl_dtype> dtypes;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    dtypes.push_back(dtype_of(outputs[i], op_name));
+    if (outputs[i].scalar_type() != inputs[i].scalar_type() || inputs[i].numel() != getSize() * outputs[i].numel()) {
+      fail(std::string(op_name) + ": input " + std::to_string(i) + " has " + std::to_string(inputs[i].numel()) +
+           " elements; expected " + std::to_string(getSize() * outputs[i].numel()) + " (world size x output " +
+           std::to_string(i) + ") of its dtype");
+    }
+    sources.push_back(factor ? inputs[i].mul(*factor) : contiguous(inputs[i]));
+    results.push_back(contiguous(outputs[i]));
+  }
+  std::vector<at::Tensor> keep = sources;
+  keep.insert(keep.end(), results.begin(), results.end());
+  return post_each(
+      c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED, op_name, static_cast<int>(inputs.size()),
+      [&](int i, bpl_request** req) {
+        return bpl_reduce_scatter(comm_, sources[i].data_ptr(), results[i].data_ptr(), results[i].numel(), dtypes[i], op, req);
+      },
+      [results, outputs] {
+        for (size_t i = 0; i < outputs.size(); ++i) copy_back(outputs[i], results[i]);
+      },
+      outputs, keep);
+}
+
+c10::intrusive_ptr<c10d::Work> BackendBackplane::allgather_coalesced(std::vector<std::vector<at::Tensor>>& output_lists,
+                                                                    std::vector<at::Tensor>& inputs,
+                                                                    const c10d::AllgatherOptions&) {
+  const char* op_name = "allgather_coalesced";
+  if (output_lists.size() != inputs.size()) {
+    fail(std::string(op_name) + ": " + std::to_string(output_lists.size()) + " output lists for " +
+         std::to_string(inputs.size()) + " inputs");
+  }
+  // Each input gathered into a flat tensor of world x input, then spread over its list.
+  std::vector<at::Tensor> sources, flats;
+  std::vector<bpl_dtype> dtypes;
+  std::vector<at::Tensor> outputs;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    dtypes.push_back(dtype_of(inputs[i], op_name));
+    if (output_lists[i].size() != static_cast<size_t>(getSize())) {
+      fail(std::string(op_name) + ": output list " + std::to_string(i) + " has " + std::to_string(output_lists[i].size()) +
+           " tensors; expected one per rank (" + std::to_string(getSize()) + ")");
+    }
+    for (const at::Tensor& target : output_lists[i]) require_same(inputs[i], target, op_name, "an output of list " + std::to_string(i));
+    sources.push_back(contiguous(inputs[i]));
+    flats.push_back(at::empty({getSize() * inputs[i].numel()}, inputs[i].options()));
+    outputs.insert(outputs.end(), output_lists[i].begin(), output_lists[i].end());
+  }
+  std::vector<at::Tensor> keep = sources;
+  keep.insert(keep.end(), flats.begin(), flats.end());
+  return post_each(
+      c10d::OpType::ALLGATHER_COALESCED, op_name, static_cast<int>(inputs.size()),
+      [&](int i, bpl_request** req) {
+        return bpl_allgather(comm_, sources[i].data_ptr(), flats[i].data_ptr(), sources[i].numel(), dtypes[i], req);
+      },
+      [flats, output_lists] {
+        for (size_t i = 0; i < output_lists.size(); ++i) {
+          const at::Tensor blocks = flats[i].view({static_cast<int64_t>(output_lists[i].size()), -1});
+          for (size_t r = 0; r < output_lists[i].size(); ++r) output_lists[i][r].copy_(blocks[r].view_as(output_lists[i][r]));
+        }
+      },
+      outputs, keep);
+}
+
 c10::intrusive_ptr<c10d::Work> BackendBackplane::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                              std::vector<at::Tensor>& inputs, const c10d::GatherOptions& opts) {
   const char* op_name = "gather";

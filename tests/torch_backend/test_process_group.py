@@ -325,6 +325,37 @@ def test_ddp_matches_gloo(gloo):
         check(torch.allclose(a, b, rtol=1e-5, atol=1e-6), "DDP parameters differ from Gloo's")
 
 
+def test_coalesced():
+    """The coalesced forms torch 2 calls: all_gather_coalesced, and all_gather_into_tensor and
+    reduce_scatter_tensor inside a coalescing manager (one work for several tensors)."""
+    from torch.distributed.distributed_c10d import _coalescing_manager
+    rank, world = dist.get_rank(), dist.get_world_size()
+    inputs = [torch.full((2,), float(rank + 1)), torch.full((3,), float(10 * (rank + 1)))]  # one dtype: torch checks
+    lists = [[torch.zeros_like(t) for _ in range(world)] for t in inputs]
+    dist.all_gather_coalesced(lists, inputs)
+    for i, t in enumerate(inputs):
+        for r in range(world):
+            same(lists[i][r], torch.full_like(t, float((r + 1) * (1 if i == 0 else 10))), f"all_gather_coalesced list {i}, rank {r}")
+    gathered = [torch.zeros(world * t.numel(), dtype=t.dtype) for t in inputs]
+    with _coalescing_manager(async_ops=True) as manager:
+        for out, t in zip(gathered, inputs):
+            dist.all_gather_into_tensor(out, t)
+    manager.wait()
+    for out, t in zip(gathered, inputs):
+        expected = torch.cat([torch.full_like(t, float((r + 1) * (1 if t.numel() == 2 else 10))) for r in range(world)])
+        same(out, expected, "all_gather_into_tensor, coalesced")
+    outputs = [torch.zeros(2), torch.zeros(3, dtype=torch.float64)]
+    sources = [torch.arange(2.0 * world) + rank, torch.arange(3.0 * world, dtype=torch.float64) * (rank + 1)]
+    with _coalescing_manager(async_ops=True) as manager:
+        for out, source in zip(outputs, sources):
+            dist.reduce_scatter_tensor(out, source)
+    manager.wait()
+    total = [sum(torch.arange(2.0 * world) + r for r in range(world)),
+             sum(torch.arange(3.0 * world, dtype=torch.float64) * (r + 1) for r in range(world))]
+    for out, whole in zip(outputs, total):
+        same(out, whole[rank * out.numel():(rank + 1) * out.numel()], "reduce_scatter_tensor, coalesced")
+
+
 def test_backend_lifecycle():
     """What torch 2 asks of a backend besides operations: its operations counted, its first failure (none
     here), its options, and subgroups split from it by their members alone (torch's split_group)."""
@@ -386,7 +417,7 @@ def main():
     gloo = dist.new_group(backend="gloo")
     print(f"rank {dist.get_rank()}: {backplane_torch.describe(dist.group.WORLD)}", flush=True)
     tests = (lambda: test_collectives(gloo), lambda: test_large_list_gather(gloo), test_asynchronous_work_and_futures,
-             test_subgroups, test_backend_lifecycle, lambda: test_ddp_matches_gloo(gloo), test_bad_input_is_an_exception)
+             test_subgroups, test_coalesced, test_backend_lifecycle, lambda: test_ddp_matches_gloo(gloo), test_bad_input_is_an_exception)
     for test in tests:
         test()
     leave_a_callback_releasing_at_exit()
