@@ -809,26 +809,31 @@ c10::intrusive_ptr<c10d::Work> BackendBackplane::reduce_scatter_tensor_coalesced
 c10::intrusive_ptr<c10d::Work> BackendBackplane::allgather_coalesced(std::vector<std::vector<at::Tensor>>& output_lists,
                                                                     std::vector<at::Tensor>& inputs,
                                                                     const c10d::AllgatherOptions&) {
+  // output_lists[r][i]: rank r's input i.
   const char* op_name = "allgather_coalesced";
-  if (output_lists.size() != inputs.size()) {
-    fail(std::string(op_name) + ": " + std::to_string(output_lists.size()) + " output lists for " +
-         std::to_string(inputs.size()) + " inputs");
+  if (output_lists.size() != static_cast<size_t>(getSize())) {
+    fail(std::string(op_name) + ": " + std::to_string(output_lists.size()) + " output lists; expected one per rank (" +
+         std::to_string(getSize()) + ")");
   }
-  // Each input gathered into a flat tensor of world x input, then spread over its list.
+  for (size_t r = 0; r < output_lists.size(); ++r) {
+    if (output_lists[r].size() != inputs.size()) {
+      fail(std::string(op_name) + ": output list " + std::to_string(r) + " has " + std::to_string(output_lists[r].size()) +
+           " tensors; expected one per input (" + std::to_string(inputs.size()) + ")");
+    }
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      require_same(inputs[i], output_lists[r][i], op_name, "output " + std::to_string(i) + " of list " + std::to_string(r));
+    }
+  }
+  // Each input gathered into a flat tensor of world x input, then spread over the lists.
   std::vector<at::Tensor> sources, flats;
   std::vector<bpl_dtype> dtypes;
-  std::vector<at::Tensor> outputs;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    dtypes.push_back(dtype_of(inputs[i], op_name));
-    if (output_lists[i].size() != static_cast<size_t>(getSize())) {
-      fail(std::string(op_name) + ": output list " + std::to_string(i) + " has " + std::to_string(output_lists[i].size()) +
-           " tensors; expected one per rank (" + std::to_string(getSize()) + ")");
-    }
-    for (const at::Tensor& target : output_lists[i]) require_same(inputs[i], target, op_name, "an output of list " + std::to_string(i));
-    sources.push_back(contiguous(inputs[i]));
-    flats.push_back(at::empty({getSize() * inputs[i].numel()}, inputs[i].options()));
-    outputs.insert(outputs.end(), output_lists[i].begin(), output_lists[i].end());
+  for (const at::Tensor& input : inputs) {
+    dtypes.push_back(dtype_of(input, op_name));
+    sources.push_back(contiguous(input));
+    flats.push_back(at::empty({getSize() * input.numel()}, input.options()));
   }
+  std::vector<at::Tensor> outputs;
+  for (const auto& list : output_lists) outputs.insert(outputs.end(), list.begin(), list.end());
   std::vector<at::Tensor> keep = sources;
   keep.insert(keep.end(), flats.begin(), flats.end());
   return post_each(
@@ -837,9 +842,9 @@ c10::intrusive_ptr<c10d::Work> BackendBackplane::allgather_coalesced(std::vector
         return bpl_allgather(comm_, sources[i].data_ptr(), flats[i].data_ptr(), sources[i].numel(), dtypes[i], req);
       },
       [flats, output_lists] {
-        for (size_t i = 0; i < output_lists.size(); ++i) {
-          const at::Tensor blocks = flats[i].view({static_cast<int64_t>(output_lists[i].size()), -1});
-          for (size_t r = 0; r < output_lists[i].size(); ++r) output_lists[i][r].copy_(blocks[r].view_as(output_lists[i][r]));
+        for (size_t i = 0; i < flats.size(); ++i) {
+          const at::Tensor blocks = flats[i].view({static_cast<int64_t>(output_lists.size()), -1});
+          for (size_t r = 0; r < output_lists.size(); ++r) output_lists[r][i].copy_(blocks[r].view_as(output_lists[r][i]));
         }
       },
       outputs, keep);

@@ -331,11 +331,11 @@ def test_coalesced():
     from torch.distributed.distributed_c10d import _coalescing_manager
     rank, world = dist.get_rank(), dist.get_world_size()
     inputs = [torch.full((2,), float(rank + 1)), torch.full((3,), float(10 * (rank + 1)))]  # one dtype: torch checks
-    lists = [[torch.zeros_like(t) for _ in range(world)] for t in inputs]
+    lists = [[torch.zeros_like(t) for t in inputs] for _ in range(world)]  # lists[r][i]: rank r's input i
     dist.all_gather_coalesced(lists, inputs)
-    for i, t in enumerate(inputs):
-        for r in range(world):
-            same(lists[i][r], torch.full_like(t, float((r + 1) * (1 if i == 0 else 10))), f"all_gather_coalesced list {i}, rank {r}")
+    for r in range(world):
+        for i, t in enumerate(inputs):
+            same(lists[r][i], torch.full_like(t, float((r + 1) * (1 if i == 0 else 10))), f"all_gather_coalesced: rank {r}'s input {i}")
     gathered = [torch.zeros(world * t.numel(), dtype=t.dtype) for t in inputs]
     with _coalescing_manager(async_ops=True) as manager:
         for out, t in zip(gathered, inputs):
