@@ -160,7 +160,10 @@ void finalize_at_exit() {
     return;
   }
   // A runtime still open (a program that never called bpl_finalize, or whose torch backend outlives
-  // Python) is left to MPI_Finalize, which frees its communicators.
+  // Python) is left to MPI_Finalize, which frees its communicators; its watchdog stops calling MPI first.
+  if (s.process.watchdog != nullptr) {
+    for (int open = 0; open < s.runtimes; ++open) s.watchdog.stop();  // one start for each runtime
+  }
   DeadlineGuard guard(s.exit_timeout, "MPI_Finalize at exit",
                       "it waits for every rank of the job to finalize, and a rank is stopped, stuck, or still "
                       "running long after this one");
