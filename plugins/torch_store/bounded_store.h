@@ -1,10 +1,10 @@
 // A connection to a c10d::TCPStore (LibTorch's, so a torchrun agent's store too) whose every operation
 // ends within a deadline.
 //
-// LibTorch 1.13's TCPStore client bounds only wait(): it sets the socket's receive timeout
-// (SO_RCVTIMEO) to the wait's timeout and leaves it set. Every other call waits for its reply with no
-// bound, so set, get, add, compareSet and check on a store whose host is stopped, or on a port held by
-// a program that is not a store, never return. BoundedStore arms that receive timeout at once with an
+// LibTorch's TCPStore client has not always bounded its calls (1.13's bounded only wait(): it set the
+// socket's receive timeout, SO_RCVTIMEO, to the wait's and left it set, and every other call on a store
+// whose host is stopped, or on a port held by a program that is not a store, never returned), so
+// BoundedStore bounds them itself, whatever the client does: it arms that receive timeout at once with an
 // empty wait (which also proves a store answers), re-arms it after any wait of another length, and
 // treats any failed call as the end of the connection: a reply that comes late would otherwise be read
 // as the answer to the next request. Every later call then fails at once with the first failure.
