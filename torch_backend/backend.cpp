@@ -588,6 +588,21 @@ c10::intrusive_ptr<c10d::Work> BackendBackplane::post_each(c10d::OpType type, co
                                             std::move(finish), std::move(outputs), std::move(keep));
 }
 
+c10::intrusive_ptr<c10d::Work> BackendBackplane::post_pairs(c10d::OpType type, const char* name,
+                                                           const std::vector<at::Tensor>& sources,
+                                                           const std::vector<at::Tensor>& results,
+                                                           const std::vector<at::Tensor>& outputs,
+                                                           const std::function<bpl_status(int, bpl_request**)>& start) {
+  std::vector<at::Tensor> keep = sources;
+  keep.insert(keep.end(), results.begin(), results.end());
+  return post_each(
+      type, name, static_cast<int>(results.size()), start,
+      [results, outputs] {
+        for (size_t i = 0; i < outputs.size(); ++i) copy_back(outputs[i], results[i]);
+      },
+      outputs, keep);
+}
+
 c10::intrusive_ptr<c10d::Work> BackendBackplane::allreduce(std::vector<at::Tensor>& tensors,
                                                                 const c10d::AllreduceOptions& opts) {
   const char* op_name = "allreduce";
@@ -759,17 +774,11 @@ c10::intrusive_ptr<c10d::Work> BackendBackplane::allgather_into_tensor_coalesced
     sources.push_back(contiguous(inputs[i]));
     results.push_back(contiguous(outputs[i]));
   }
-  std::vector<at::Tensor> keep = sources;
-  keep.insert(keep.end(), results.begin(), results.end());
-  return post_each(
-      c10d::OpType::ALLGATHER_INTO_TENSOR_COALESCED, op_name, static_cast<int>(inputs.size()),
-      [&](int i, bpl_request** req) {
-        return bpl_allgather(comm_, sources[i].data_ptr(), results[i].data_ptr(), sources[i].numel(), dtypes[i], req);
-      },
-      [results, outputs] {
-        for (size_t i = 0; i < outputs.size(); ++i) copy_back(outputs[i], results[i]);
-      },
-      outputs, keep);
+  return post_pairs(c10d::OpType::ALLGATHER_INTO_TENSOR_COALESCED, op_name, sources, results, outputs,
+                    [&](int i, bpl_request** req) {
+                      return bpl_allgather(comm_, sources[i].data_ptr(), results[i].data_ptr(), sources[i].numel(),
+                                           dtypes[i], req);
+                    });
 }
 
 c10::intrusive_ptr<c10d::Work> BackendBackplane::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
@@ -793,17 +802,11 @@ c10::intrusive_ptr<c10d::Work> BackendBackplane::reduce_scatter_tensor_coalesced
     sources.push_back(factor ? inputs[i].mul(*factor) : contiguous(inputs[i]));
     results.push_back(contiguous(outputs[i]));
   }
-  std::vector<at::Tensor> keep = sources;
-  keep.insert(keep.end(), results.begin(), results.end());
-  return post_each(
-      c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED, op_name, static_cast<int>(inputs.size()),
-      [&](int i, bpl_request** req) {
-        return bpl_reduce_scatter(comm_, sources[i].data_ptr(), results[i].data_ptr(), results[i].numel(), dtypes[i], op, req);
-      },
-      [results, outputs] {
-        for (size_t i = 0; i < outputs.size(); ++i) copy_back(outputs[i], results[i]);
-      },
-      outputs, keep);
+  return post_pairs(c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED, op_name, sources, results, outputs,
+                    [&](int i, bpl_request** req) {
+                      return bpl_reduce_scatter(comm_, sources[i].data_ptr(), results[i].data_ptr(), results[i].numel(),
+                                                dtypes[i], op, req);
+                    });
 }
 
 c10::intrusive_ptr<c10d::Work> BackendBackplane::allgather_coalesced(std::vector<std::vector<at::Tensor>>& output_lists,

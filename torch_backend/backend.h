@@ -107,6 +107,12 @@ class BackendBackplane : public c10d::Backend {
                                            std::function<void()> finish, std::vector<at::Tensor> outputs,
                                            std::vector<at::Tensor> keep);
 
+  // A coalesced operation on pairs of tensors: pair i posted by `start(i, req)` from sources[i] into
+  // results[i]; once every one ended, results[i] is copied into outputs[i] (unless it is outputs[i]).
+  c10::intrusive_ptr<c10d::Work> post_pairs(c10d::OpType type, const char* name, const std::vector<at::Tensor>& sources,
+                                            const std::vector<at::Tensor>& results, const std::vector<at::Tensor>& outputs,
+                                            const std::function<bpl_status(int, bpl_request**)>& start);
+
   // Shared with the group's works, which may outlive it: the destructor waits for neither (torch may
   // drop a group while holding Python's GIL, which its futures' callbacks need).
   std::shared_ptr<Communicator> communicator_;
