@@ -375,6 +375,13 @@ class BackplaneWork : public c10d::Work {
 
   std::vector<at::Tensor> result() override { return outputs_; }
 
+  // A recv from any rank's: the sender, written by its request once done (recvAnysource).
+  void set_source(std::shared_ptr<int32_t> source) { source_ = std::move(source); }
+  int sourceRank() const override {
+    if (!source_) return c10d::Work::sourceRank();  // throws: only a recv from any rank has one
+    return *source_;
+  }
+
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
     std::lock_guard<std::mutex> lock(drive_mutex_);
     if (!future_) {
@@ -445,6 +452,7 @@ class BackplaneWork : public c10d::Work {
   std::function<void()> finish_;
   std::vector<at::Tensor> outputs_;
   std::vector<at::Tensor> keep_;
+  std::shared_ptr<int32_t> source_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 
@@ -1088,8 +1096,20 @@ c10::intrusive_ptr<c10d::Work> BackendBackplane::recv(std::vector<at::Tensor>& t
       [buffer, tensor] { copy_back(tensor, buffer); }, tensors, {buffer});
 }
 
-c10::intrusive_ptr<c10d::Work> BackendBackplane::recvAnysource(std::vector<at::Tensor>&, int) {
-  fail("recv from any source is not supported: backplane's receives name their peer (pass src)");
+c10::intrusive_ptr<c10d::Work> BackendBackplane::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+  const char* op_name = "recv (from any source)";
+  const at::Tensor& tensor = single(tensors, op_name);
+  const bpl_dtype dtype = dtype_of(tensor, op_name);
+  at::Tensor buffer = contiguous(tensor);
+  auto source = std::make_shared<int32_t>(-1);
+  c10::intrusive_ptr<c10d::Work> work = post(
+      c10d::OpType::RECVANYSOURCE, op_name,
+      [&](bpl_request** req) {
+        return bpl_recv_any(comm_, buffer.data_ptr(), buffer.numel(), dtype, tag, source.get(), req);
+      },
+      [buffer, tensor] { copy_back(tensor, buffer); }, tensors, {buffer});
+  static_cast<BackplaneWork*>(work.get())->set_source(std::move(source));
+  return work;
 }
 
 }  // namespace backplane::torch_backend

@@ -226,14 +226,18 @@ bpl_status bpl_alltoallv(bpl_comm* comm, const void* send, const int64_t* sendco
 
 namespace {
 // Checks shared by send and recv; the buffer's bytes.
-size_t check_point_to_point(const bpl_comm* c, const void* buf, int64_t count, bpl_dtype dtype, int32_t peer,
-                            int32_t tag) {
+size_t check_transfer(const bpl_comm* c, const void* buf, int64_t count, bpl_dtype dtype, int32_t tag) {
   size_t bytes = check_count(count, check_dtype(c, dtype), 1, "count");
   check_buffer(buf, bytes, "buf");
-  check_rank(c, peer, "peer");
-  REQUIRE(peer != c->rank, "peer = " + std::to_string(peer) + " is the calling rank itself");
   REQUIRE(tag >= 0, "tag = " + std::to_string(tag) + ": expected >= 0");
   return bytes;
+}
+
+size_t check_point_to_point(const bpl_comm* c, const void* buf, int64_t count, bpl_dtype dtype, int32_t peer,
+                            int32_t tag) {
+  check_rank(c, peer, "peer");
+  REQUIRE(peer != c->rank, "peer = " + std::to_string(peer) + " is the calling rank itself");
+  return check_transfer(c, buf, count, dtype, tag);
 }
 }  // namespace
 
@@ -259,5 +263,16 @@ bpl_status bpl_recv(bpl_comm* comm, void* buf, int64_t count, bpl_dtype dtype, i
   });
 }
 
-
+bpl_status bpl_recv_any(bpl_comm* comm, void* buf, int64_t count, bpl_dtype dtype, int32_t tag, int32_t* source,
+                        bpl_request** req) {
+  return guarded("bpl_recv_any", [&] {
+    bpl_comm* c = check_comm(comm);
+    auto fn = require_collective(c, c->runtime->plugin->optional(&bpl_plugin_api::recv_any), BPL_COLL_RECV_ANY);
+    const size_t bytes = check_transfer(c, buf, count, dtype, tag);
+    REQUIRE(source != nullptr, "source is NULL: expected where to write the sender's rank");
+    REQUIRE(c->size > 1, "the communicator has one rank: no other rank can send to it");
+    return run_operation("bpl_recv_any", c, kPointToPoint, Traced{BPL_COLL_RECV_ANY, bytes, dtype}, req,
+                         [&](bpl_plugin_request** preq) { return fn(c->impl, buf, count, dtype, tag, source, preq); });
+  });
+}
 }  // extern "C"

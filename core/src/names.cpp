@@ -78,6 +78,7 @@ const char* bpl_collective_name(bpl_collective op) {
     case BPL_COLL_SCATTER: return "scatter";
     case BPL_COLL_ALLGATHERV: return "allgatherv";
     case BPL_COLL_ALLTOALLV: return "alltoallv";
+    case BPL_COLL_RECV_ANY: return "recv_any";
     default: return "unknown";
   }
 }

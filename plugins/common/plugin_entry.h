@@ -28,7 +28,8 @@
 // dtype, req) and alltoallv(send, CountsView sendcounts, CountsView sdispls, recv, CountsView
 // recvcounts, CountsView rdispls, dtype, req), whose views (one count per rank, in elements) are the
 // caller's arrays, valid during the call (a communicator keeps copies of what it keeps); and
-// path_of(collective, bytes) (const), how it moves such an operation, for BPL_TRACE. An entry the
+// path_of(collective, bytes) (const), how it moves such an operation, for BPL_TRACE; and (ABI 1.6)
+// recv_any(buf, count, dtype, tag, int32_t* source, req). An entry the
 // communicator lacks stays NULL in the table, which the core reports as unsupported. A new collective
 // of the ABI is added here once, and to each plugin's communicator.
 #pragma once
@@ -92,6 +93,14 @@ struct HasPointToPoint<Comm, std::void_t<decltype(std::declval<Comm&>().send(nul
                                                                                 static_cast<bpl_plugin_request**>(nullptr))),
                                          decltype(std::declval<Comm&>().recv(nullptr, size_t{}, bpl_dtype{}, 0, 0,
                                                                                 static_cast<bpl_plugin_request**>(nullptr)))>>
+    : std::true_type {};
+
+template <typename Comm, typename = void>
+struct HasRecvAny : std::false_type {};
+template <typename Comm>
+struct HasRecvAny<Comm, std::void_t<decltype(std::declval<Comm&>().recv_any(nullptr, size_t{}, bpl_dtype{}, 0,
+                                                                               static_cast<int32_t*>(nullptr),
+                                                                               static_cast<bpl_plugin_request**>(nullptr)))>>
     : std::true_type {};
 
 template <typename Comm, typename = void>
@@ -227,6 +236,10 @@ struct CommEntries {
                          bpl_plugin_request** req) {
     return run([&] { comm(c).recv(buf, elements(count), dtype, peer, tag, req); });
   }
+  static bpl_status recv_any(bpl_plugin_comm* c, void* buf, int64_t count, bpl_dtype dtype, int32_t tag, int32_t* source,
+                             bpl_plugin_request** req) {
+    return run([&] { comm(c).recv_any(buf, elements(count), dtype, tag, source, req); });
+  }
 
   /* ---- requests ---- */
 
@@ -280,6 +293,7 @@ bpl_plugin_api comm_table() {
     api.send = E::send;
     api.recv = E::recv;
   }
+  if constexpr (detail::HasRecvAny<Comm>::value) api.recv_any = E::recv_any;
   api.request_test = E::request_test;
   api.request_wait = E::request_wait;
   api.request_free = E::request_free;

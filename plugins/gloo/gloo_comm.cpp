@@ -800,10 +800,7 @@ std::function<void()> GlooComm::post_transfer(void* buf, size_t bytes, int peer,
       group->wait_received(recv, timeout);
     };
   }
-  uint64_t size_hash = bytes * 0x9E3779B97F4A7C15ull;
-  size_hash ^= size_hash >> 29;
-  const uint64_t slot = (static_cast<uint64_t>(slot_prefix) << 56) |
-                        (static_cast<uint64_t>(static_cast<uint32_t>(tag)) << 24) | (size_hash & 0xffffff);
+  const uint64_t slot = slot_of(slot_prefix, tag, bytes);
   std::shared_ptr<::gloo::transport::UnboundBuffer> buffer = context_->createUnboundBuffer(buf, bytes);
   try {
     if (is_send) {
@@ -828,6 +825,53 @@ std::function<void()> GlooComm::post_transfer(void* buf, size_t bytes, int peer,
     } catch (const std::exception& e) {
       if (slot_prefix != kPointToPointSlotPrefix) throw;
       throw point_to_point_failure(e, is_send, peer, tag, bytes);
+    }
+  };
+}
+
+uint64_t GlooComm::slot_of(uint8_t slot_prefix, int tag, size_t bytes) {
+  uint64_t size_hash = bytes * 0x9E3779B97F4A7C15ull;
+  size_hash ^= size_hash >> 29;
+  return (static_cast<uint64_t>(slot_prefix) << 56) | (static_cast<uint64_t>(static_cast<uint32_t>(tag)) << 24) |
+         (size_hash & 0xffffff);
+}
+
+std::function<void()> GlooComm::post_recv_from_any(void* buf, size_t bytes, int tag, int32_t* source) {
+  if (shm_ && shm_->single_copy()) {
+    return [group = shm_.get(), recv = shm_->post_recv(buf, bytes, ShmGroup::kAnyRank, tag), source, timeout = timeout()] {
+      *source = group->wait_received(recv, timeout);
+    };
+  }
+  std::vector<int> others;
+  for (int r = 0; r < size(); ++r) {
+    if (r != rank()) others.push_back(r);
+  }
+  std::shared_ptr<::gloo::transport::UnboundBuffer> buffer = context_->createUnboundBuffer(buf, bytes);
+  const auto explained = [this, tag](const std::exception& e) {
+    if (aborted_.load()) return failure(e);
+    std::string message = e.what();
+    const bpl_status status = classify_exception(e);
+    const std::string peers_note = failed_peers_note(message, status);
+    message += peers_note;
+    if (status == BPL_ERR_TIMEOUT) {
+      message += " (no rank sent with tag " + std::to_string(tag) + " within " + std::to_string(timeout().count()) + " ms)";
+    }
+    return recorded_failure(status, message, record_defer(status, peers_note));
+  };
+  try {
+    buffer->recv(others, slot_of(kPointToPointSlotPrefix, tag, bytes));
+  } catch (const ::gloo::Exception& e) {  // a pair had already failed
+    throw explained(e);
+  }
+  return [buffer, source, explained, timeout = timeout()] {
+    try {
+      int sender = -1;
+      buffer->waitRecv(&sender, timeout);
+      *source = sender;
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw explained(e);
     }
   };
 }
@@ -972,6 +1016,12 @@ void GlooComm::send(const void* buf, size_t count, bpl_dtype dtype, int peer, in
 
 void GlooComm::recv(void* buf, size_t count, bpl_dtype dtype, int peer, int tag, bpl_plugin_request** req) {
   point_to_point(buf, count * plugin::dtype_size(dtype), peer, tag, false, req);
+}
+
+void GlooComm::recv_any(void* buf, size_t count, bpl_dtype dtype, int tag, int32_t* source, bpl_plugin_request** req) {
+  std::function<void()> complete = post_recv_from_any(buf, count * plugin::dtype_size(dtype), tag, source);
+  if (req == nullptr) return complete();
+  *req = reinterpret_cast<bpl_plugin_request*>(static_cast<Request*>(new PointToPointRequest(std::move(complete))));
 }
 
 }  // namespace backplane::gloo_plugin

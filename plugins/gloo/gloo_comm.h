@@ -147,6 +147,8 @@ class GlooComm {
   // Point to point: posted now, in call order; completion waited for here (req == NULL) or by a request.
   void send(const void* buf, size_t count, bpl_dtype dtype, int peer, int tag, bpl_plugin_request** req);
   void recv(void* buf, size_t count, bpl_dtype dtype, int peer, int tag, bpl_plugin_request** req);
+  // From whichever rank sends first with `tag`; *source is that rank once done.
+  void recv_any(void* buf, size_t count, bpl_dtype dtype, int tag, int32_t* source, bpl_plugin_request** req);
 
  private:
   friend class CollectivePath;
@@ -224,6 +226,10 @@ class GlooComm {
   // Posts one transfer (slot_prefix: the caller's send/recv or a collective's) and returns what waits,
   // within the timeout, for its end.
   std::function<void()> post_transfer(void* buf, size_t bytes, int peer, int tag, bool is_send, uint8_t slot_prefix);
+  // The same for a caller's recv from any rank, whose wait also writes the sender to *source.
+  std::function<void()> post_recv_from_any(void* buf, size_t bytes, int tag, int32_t* source);
+  // The Gloo slot of a transfer of `bytes` with `tag`: the prefix, the tag and a hash of the size.
+  static uint64_t slot_of(uint8_t slot_prefix, int tag, size_t bytes);
   // Publishes this rank's process and its end of each connection, and learns the peers', so that a
   // failure can name the rank behind it.
   void learn_peers(::gloo::rendezvous::Store& store);

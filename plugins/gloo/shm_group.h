@@ -157,8 +157,11 @@ class ShmGroup {
   struct PendingRecv;
   SendTicket post_send(const void* buf, size_t bytes, int peer, int tag, std::chrono::milliseconds timeout);
   void wait_sent(const SendTicket& ticket, std::chrono::milliseconds timeout);
+  // A recv's peer that is whichever rank sends first with the tag; PendingRecv::source tells which.
+  static constexpr int kAnyRank = -1;
   std::shared_ptr<PendingRecv> post_recv(void* buf, size_t bytes, int peer, int tag);
-  void wait_received(const std::shared_ptr<PendingRecv>& recv, std::chrono::milliseconds timeout);
+  // Returns the communicator's rank that sent (for a recv from kAnyRank).
+  int wait_received(const std::shared_ptr<PendingRecv>& recv, std::chrono::milliseconds timeout);
 
   // Collectives, on this rank's buffers; each wait is bounded by `timeout`. Reductions run in `acc`
   // (the caller has widened the data) with `op` (its sum for AVG); send may equal recv.
@@ -218,6 +221,10 @@ class ShmGroup {
   // Called with p2p_mutex_ held; does nothing once the group has failed (a pending recv's buffer may
   // be gone then).
   void match_arrivals(int peer);
+  // match_arrivals for `peer`, or for every peer when it is kAnyRank.
+  void match_arrivals_from(int peer);
+  // The recvs waiting for `peer` (or kAnyRank); under p2p_mutex_.
+  std::deque<std::shared_ptr<PendingRecv>>& pending_of(int peer);
 
   // Rank `rank`'s slot in the buffer that step `step` writes.
   char* slot(uint32_t step, int rank) const;
@@ -298,12 +305,15 @@ class ShmGroup {
   std::vector<const char*> inputs_;  // by rank: a reduction's operands, kept to spare an allocation per call
   bool single_copy_ = false;
   // Point to point, by peer, under p2p_mutex_: sends announced to it, its announcements taken, those
-  // not matched yet, and this rank's recvs from it not matched yet, in posting order.
+  // not matched yet, and this rank's recvs from it not matched yet, in posting order; then the recvs
+  // from any rank, and the count of recvs posted, which orders them with the others.
   std::mutex p2p_mutex_;
   std::vector<uint64_t> sends_announced_;
   std::vector<uint32_t> arrivals_taken_;
   std::vector<std::deque<Arrival>> arrived_;
   std::vector<std::deque<std::shared_ptr<PendingRecv>>> pending_recvs_;
+  std::deque<std::shared_ptr<PendingRecv>> pending_from_any_;
+  uint64_t recvs_posted_ = 0;
   // Sends the receiver refused (by peer and sequence: the size its recv asked for) whose mailbox slot
   // a later send took before they were waited for.
   std::map<std::pair<int, uint64_t>, uint64_t> refused_sends_;

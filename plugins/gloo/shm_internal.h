@@ -163,7 +163,9 @@ struct ShmGroup::Announcement {
 };
 
 struct alignas(kLine) ShmGroup::Mailbox {
-  std::atomic<uint32_t> posted;  // announcements so far: a receiver waiting for one sleeps on it
+  // Announcements so far: a receiver waiting for one sleeps on it. A rank's mailbox to itself, never
+  // announced in, counts the announcements to it from every rank instead: a recv from any rank's.
+  std::atomic<uint32_t> posted;
   std::atomic<uint32_t> done;    // announcements read: a sender waiting for its recv sleeps on it
   alignas(kLine) Announcement slots[kMailboxSlots];
 };
@@ -179,8 +181,10 @@ struct ShmGroup::Arrival {
 struct ShmGroup::PendingRecv {
   void* buf;
   size_t bytes;
-  int peer;
+  int peer;        // kAnyRank: from whichever rank sends first
   int tag;
+  uint64_t order;  // of the recvs this rank posted: the order in which they match
+  int source = -1; // the communicator's rank that sent, once done
   bool done = false;  // under p2p_mutex_, as are the two below
   bpl_status status = BPL_OK;
   std::string error;

@@ -56,7 +56,14 @@ ShmGroup::SendTicket ShmGroup::post_send(const void* buf, size_t bytes, int peer
   slot.address = inline_send ? 0 : reinterpret_cast<uint64_t>(buf);
   slot.posted.store(static_cast<uint32_t>(sequence + 1), std::memory_order_release);
   box.posted.fetch_add(1, std::memory_order_seq_cst);
-  if (header_->sleepers.load(std::memory_order_seq_cst) > 0) futex_wake_all(&box.posted);
+  // The peer's own mailbox, which no send uses, counts the sends to it from every rank: what a recv
+  // from any rank sleeps on.
+  Mailbox& any_sender = mailbox(peer, peer);
+  any_sender.posted.fetch_add(1, std::memory_order_seq_cst);
+  if (header_->sleepers.load(std::memory_order_seq_cst) > 0) {
+    futex_wake_all(&box.posted);
+    futex_wake_all(&any_sender.posted);
+  }
   return {peer, tag, bytes, sequence};
 }
 
@@ -96,31 +103,45 @@ std::shared_ptr<ShmGroup::PendingRecv> ShmGroup::post_recv(void* buf, size_t byt
   recv->peer = peer;
   recv->tag = tag;
   std::lock_guard<std::mutex> lock(p2p_mutex_);
-  pending_recvs_[static_cast<size_t>(peer)].push_back(recv);
-  match_arrivals(peer);  // a send already announced completes it at once
+  recv->order = recvs_posted_++;
+  pending_of(peer).push_back(recv);
+  match_arrivals_from(peer);  // a send already announced completes it at once
   return recv;
 }
 
-void ShmGroup::wait_received(const std::shared_ptr<PendingRecv>& recv, std::chrono::milliseconds timeout) {
+std::deque<std::shared_ptr<ShmGroup::PendingRecv>>& ShmGroup::pending_of(int peer) {
+  return peer == kAnyRank ? pending_from_any_ : pending_recvs_[static_cast<size_t>(peer)];
+}
+
+void ShmGroup::match_arrivals_from(int peer) {
+  if (peer != kAnyRank) return match_arrivals(peer);
+  for (int p = 0; p < size_; ++p) {
+    if (p != rank_) match_arrivals(p);
+  }
+}
+
+int ShmGroup::wait_received(const std::shared_ptr<PendingRecv>& recv, std::chrono::milliseconds timeout) {
   const int peer = recv->peer;
+  const bool from_any = peer == kAnyRank;
   try {
-    wait_until(peer, mailbox(peer, rank_).posted, [&] {
+    wait_until(peer, mailbox(from_any ? rank_ : peer, rank_).posted, [&] {
                  std::lock_guard<std::mutex> lock(p2p_mutex_);
-                 match_arrivals(peer);
+                 match_arrivals_from(peer);
                  return recv->done;
                },
                Deadline(timeout, recv->bytes), [&] {
-                 return "recv from rank " + std::to_string(rank_name(peer)) + " (tag " + std::to_string(recv->tag) +
-                        "): no matching send in time";
+                 return "recv from " + (from_any ? std::string("any rank") : "rank " + std::to_string(rank_name(peer))) +
+                        " (tag " + std::to_string(recv->tag) + "): no matching send in time";
                });
   } catch (...) {
     // Never matched: its buffer is the caller's again.
     std::lock_guard<std::mutex> lock(p2p_mutex_);
-    auto& pending = pending_recvs_[static_cast<size_t>(peer)];
+    auto& pending = pending_of(peer);
     pending.erase(std::remove(pending.begin(), pending.end(), recv), pending.end());
     throw;
   }
   if (recv->status != BPL_OK) throw plugin::Error(recv->status, recv->error);
+  return recv->source;
 }
 
 void ShmGroup::match_arrivals(int peer) {
@@ -134,8 +155,16 @@ void ShmGroup::match_arrivals(int peer) {
     arrived.push_back({taken, slot.tag, slot.bytes, slot.address});
     ++taken;
   }
-  auto& pending = pending_recvs_[static_cast<size_t>(peer)];
-  for (auto recv = pending.begin(); recv != pending.end();) {
+  // The recvs this peer's sends may complete, from it or from any rank, take them in the order they
+  // were posted: each the oldest arrival of its tag.
+  auto& from_peer = pending_recvs_[static_cast<size_t>(peer)];
+  auto& from_any = pending_from_any_;
+  auto next_from_peer = from_peer.begin(), next_from_any = from_any.begin();
+  while (next_from_peer != from_peer.end() || next_from_any != from_any.end()) {
+    const bool any_first = next_from_peer == from_peer.end() ||
+                           (next_from_any != from_any.end() && (*next_from_any)->order < (*next_from_peer)->order);
+    auto& pending = any_first ? from_any : from_peer;
+    auto& recv = any_first ? next_from_any : next_from_peer;
     const auto match = std::find_if(arrived.begin(), arrived.end(), [&](const Arrival& a) { return a.tag == (*recv)->tag; });
     if (match == arrived.end()) {
       ++recv;
@@ -145,7 +174,8 @@ void ShmGroup::match_arrivals(int peer) {
     arrived.erase(match);
     const std::shared_ptr<PendingRecv> matched = *recv;
     PendingRecv& mine = *matched;
-    recv = pending.erase(recv);
+    mine.source = rank_name(peer);
+    recv = pending.erase(recv);  // the other list's position stays valid
     Announcement& slot = box.slots[arrival.sequence % kMailboxSlots];
     if (arrival.bytes != mine.bytes) {
       slot.status = BPL_ERR_MISMATCH;

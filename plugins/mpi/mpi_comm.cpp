@@ -442,12 +442,13 @@ void Request::step() {
       return;
     }
     case Phase::kDraining:
-      return fail(BPL_ERR_MISMATCH, recv_mismatch(arrived_bytes_));
+      return fail(BPL_ERR_MISMATCH, recv_mismatch(arrived_bytes_, peer_));
     default:
       if (error == MPI_SUCCESS && posted_recv_) {  // a shorter message is MISMATCH too
         int arrived = 0;
         MPI_Get_count(&status, MPI_BYTE, &arrived);
-        if (static_cast<size_t>(arrived) != bytes_) return fail(BPL_ERR_MISMATCH, recv_mismatch(arrived));
+        if (static_cast<size_t>(arrived) != bytes_) return fail(BPL_ERR_MISMATCH, recv_mismatch(arrived, status.MPI_SOURCE));
+        if (source_ != nullptr) *source_ = status.MPI_SOURCE;
       }
       return complete(error);
   }
@@ -463,8 +464,8 @@ bpl_status Request::free(std::unique_ptr<Request> request) {
 
 int Request::user_tag() const { return comm_->probes_all() ? tag_ : tag_ & ~MpiComm::kLargeMessageTag; }
 
-std::string Request::recv_mismatch(int arrived) const {
-  return recv_mismatch_message(peer_, user_tag(), arrived, bytes_);
+std::string Request::recv_mismatch(int arrived, int sender) const {
+  return recv_mismatch_message(sender, user_tag(), arrived, bytes_);
 }
 
 std::string Request::message_of_the_other_class() {
@@ -478,7 +479,7 @@ std::string Request::message_of_the_other_class() {
   }
   int arrived = 0;
   MPI_Get_count(&status, MPI_BYTE, &arrived);
-  return recv_mismatch(arrived) + " (the message was not received)";
+  return recv_mismatch(arrived, status.MPI_SOURCE) + " (the message was not received)";
 }
 
 void Request::expire() {
@@ -724,6 +725,10 @@ bool MpiComm::match(Request& r) {
   if (error == MPI_SUCCESS && !flag) return false;
   int arrived = 0;
   if (error == MPI_SUCCESS) error = MPI_Get_count(&status, MPI_BYTE, &arrived);
+  if (error == MPI_SUCCESS && r.source_ != nullptr) {  // a recv from any rank: now from this one
+    r.peer_ = status.MPI_SOURCE;
+    *r.source_ = status.MPI_SOURCE;
+  }
   if (error == MPI_SUCCESS && static_cast<size_t>(arrived) == r.bytes_) {
     error = MPI_Imrecv(r.recv_buf_, r.recv_count_, r.recv_type_, &message, &r.request_);
     r.phase_ = Request::Phase::kRunning;
@@ -1211,6 +1216,26 @@ void MpiComm::recv(void* buf, size_t count, bpl_dtype dtype, int peer, int tag, 
     return start(std::move(request), req);
   }
   start(std::make_unique<Request>(this, buf, n, mpi_type(dtype), bytes, peer, wire_tag(tag, bytes)), req);
+}
+
+void MpiComm::recv_any(void* buf, size_t count, bpl_dtype dtype, int tag, int32_t* source, bpl_plugin_request** req) {
+  check_tag(tag);
+  const int n = mpi_count(count);
+  const size_t bytes = count * plugin::dtype_size(dtype);
+  const int on_wire = wire_tag(tag, bytes);
+  std::unique_ptr<Request> request;
+  if ((!probes_all() && bytes <= eager_bytes()) || own_calls()) {  // posted at once, as recv's
+    request = std::make_unique<Request>(this, "recv", fingerprint(BPL_COLL_RECV_ANY), bytes, [=, comm = comm_](MPI_Request* r) {
+      return MPI_Irecv(buf, n, mpi_type(dtype), MPI_ANY_SOURCE, on_wire, comm, r);
+    });
+    request->posted_recv_ = true;
+    request->tag_ = on_wire;
+  } else {
+    request = std::make_unique<Request>(this, buf, n, mpi_type(dtype), bytes, MPI_ANY_SOURCE, on_wire);
+  }
+  request->peer_ = MPI_ANY_SOURCE;
+  request->source_ = source;
+  start(std::move(request), req);
 }
 
 /* ---- MPI's own blocking calls, watched (BPL_MPI_WATCHDOG=1) ---- */

@@ -141,7 +141,7 @@ class Request : public plugin::PolledRequest {
   // The tag the caller gave a recv (without the class bit of MpiComm::wire_tag).
   int user_tag() const;
   // MISMATCH's message for a recv whose sender sent `arrived` bytes.
-  std::string recv_mismatch(int arrived) const;
+  std::string recv_mismatch(int arrived, int sender) const;
   // A recv that timed out: the description of a message from its peer under its tag but of the other
   // size class (one it can never match), or "".
   std::string message_of_the_other_class();
@@ -173,6 +173,7 @@ class Request : public plugin::PolledRequest {
   int tag_ = -1;
   int arrived_bytes_ = 0;
   bool posted_recv_ = false;  // a recv posted at once (up to the eager size): its message must be bytes_
+  int32_t* source_ = nullptr;  // a recv from any rank's: where the sender's rank goes once it is done
   std::atomic<bool> matched_{false};  // its phase and request are set (by whichever thread's wait matched it)
   // Held while a thread moves an asynchronous operation on: its owner's waits, or another thread's
   // (which only tries it); a blocking one only its own caller moves. Recursive: expire moves it on
@@ -237,6 +238,9 @@ class MpiComm {
                  plugin::CountsView recvcounts, plugin::CountsView rdispls, bpl_dtype dtype, bpl_plugin_request** req);
   void send(const void* buf, size_t count, bpl_dtype dtype, int peer, int tag, bpl_plugin_request** req);
   void recv(void* buf, size_t count, bpl_dtype dtype, int peer, int tag, bpl_plugin_request** req);
+  // From whichever rank sends first with `tag` (MPI_ANY_SOURCE), posted or matched by probe as recv's
+  // are at its size, so that it keeps its place among the recvs of that size.
+  void recv_any(void* buf, size_t count, bpl_dtype dtype, int tag, int32_t* source, bpl_plugin_request** req);
   std::unique_ptr<MpiComm> split(int color, int key);
   // The barrier of bpl_finalize (fingerprinted as finalizing, kFinalizeOp): returns once every rank has
   // called it, or throws at the timeout. MPI's own non-blocking barrier, waited for the bounded way in

@@ -10,7 +10,9 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <algorithm>
 #include <cstring>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -538,6 +540,61 @@ TEST(PointToPoint, TagsMatchInOrder) {
     EXPECT_EQ(got[3], 11);
   }
   EXPECT_OK(bpl_barrier(world.comm, nullptr));
+}
+
+// Every other rank sends rank 0 two messages of `count` int32 (its rank, then 100 + its rank); rank 0
+// first posts one recv from rank 1, then a recv from any rank for each other message. The recv from
+// rank 1 takes rank 1's first message (posted first, it matches first); each recv from any rank says
+// which rank sent what it holds, and every message arrives once.
+void receive_from_any_rank(int64_t count) {
+  SKIP_UNLESS_SUPPORTED(BPL_COLL_RECV_ANY, BPL_DTYPE_I32, 0);
+  if (world.size < 2) GTEST_SKIP() << "needs 2 ranks";
+  const int tag = 3;
+  if (world.rank != 0) {
+    std::vector<int32_t> first(static_cast<size_t>(count), world.rank), second(static_cast<size_t>(count), 100 + world.rank);
+    bpl_request* sends[2] = {};
+    EXPECT_OK(bpl_send(world.comm, first.data(), count, BPL_DTYPE_I32, 0, tag, &sends[0]));
+    EXPECT_OK(bpl_send(world.comm, second.data(), count, BPL_DTYPE_I32, 0, tag, &sends[1]));
+    for (bpl_request* r : sends) {
+      EXPECT_OK(bpl_request_wait(r, BPL_TIMEOUT_DEFAULT));
+      EXPECT_OK(bpl_request_free(r));
+    }
+  } else {
+    const size_t messages = 2 * static_cast<size_t>(world.size - 1);
+    std::vector<std::vector<int32_t>> got(messages, std::vector<int32_t>(static_cast<size_t>(count), -1));
+    std::vector<int32_t> sources(messages, -1);
+    std::vector<bpl_request*> reqs(messages);
+    EXPECT_OK(bpl_recv(world.comm, got[0].data(), count, BPL_DTYPE_I32, 1, tag, &reqs[0]));
+    for (size_t m = 1; m < messages; ++m) {
+      EXPECT_OK(bpl_recv_any(world.comm, got[m].data(), count, BPL_DTYPE_I32, tag, &sources[m], &reqs[m]));
+    }
+    for (bpl_request* r : reqs) {
+      EXPECT_OK(bpl_request_wait(r, BPL_TIMEOUT_DEFAULT));
+      EXPECT_OK(bpl_request_free(r));
+    }
+    EXPECT_EQ(got[0].front(), 1) << "the recv from rank 1, posted first, takes its first message";
+    std::multiset<int32_t> values{got[0].front()};
+    for (size_t m = 1; m < messages; ++m) {
+      const int32_t value = got[m].front();
+      EXPECT_EQ(std::count(got[m].begin(), got[m].end(), value), count) << "message " << m << " is whole";
+      EXPECT_EQ(sources[m], value % 100) << "message " << m << " holds " << value;
+      values.insert(value);
+    }
+    std::multiset<int32_t> sent;
+    for (int r = 1; r < world.size; ++r) sent.insert({r, 100 + r});
+    EXPECT_EQ(values, sent);
+  }
+  EXPECT_OK(bpl_barrier(world.comm, nullptr));
+}
+
+TEST(PointToPoint, RecvFromAnyRankSmall) { receive_from_any_rank(1); }
+TEST(PointToPoint, RecvFromAnyRankLarge) { receive_from_any_rank(100000); }
+
+TEST(PointToPoint, RecvFromAnyRankNeedsWhereToWriteTheSender) {
+  SKIP_UNLESS_SUPPORTED(BPL_COLL_RECV_ANY, BPL_DTYPE_I32, 0);
+  int32_t value = 0;
+  EXPECT_EQ(bpl_recv_any(world.comm, &value, 1, BPL_DTYPE_I32, 0, nullptr, nullptr), BPL_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(bpl_last_error()).find("source is NULL"), std::string::npos) << bpl_last_error();
 }
 
 TEST(PointToPoint, BlockingSendMeetsBlockingRecv) {

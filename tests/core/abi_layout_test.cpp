@@ -213,7 +213,7 @@ TEST(AbiLayout, bpl_plugin_caps) {
 
 TEST(AbiLayout, bpl_plugin_api) {
   EXPECT_EQ(offsetof(bpl_plugin_api, struct_size), 0u);
-  EXPECT_EQ(sizeof(bpl_plugin_api), 368u);
+  EXPECT_EQ(sizeof(bpl_plugin_api), 376u);
   EXPECT_EQ(offsetof(bpl_plugin_api, abi_major), 8u);
   EXPECT_EQ(offsetof(bpl_plugin_api, abi_minor), 12u);
   EXPECT_EQ(offsetof(bpl_plugin_api, name), 16u);
@@ -263,7 +263,8 @@ TEST(AbiLayout, bpl_plugin_api) {
   EXPECT_EQ(offsetof(bpl_plugin_api, allgatherv), 344u);
   EXPECT_EQ(offsetof(bpl_plugin_api, alltoallv), 352u);
   EXPECT_EQ(offsetof(bpl_plugin_api, comm_path), 360u);
-  EXPECT_NO_TRAILING_PADDING(bpl_plugin_api, comm_path);
+  EXPECT_EQ(offsetof(bpl_plugin_api, recv_any), 368u);  // 1.6
+  EXPECT_NO_TRAILING_PADDING(bpl_plugin_api, recv_any);
 }
 
 TEST(AbiLayout, FixedNumericValues) {
@@ -282,6 +283,7 @@ TEST(AbiLayout, FixedNumericValues) {
   EXPECT_EQ(BPL_COLL_COMM_SPLIT, 10);
   EXPECT_EQ(BPL_COLL_GATHER, 11);
   EXPECT_EQ(BPL_COLL_ALLTOALLV, 14);
+  EXPECT_EQ(BPL_COLL_RECV_ANY, 15);
   EXPECT_EQ(BPL_COLOR_UNDEFINED, -1);
   EXPECT_EQ(BPL_TIMEOUT_DEFAULT, -1);
 }

@@ -1,5 +1,5 @@
 /*
- * backplane.h — the embedder's C API of backplane (ABI 1.2; what each minor version added is in
+ * backplane.h — the embedder's C API of backplane (ABI 1.6; what each minor version added is in
  * core/ABI_CHANGELOG.md).
  *
  * One program written against this header runs on any backend plugin (Gloo CPU mode, MPI, Neuron);
@@ -27,7 +27,7 @@ extern "C" {
 #endif
 
 #define BPL_ABI_MAJOR 1
-#define BPL_ABI_MINOR 5
+#define BPL_ABI_MINOR 6
 
 #if defined(__GNUC__)
 #define BPL_API __attribute__((visibility("default")))
@@ -109,6 +109,7 @@ typedef int32_t bpl_collective;
 #define BPL_COLL_SCATTER 12    /* ABI 1.3 */
 #define BPL_COLL_ALLGATHERV 13 /* ABI 1.3 */
 #define BPL_COLL_ALLTOALLV 14  /* ABI 1.3 */
+#define BPL_COLL_RECV_ANY 15   /* ABI 1.6 */
 
 /* "allreduce", "comm_split", …, or "unknown". Static storage. */
 BPL_API const char* bpl_collective_name(bpl_collective op);
@@ -456,6 +457,13 @@ BPL_API bpl_status bpl_send(bpl_comm* comm, const void* buf, int64_t count, bpl_
                             int32_t peer, int32_t tag, bpl_request** req);
 BPL_API bpl_status bpl_recv(bpl_comm* comm, void* buf, int64_t count, bpl_dtype dtype, int32_t peer,
                             int32_t tag, bpl_request** req);
+
+/* A recv from whichever rank sends first with `tag` (ABI 1.6, as MPI_ANY_SOURCE): *source is set to
+ * that rank once the recv is done (before returning, or when its request completes: the int32_t must
+ * stay valid until then). Sends to this rank with the tag match it and the recvs from their sender in
+ * the order the recvs were posted. */
+BPL_API bpl_status bpl_recv_any(bpl_comm* comm, void* buf, int64_t count, bpl_dtype dtype, int32_t tag,
+                                int32_t* source, bpl_request** req);
 
 /* ------------------------------------------------------------------------------------------------ */
 /* Kernel interface: typed kernels every backend provides, and programs.                            */

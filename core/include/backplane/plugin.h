@@ -1,5 +1,5 @@
 /*
- * plugin.h — the plugin ABI of backplane (ABI 1.2; what each minor added: core/ABI_CHANGELOG.md):
+ * plugin.h — the plugin ABI of backplane (ABI 1.6; what each minor added: core/ABI_CHANGELOG.md):
  * what a backend plugin exports and what the core passes in. A plugin includes only this header (and
  * backplane.h, which it includes).
  *
@@ -198,6 +198,12 @@ typedef struct bpl_plugin_api {
   /* How `comm` moves an operation `op` (BPL_COLL_*) of `bytes`, in a few words that BPL_TRACE records:
    * "shared memory", "shared memory, single copy", "tcp", "hierarchical", "mpi". *path is static. */
   bpl_status (*comm_path)(bpl_plugin_comm* comm, bpl_collective op, uint64_t bytes, const char** path);
+
+  /* --- ABI 1.6 (optional, as above) --- */
+  /* As bpl_recv_any: *source (never NULL) is written before the recv reports done, by return or by
+   * its request. */
+  bpl_status (*recv_any)(bpl_plugin_comm* comm, void* buf, int64_t count, bpl_dtype dtype, int32_t tag,
+                         int32_t* source, bpl_plugin_request** req);
 } bpl_plugin_api;
 
 /* The one symbol a plugin exports. `host` stays valid while the plugin is loaded; *out must point to
