@@ -1,5 +1,7 @@
 #include "backend.h"
 
+#include "tensor_arguments.h"
+
 #include <ATen/ATen.h>
 #include <ATen/core/ivalue.h>
 
@@ -195,81 +197,6 @@ namespace {
 // 4 MiB 0.38-0.81x, 16 MiB 0.44-0.70x; at 64-128 KiB 1.3-1.8x (bench/results/2026-11-26-torch-backend-3).
 constexpr int64_t kBroadcastListBytes = 256 * 1024;
 
-[[noreturn]] void fail(const std::string& message) { throw std::runtime_error("backplane: " + message); }
-
-void check(bpl_status status, const char* what) {
-  if (status != BPL_OK) fail(std::string(what) + " failed (" + bpl_status_name(status) + "): " + bpl_last_error());
-}
-
-bpl_dtype dtype_of(const at::Tensor& tensor, const char* op) {
-  if (!tensor.device().is_cpu()) {
-    fail(std::string(op) + ": the tensor is on " + tensor.device().str() + "; this backend takes CPU tensors");
-  }
-  switch (tensor.scalar_type()) {
-    case at::kFloat: return BPL_DTYPE_F32;
-    case at::kDouble: return BPL_DTYPE_F64;
-    case at::kHalf: return BPL_DTYPE_F16;
-    case at::kBFloat16: return BPL_DTYPE_BF16;
-    case at::kChar: return BPL_DTYPE_I8;
-    case at::kByte: return BPL_DTYPE_U8;
-    case at::kInt: return BPL_DTYPE_I32;
-    case at::kLong: return BPL_DTYPE_I64;
-    default:
-      fail(std::string(op) + ": dtype " + std::string(c10::toString(tensor.scalar_type())) +
-           " is not one backplane moves (float32, float64, float16, bfloat16, int8, uint8, int32, int64)");
-  }
-}
-
-// torch's reduce op as backplane's; PREMUL_SUM is a sum of inputs scaled first (*factor).
-bpl_reduce_op reduce_op_of(const c10d::ReduceOp& op, const char* name, std::optional<double>* factor) {
-  switch (op.op_) {
-    case c10d::ReduceOp::SUM: return BPL_OP_SUM;
-    case c10d::ReduceOp::AVG: return BPL_OP_AVG;
-    case c10d::ReduceOp::PRODUCT: return BPL_OP_PROD;
-    case c10d::ReduceOp::MIN: return BPL_OP_MIN;
-    case c10d::ReduceOp::MAX: return BPL_OP_MAX;
-    case c10d::ReduceOp::PREMUL_SUM: {
-      auto* supplement = dynamic_cast<c10d::PreMulSumSupplement*>(op.supplement_.get());
-      if (supplement == nullptr) fail(std::string(name) + ": PREMUL_SUM without its factor");
-      // A factor given as a tensor has one element (torch checks it).
-      *factor = supplement->tensor_factor.defined() ? supplement->tensor_factor.item<double>() : supplement->double_factor;
-      return BPL_OP_SUM;
-    }
-    default:
-      fail(std::string(name) + ": reduce op " + std::to_string(static_cast<int>(op.op_)) +
-           " (BAND, BOR or BXOR) is not one backplane has: it reduces with SUM, AVG, PRODUCT, MIN, MAX and PREMUL_SUM");
-  }
-}
-
-// One tensor per call, as on CPU every backend of torch but Gloo's multi-tensor allreduce.
-const at::Tensor& single(const std::vector<at::Tensor>& tensors, const char* op) {
-  if (tensors.size() != 1) fail(std::string(op) + " takes one tensor per call (got " + std::to_string(tensors.size()) + ")");
-  return tensors[0];
-}
-
-// `role` is what the rank is to the operation: "root", "destination", "source".
-int64_t checked_rank(int64_t rank, int size, const char* op, const char* role = "root") {
-  if (rank < 0 || rank >= size) {
-    fail(std::string(op) + ": " + role + " rank " + std::to_string(rank) + " is not a rank of this group (0.." +
-         std::to_string(size - 1) + ")");
-  }
-  return rank;
-}
-
-void require_same(const at::Tensor& a, const at::Tensor& b, const char* op, const std::string& what) {
-  if (a.scalar_type() != b.scalar_type() || a.numel() != b.numel()) {
-    fail(std::string(op) + ": " + what + " is " + std::string(c10::toString(b.scalar_type())) + "[" + std::to_string(b.numel()) +
-         "] where " + std::string(c10::toString(a.scalar_type())) + "[" + std::to_string(a.numel()) + "] is expected");
-  }
-}
-
-// A contiguous tensor with `tensor`'s values: itself when it is one.
-at::Tensor contiguous(const at::Tensor& tensor) { return tensor.is_contiguous() ? tensor : tensor.contiguous(); }
-
-// Copies `result` into `target` unless they are the same storage.
-void copy_back(const at::Tensor& target, const at::Tensor& result) {
-  if (!target.is_same(result)) const_cast<at::Tensor&>(target).copy_(result.view_as(target));
-}
 
 // The tensors' elements in order in `flat` (as many elements as they have together). Contiguous ones of
 // flat's dtype are copied as copy_ would, without its dispatch or a slice of `flat` (an all_gather of a
@@ -413,8 +340,11 @@ class BackplaneWork : public c10d::Work {
     std::exception_ptr error;
     if (status != BPL_OK) {
       communicator_->record_failure(status);
-      error = std::make_exception_ptr(
-          std::runtime_error("backplane: " + name_ + " failed (" + bpl_status_name(status) + "): " + message));
+      // A timeout says so in words, as torch's backends' do (" timed out", "timeout"), for whoever
+      // reads the message for it.
+      const std::string failed = status == BPL_ERR_TIMEOUT ? " did not complete within its timeout (" : " failed (";
+      error = std::make_exception_ptr(c10::DistBackendError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+                                                            "backplane: " + name_ + failed + bpl_status_name(status) + "): " + message));
     } else {
       try {
         if (finish_) finish_();
@@ -472,7 +402,7 @@ c10::intrusive_ptr<c10d::Backend> BackendBackplane::create(const c10::intrusive_
     Runtime::set_current(runtime);
     bpl_comm* world = nullptr;
     check(bpl_comm_world(handle, &world), "bpl_comm_world");
-    return c10::make_intrusive<BackendBackplane>(runtime, world, false, nullptr, timeout);
+    return c10::make_intrusive<BackendBackplane>(runtime, world, false, store, nullptr, timeout);
   }
   bpl_comm* comm = nullptr;
   check(bpl_comm_create_from_store(runtime->handle(), callbacks->table(), rank, size, &comm), "bpl_comm_create_from_store");
@@ -481,7 +411,7 @@ c10::intrusive_ptr<c10d::Backend> BackendBackplane::create(const c10::intrusive_
     bpl_comm_destroy(comm);
     check(status, "bpl_comm_set_timeout");
   }
-  return c10::make_intrusive<BackendBackplane>(runtime, comm, true, std::move(callbacks), timeout);
+  return c10::make_intrusive<BackendBackplane>(runtime, comm, true, store, std::move(callbacks), timeout);
 }
 
 namespace {
@@ -498,13 +428,15 @@ int size_of(bpl_comm* comm) {
 }  // namespace
 
 BackendBackplane::BackendBackplane(std::shared_ptr<Runtime> runtime, bpl_comm* comm, bool owns_comm,
-                                             std::unique_ptr<StoreCallbacks> store, std::chrono::milliseconds timeout)
+                                   c10::intrusive_ptr<c10d::Store> group_store, std::unique_ptr<StoreCallbacks> store,
+                                   std::chrono::milliseconds timeout)
     : c10d::Backend(rank_of(comm), size_of(comm)),
       communicator_(std::make_shared<Communicator>(std::move(runtime), comm, owns_comm, std::move(store))),
       completions_(std::make_shared<CompletionQueue>()),
       scratch_(std::make_unique<ScratchBuffers>()),
       comm_(comm),
-      timeout_(timeout) {
+      timeout_(timeout),
+      store_(std::move(group_store)) {
   if (!owns_comm) bpl_comm_set_timeout(comm_, timeout.count());
 }
 
@@ -615,6 +547,7 @@ c10::intrusive_ptr<c10d::Work> BackendBackplane::allreduce(std::vector<at::Tenso
                                                                 const c10d::AllreduceOptions& opts) {
   const char* op_name = "allreduce";
   if (tensors.empty()) fail("allreduce: no tensor given");
+  if (tensors.size() == 1 && tensors[0].is_sparse()) return sparse_allreduce(tensors[0], opts);
   const bpl_dtype dtype = dtype_of(tensors[0], op_name);
   for (size_t i = 1; i < tensors.size(); ++i) require_same(tensors[0], tensors[i], op_name, "tensor " + std::to_string(i));
   std::optional<double> factor;

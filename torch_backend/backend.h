@@ -1,7 +1,9 @@
 // BackendBackplane: torch.distributed's backend "backplane", a c10d::Backend for CPU tensors on
 // backplane's C ABI (torch 2's ProcessGroup dispatches each device's operations to its backend). Every
 // operation is posted as a backplane request and returns at once; its Work completes when the caller
-// waits, or, once its future is asked for (DDP's communication hooks), on the group's completion thread. Errors are backplane's messages, raised as RuntimeError in Python.
+// waits, or, once its future is asked for (DDP's communication hooks), on the group's completion thread.
+// Errors are backplane's messages, raised as RuntimeError (an operation's failure as torch's
+// DistBackendError, a RuntimeError too) in Python.
 #pragma once
 
 #include <c10/util/SmallVector.h>
@@ -33,8 +35,11 @@ class BackendBackplane : public c10d::Backend {
   static c10::intrusive_ptr<c10d::Backend> create(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                                        std::chrono::milliseconds timeout);
 
+  // `group_store`: the store torch gave the group; `store`, the same as backplane's bpl_store where
+  // the communicator was made through it (kept while the communicator lives).
   BackendBackplane(std::shared_ptr<Runtime> runtime, bpl_comm* comm, bool owns_comm,
-                        std::unique_ptr<StoreCallbacks> store, std::chrono::milliseconds timeout);
+                   c10::intrusive_ptr<c10d::Store> group_store, std::unique_ptr<StoreCallbacks> store,
+                   std::chrono::milliseconds timeout);
   ~BackendBackplane() override;
 
   const std::string getBackendName() const override { return "backplane"; }
@@ -84,6 +89,8 @@ class BackendBackplane : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
                                           const c10d::AllToAllOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+  // Names the ranks that did not arrive within the timeout, on rank 0 (composed_operations.cpp).
+  void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override;
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) override;
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) override;
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
@@ -113,6 +120,9 @@ class BackendBackplane : public c10d::Backend {
                                             const std::vector<at::Tensor>& results, const std::vector<at::Tensor>& outputs,
                                             const std::function<bpl_status(int, bpl_request**)>& start);
 
+  // all_reduce of a sparse COO tensor (composed_operations.cpp).
+  c10::intrusive_ptr<c10d::Work> sparse_allreduce(at::Tensor& tensor, const c10d::AllreduceOptions& opts);
+
   // Shared with the group's works, which may outlive it: the destructor waits for neither (torch may
   // drop a group while holding Python's GIL, which its futures' callbacks need).
   std::shared_ptr<Communicator> communicator_;
@@ -121,6 +131,8 @@ class BackendBackplane : public c10d::Backend {
   bpl_comm* comm_;  // communicator_'s
   std::chrono::milliseconds timeout_;
   uint64_t sequence_ = 0;  // operations posted
+  c10::intrusive_ptr<c10d::Store> store_;  // the group's, which monitored barriers speak through
+  uint64_t monitored_barriers_ = 0;
 };
 
 }  // namespace backplane::torch_backend

@@ -1,7 +1,7 @@
 """PyTorch's own distributed test suite (torch/testing/_internal/distributed/distributed_test.py, the one
 PyTorch runs for its backends) pointed at a backend, and compared with torch's Gloo.
 
-    .venv/bin/python tests/torch_backend/torch_suite.py [--world N] [--backends backplane,gloo] [-k PATTERN]
+    .venv/bin/python tests/torch_backend/torch_suite.py [--world N] [--backends backplane,gloo] [-k PATTERN ...]
 
 Each backend's run spawns WORLD ranks per test, as PyTorch's own spawn runner does, meeting through a
 file:// store. With both backends, it lists every test that passes on gloo but not on backplane, and
@@ -14,7 +14,8 @@ import subprocess
 import sys
 import tempfile
 
-HEADER = re.compile(r"^(test_\w+) \(__main__\.\w+\.\w+\) \.\.\. ", re.M)
+# A test's header: its name and class, then " ... " (after the first line of its docstring, if it has one).
+HEADER = re.compile(r"^(test_\w+) \(__main__\.\w+\.\w+\)(?:\n.*?)? \.\.\. ", re.M)
 OUTCOME = re.compile(r"(?:^| )(ok|FAIL|ERROR|skipped|expected failure)\b[^\n]*$", re.M)
 
 
@@ -30,21 +31,35 @@ def outcomes_of(text):
     return outcomes
 
 
+class PointedAsGloo(str):
+    """A backend's name that the suite's questions "is this gloo?" answer yes to (as a CPU backend it
+    gets gloo's tests and gloo's expectations), while init_process_group and new_group, which take it
+    as a string, make groups of this backend."""
+
+    def __eq__(self, other):
+        return str.__eq__(self, other) or other == "gloo"
+
+    def __ne__(self, other):
+        return not self.__eq__(other)
+
+    __hash__ = str.__hash__
+
+
 if os.environ.get("BPL_TORCH_SUITE"):
     # The suite's process and the ranks it spawns (which import this file again): its test class,
     # defined here at the top, where the ranks find it.
     backend = os.environ["BACKEND"]
     if backend != "gloo":
-        # The suite chooses its tests by the backend's name as it decorates them: many that any CPU
-        # backend can pass run for "gloo" alone. It is pointed at another backend the way it is at gloo:
-        # it chooses gloo's tests, then runs them on this backend (the module's BACKEND, read at run time
-        # by init_process_group and by the tests' own branches, names it).
+        # The suite chooses many tests that any CPU backend can pass for "gloo" alone, by name, as it
+        # decorates them and again as they run (CPU paths written for "gloo or mpi"). It is pointed at
+        # another backend the way it is at gloo: gloo's tests are chosen, then run on this backend.
         import backplane_torch  # noqa: F401  (registers the backend)
         os.environ["BACKEND"] = "gloo"
     from torch.testing._internal.common_utils import run_tests
     from torch.testing._internal.distributed import distributed_test
     from torch.testing._internal.distributed.distributed_test import DistributedTest, TestDistBackend
-    os.environ["BACKEND"] = distributed_test.BACKEND = backend
+    os.environ["BACKEND"] = backend
+    distributed_test.BACKEND = PointedAsGloo(backend) if backend != "gloo" else backend
 
     class TestDistBackendWithSpawn(TestDistBackend, DistributedTest._DistTestBase):
         def setUp(self):
@@ -52,12 +67,12 @@ if os.environ.get("BPL_TORCH_SUITE"):
             self._spawn_processes()
 
 
-def run(backend, world, pattern):
+def run(backend, world, patterns):
     """{test: outcome} of one backend's run."""
     temp = tempfile.mkdtemp(prefix=f"bpl-suite-{backend}-")
     env = dict(os.environ, BPL_TORCH_SUITE="1", BACKEND=backend, WORLD_SIZE=str(world), TEMP_DIR=temp,
                INIT_METHOD="file://" + os.path.join(temp, "init_file"))
-    command = [sys.executable, os.path.abspath(__file__), "-v"] + (["-k", pattern] if pattern else [])
+    command = [sys.executable, os.path.abspath(__file__), "-v"] + [arg for p in patterns for arg in ("-k", p)]
     output = subprocess.run(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=False).stdout
     text = output.decode(errors="replace")
     with open(os.path.join(temp, "output.log"), "w") as log:
@@ -74,9 +89,10 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--world", type=int, default=2)
     parser.add_argument("--backends", default="backplane,gloo")
-    parser.add_argument("-k", dest="pattern", default="")
+    parser.add_argument("-k", dest="patterns", action="append", default=[],
+                        help="run the tests whose names contain PATTERN (unittest's -k; may be repeated)")
     args = parser.parse_args()
-    results = {b: run(b, args.world, args.pattern) for b in args.backends.split(",")}
+    results = {b: run(b, args.world, args.patterns) for b in args.backends.split(",")}
     if "gloo" not in results or "backplane" not in results:
         return 0
     behind = sorted(t for t, o in results["gloo"].items() if o == "ok" and results["backplane"].get(t) != "ok")

@@ -1,0 +1,93 @@
+// The checks and conversions of torch's arguments that every operation of BackendBackplane shares:
+// errors are RuntimeErrors naming the operation and the value, and what was expected.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "backplane/backplane.h"
+
+namespace backplane::torch_backend {
+
+[[noreturn]] inline void fail(const std::string& message) { throw std::runtime_error("backplane: " + message); }
+
+inline void check(bpl_status status, const char* what) {
+  if (status != BPL_OK) fail(std::string(what) + " failed (" + bpl_status_name(status) + "): " + bpl_last_error());
+}
+
+inline bpl_dtype dtype_of(const at::Tensor& tensor, const char* op) {
+  if (!tensor.device().is_cpu()) {
+    fail(std::string(op) + ": the tensor is on " + tensor.device().str() + "; this backend takes CPU tensors");
+  }
+  switch (tensor.scalar_type()) {
+    case at::kFloat: return BPL_DTYPE_F32;
+    case at::kDouble: return BPL_DTYPE_F64;
+    case at::kHalf: return BPL_DTYPE_F16;
+    case at::kBFloat16: return BPL_DTYPE_BF16;
+    case at::kChar: return BPL_DTYPE_I8;
+    case at::kByte: return BPL_DTYPE_U8;
+    case at::kInt: return BPL_DTYPE_I32;
+    case at::kLong: return BPL_DTYPE_I64;
+    default:
+      fail(std::string(op) + ": dtype " + std::string(c10::toString(tensor.scalar_type())) +
+           " is not one backplane moves (float32, float64, float16, bfloat16, int8, uint8, int32, int64)");
+  }
+}
+
+// torch's reduce op as backplane's; PREMUL_SUM is a sum of inputs scaled first (*factor).
+inline bpl_reduce_op reduce_op_of(const c10d::ReduceOp& op, const char* name, std::optional<double>* factor) {
+  switch (op.op_) {
+    case c10d::ReduceOp::SUM: return BPL_OP_SUM;
+    case c10d::ReduceOp::AVG: return BPL_OP_AVG;
+    case c10d::ReduceOp::PRODUCT: return BPL_OP_PROD;
+    case c10d::ReduceOp::MIN: return BPL_OP_MIN;
+    case c10d::ReduceOp::MAX: return BPL_OP_MAX;
+    case c10d::ReduceOp::PREMUL_SUM: {
+      auto* supplement = dynamic_cast<c10d::PreMulSumSupplement*>(op.supplement_.get());
+      if (supplement == nullptr) fail(std::string(name) + ": PREMUL_SUM without its factor");
+      // A factor given as a tensor has one element (torch checks it).
+      *factor = supplement->tensor_factor.defined() ? supplement->tensor_factor.item<double>() : supplement->double_factor;
+      return BPL_OP_SUM;
+    }
+    default:
+      fail(std::string(name) + ": reduce op " + std::to_string(static_cast<int>(op.op_)) +
+           " (BAND, BOR or BXOR) is not one backplane has: it reduces with SUM, AVG, PRODUCT, MIN, MAX and PREMUL_SUM");
+  }
+}
+
+// One tensor per call, as on CPU every backend of torch but Gloo's multi-tensor allreduce.
+inline const at::Tensor& single(const std::vector<at::Tensor>& tensors, const char* op) {
+  if (tensors.size() != 1) fail(std::string(op) + " takes one tensor per call (got " + std::to_string(tensors.size()) + ")");
+  return tensors[0];
+}
+
+// `role` is what the rank is to the operation: "root", "destination", "source".
+inline int64_t checked_rank(int64_t rank, int size, const char* op, const char* role = "root") {
+  if (rank < 0 || rank >= size) {
+    fail(std::string(op) + ": " + role + " rank " + std::to_string(rank) + " is not a rank of this group (0.." +
+         std::to_string(size - 1) + ")");
+  }
+  return rank;
+}
+
+inline void require_same(const at::Tensor& a, const at::Tensor& b, const char* op, const std::string& what) {
+  if (a.scalar_type() != b.scalar_type() || a.numel() != b.numel()) {
+    fail(std::string(op) + ": " + what + " is " + std::string(c10::toString(b.scalar_type())) + "[" + std::to_string(b.numel()) +
+         "] where " + std::string(c10::toString(a.scalar_type())) + "[" + std::to_string(a.numel()) + "] is expected");
+  }
+}
+
+// A contiguous tensor with `tensor`'s values: itself when it is one.
+inline at::Tensor contiguous(const at::Tensor& tensor) { return tensor.is_contiguous() ? tensor : tensor.contiguous(); }
+
+// Copies `result` into `target` unless they are the same storage.
+inline void copy_back(const at::Tensor& target, const at::Tensor& result) {
+  if (!target.is_same(result)) const_cast<at::Tensor&>(target).copy_(result.view_as(target));
+}
+
+}  // namespace backplane::torch_backend
