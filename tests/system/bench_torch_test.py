@@ -1,7 +1,8 @@
 #!/usr/bin/python3
-"""bpl-bench-torch on a tiny sweep: torch's Gloo and backplane's gloo (and mpi where built) each measure
-every operation and size through torch.distributed, the DDP step, and the ProcessGroup layer against
-the C ABI; the JSON, the table and the plot hold them.
+"""bpl-bench-torch on a tiny sweep, two runs taking turns: torch's Gloo and backplane's gloo (and mpi where
+built) each measure every operation and size through torch.distributed and its floor (a group of the
+rank alone), a copy of each size, the DDP step, and the ProcessGroup layer against the C ABI; the JSON,
+the table (ratios over the floor with their range, the targets) and the plot hold them.
 
     bench_torch_test.py BIN_DIR
 """
@@ -28,17 +29,19 @@ def main():
     with tempfile.TemporaryDirectory() as out:
         command = [os.path.join(bin_dir, "bpl-bench-torch"), "--out", out, "--configs", ",".join(configs),
                    "--max-bytes", "1K", "--step", "16", "--repetitions", "2", "--min-seconds", "0.001",
-                   "--max-iterations", "5", "--ddp-widths", "32,64"]
+                   "--max-iterations", "5", "--ddp-widths", "32,64", "--runs", "2"]
         result = subprocess.run(command, capture_output=True, text=True, timeout=300)
         if result.returncode != 0:
             sys.exit(f"bpl-bench-torch failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
         for config in configs:
-            with open(os.path.join(out, f"torch-{config}.json")) as f:
+            with open(os.path.join(out, f"torch-{config}-1.json")) as f:
                 results = json.load(f)
             expect(results["world"] == 2, f"{config}: 2 ranks")
-            ops = {(r["op"], r["bytes"]) for r in results["ops"] if r["us"] > 0}
-            for op in ("allreduce", "allgather", "broadcast") + (("reduce_scatter",) if config != "torch-gloo" else ()):
-                expect(any(k[0] == op for k in ops), f"{config}: {op} measured")
+            ops = {(r["op"], r["bytes"]) for r in results["ops"] if r["us"] > 0 and r["floor_us"] > 0}
+            for op in ("allreduce", "allgather", "broadcast", "reduce_scatter"):
+                expect(any(k[0] == op for k in ops), f"{config}: {op} measured, with its floor")
+            sizes = sum(1 for r in results["ops"] if r["op"] == "allreduce")
+            expect(len(results["copy"]) == sizes == 3 and all(r["us"] > 0 for r in results["copy"]), f"{config}: a copy per size")
             expect([d["width"] for d in results["ddp"]] == [32, 64], f"{config}: a DDP step per width")
             expect(all(d["step_ms"] > 0 and d["no_sync_ms"] > 0 and d["bucket_work_ms"] > 0 for d in results["ddp"]),
                    f"{config}: DDP steps measured with, without communication, and with DDP's bucket work alone")
@@ -48,10 +51,11 @@ def main():
                        f"{config}: the ProcessGroup layer measured against the C ABI")
         with open(os.path.join(out, "torch.md")) as f:
             table = f.read()
-        row = re.search(r"^\| allreduce \| 4 B \|(.*)$", table, re.M)
-        expect(row is not None and len(re.findall(r"[0-9]+\.[0-9]+x", row.group(1))) == len(configs) - 1,
-               "the table has the allreduce 4 B row with a ratio per backplane config")
-        expect(re.search(r"DDP at .*, torch-gloo / gloo: communication [0-9.]+x, allreduce share [0-9.]+x", table) is not None,
+        rows = re.findall(r"^\| allreduce \| 4 B \|(.*)$", table, re.M)
+        expect(len(rows) == len(configs) - 1 and all(re.search(r"\| [0-9.]+(-[0-9.]+)?x \|", r) and "1/20" in r and
+                                                      re.search(r"\| (yes|no \(\d of 2\)) \|$", r) for r in rows),
+               "the table has an allreduce 4 B row per backplane config: the ratio over the floor, the target, the verdict")
+        expect(re.search(r"^\| gloo \| [0-9.]+ KiB \|.* \| [0-9.]+(-[0-9.]+)?x \|$", table, re.M) is not None,
                "the table compares DDP's communication")
         with open(os.path.join(out, "torch.png"), "rb") as f:
             expect(f.read(8) == b"\x89PNG\r\n\x1a\n", "torch.png is a PNG")
