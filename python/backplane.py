@@ -181,6 +181,7 @@ def _load():
         "bpl_scatter": ([p, p, p, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, p], ctypes.c_int32),
         "bpl_allgatherv": ([p, p, ctypes.c_int64, p, ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int64), ctypes.c_int32, p], ctypes.c_int32),
         "bpl_alltoallv": ([p, p, ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int64), p, ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int64), ctypes.c_int32, p], ctypes.c_int32),
+        "bpl_recv_any": ([p, p, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, ctypes.POINTER(ctypes.c_int32), p], ctypes.c_int32),
     }
     for name, signature in optional.items():
         if hasattr(lib, name):
@@ -580,12 +581,20 @@ class Comm(_Handle):
         return self._start("recv", (b,), lambda req: _api().bpl_recv(
             self._live(), b.address, b.count, b.dtype, peer, tag, req), async_op)
 
+    def recv_any(self, buf: BufferLike, tag: int = 0, dtype: Optional[str] = None) -> int:
+        """Receives into buf the send of this tag from whichever rank sends first; returns that rank."""
+        b = _Buffer(buf, dtype, True, "buf")
+        source = ctypes.c_int32(-1)
+        self._start("recv_any", (b,), lambda req: self._v13("bpl_recv_any", "1.6")(
+            self._live(), b.address, b.count, b.dtype, tag, ctypes.byref(source), req), False)
+        return source.value
+
     # -- internals --
 
     @staticmethod
-    def _v13(name: str):
+    def _v13(name: str, version: str = "1.3"):
         if not hasattr(_api(), name):
-            raise BackplaneError(3, "%s needs libbackplane ABI 1.3; the loaded library is %d.%d" % ((name,) + abi_version()))
+            raise BackplaneError(3, "%s needs libbackplane ABI %s; the loaded library is %d.%d" % ((name, version) + abi_version()))
         return getattr(_api(), name)
 
     @staticmethod

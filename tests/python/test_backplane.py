@@ -55,6 +55,17 @@ def point_to_point_and_requests(world):
     sending.wait()
     expect(list(incoming) == [left] * 5, "ring send/recv: %r" % list(incoming))
 
+    # every rank but 0 sends rank 0 its rank; rank 0 takes them from whichever sends first
+    if rank == 0:
+        got = {}
+        for _ in range(size - 1):
+            value = array.array("i", [-1])
+            source = world.recv_any(value, tag=4)
+            got[source] = value[0]
+        expect(got == {r: r for r in range(1, size)}, "recv_any: %r" % got)
+    else:
+        world.send(array.array("i", [rank]), peer=0, tag=4)
+
     # an asynchronous allreduce, polled with test() and then waited for
     total = array.array("d", [rank + 1.0] * 4)
     request = world.allreduce(total, async_op=True)
