@@ -233,6 +233,23 @@ def devices_kernels_and_programs(rt, world):
 
 
 def timeouts_and_abort(world):
+    # a recv from any rank that no rank sends to ends at its communicator's timeout, saying so (not on
+    # mpi, where a failed operation ends the job at exit: MPI cannot finalize past it)
+    waiting = world.split(color=0, key=world.rank)
+    waiting.set_timeout(300)
+    if os.environ.get("BPL_BACKEND") == "mpi":
+        if world.rank == 0:
+            print("python rank 0: a recv from any rank's timeout not checked on mpi (it ends the job)")
+    elif world.rank == 0:
+        start = time.monotonic()
+        expect_error(lambda: waiting.recv_any(array.array("i", [0]), tag=9), "BPL_ERR_TIMEOUT", "",
+                     "a recv from any rank that nobody sends to")
+        waited = time.monotonic() - start
+        expect(0.25 <= waited < 5.0, "the recv from any rank waited %.2f s for a 0.3 s timeout" % waited)
+    world.barrier()
+    with waiting:
+        pass
+
     group = world.split(color=0, key=world.rank)
     group.set_timeout(12345)
     expect(group.get_timeout() == 12345, "get_timeout after set_timeout")
