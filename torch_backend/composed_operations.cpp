@@ -33,7 +33,7 @@ void BackendBackplane::monitoredBarrier(const c10d::BarrierOptions& opts, bool w
     try {
       store_->wait({passed}, timeout);
     } catch (const std::exception& e) {
-      C10_THROW_ERROR(DistBackendError, "backplane: rank " + std::to_string(rank) +
+      C10_THROW_ERROR(DistBackendError, "backplane: Rank " + std::to_string(rank) +
                                       " successfully reached monitoredBarrier, but received errors while waiting for"
                                       " send/recv from rank 0 (" + message_of(e) +
                                       "). Please check rank 0 logs for faulty rank.");
