@@ -314,6 +314,9 @@ class ShmGroup {
   std::vector<std::deque<std::shared_ptr<PendingRecv>>> pending_recvs_;
   std::deque<std::shared_ptr<PendingRecv>> pending_from_any_;
   uint64_t recvs_posted_ = 0;
+  // How long a small operation's wait spins before it sleeps, in microseconds (shm_internal.h's
+  // kLongSpin: adapted to whether peers keep their cores); read and written by every waiting thread.
+  std::atomic<uint32_t> long_spin_us_;
   // Sends the receiver refused (by peer and sequence: the size its recv asked for) whose mailbox slot
   // a later send took before they were waited for.
   std::map<std::pair<int, uint64_t>, uint64_t> refused_sends_;

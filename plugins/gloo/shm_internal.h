@@ -40,7 +40,13 @@ constexpr size_t kLine = 64;                     // one cache line per counter: 
 // not come within a short spin has lost its core, which this rank's sleep gives back.
 constexpr auto kSpin = std::chrono::microseconds(20);         // a peer a step behind arrives within this
 constexpr int kYields = 200;                                  // oversubscribed: then yields, for the peer that needs this core
-constexpr auto kLongSpin = std::chrono::microseconds(1000);   // otherwise, operations up to kLongSpinMaxBytes
+constexpr auto kLongSpin = std::chrono::microseconds(1000);   // otherwise, operations up to kLongSpinMaxBytes, at most
+// The long spin adapts (ShmGroup::long_spin_us_): halved each time it ran out before the peer came (the
+// peer has lost its core to something else running here, and this rank's spin keeps a core from it),
+// grown by kSpin each time the peer came within it. On a quiet machine peers come within microseconds
+// and it stays whole; beside busy processes it shrinks towards kSpin, and waits sleep early, as Gloo's
+// blocking reads do.
+
 constexpr size_t kLongSpinMaxBytes = 64 * 1024;
 constexpr auto kSleepSlice = std::chrono::milliseconds(5);
 constexpr auto kLivenessInterval = std::chrono::milliseconds(10);
@@ -259,16 +265,26 @@ void ShmGroup::wait_until(int peer, std::atomic<uint32_t>& word, Reached reached
   auto failed = [&] { return header_->failed_by.load(std::memory_order_acquire) != 0; };
   const bool yielding = plugin::Backoff::yield_while_spinning().load(std::memory_order_relaxed);
   std::chrono::steady_clock::time_point spin_until{};  // the clock is first read after 63 spins
+  const bool long_spin = !yielding && deadline.bytes() <= kLongSpinMaxBytes;
+  const uint32_t long_spin_us = long_spin_us_.load(std::memory_order_relaxed);
   for (uint32_t i = 1;; ++i) {
-    if (reached()) return;
+    if (reached()) {
+      if (long_spin && spin_until != std::chrono::steady_clock::time_point{} && long_spin_us < kLongSpin.count()) {
+        long_spin_us_.store(long_spin_us + static_cast<uint32_t>(kSpin.count()), std::memory_order_relaxed);
+      }
+      return;
+    }
     if ((i & 63) == 0) {
       if (failed()) throw_failure_record();
       const auto now = std::chrono::steady_clock::now();
       if (spin_until == std::chrono::steady_clock::time_point{}) {
-        const bool long_spin = !yielding && deadline.bytes() <= kLongSpinMaxBytes;
-        spin_until = now + (long_spin ? std::chrono::microseconds(kLongSpin) : std::chrono::microseconds(kSpin));
+        spin_until = now + (long_spin ? std::chrono::microseconds(long_spin_us) : std::chrono::microseconds(kSpin));
         deadline.at();  // starts the operation's clock
       } else if (now >= spin_until) {
+        if (long_spin) {
+          long_spin_us_.store(std::max<uint32_t>(static_cast<uint32_t>(kSpin.count()), long_spin_us / 2),
+                              std::memory_order_relaxed);
+        }
         break;
       }
     }

@@ -98,7 +98,8 @@ ShmGroup::ShmGroup(void* base, size_t bytes, int rank, int size)
       sends_announced_(static_cast<size_t>(size)),
       arrivals_taken_(static_cast<size_t>(size)),
       arrived_(static_cast<size_t>(size)),
-      pending_recvs_(static_cast<size_t>(size)) {}
+      pending_recvs_(static_cast<size_t>(size)),
+      long_spin_us_(static_cast<uint32_t>(kLongSpin.count())) {}
 
 ShmGroup::~ShmGroup() { ::munmap(base_, bytes_); }
 
