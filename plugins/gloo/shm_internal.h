@@ -45,7 +45,7 @@ constexpr auto kLongSpin = std::chrono::microseconds(1000);   // otherwise, oper
 // peer has lost its core to something else running here, and this rank's spin keeps a core from it),
 // grown by kSpin each time the peer came within it. On a quiet machine peers come within microseconds
 // and it stays whole; beside busy processes it shrinks towards kSpin, and waits sleep early, as Gloo's
-// blocking reads do.
+// blocking reads do (bench/results/2026-11-28-torch2-targets).
 
 constexpr size_t kLongSpinMaxBytes = 64 * 1024;
 constexpr auto kSleepSlice = std::chrono::milliseconds(5);
