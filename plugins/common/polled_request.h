@@ -24,12 +24,16 @@
 namespace backplane::plugin {
 
 // How a rank waits for a backend that progresses only when asked: it asks without pause for as long as
-// the operation may be moving its bytes or its peer may be waiting for its core, 20 ms plus 1 ns a byte
-// (a transfer at 1 GB/s), then with pauses that double from 50 us to 1 ms. A peer that is stopped, gone
-// or far behind then costs this rank about one question a millisecond. The 20 ms outlast the slices
-// another process takes on a peer's core: a rank that began to sleep sooner (after 2 ms) was often
-// asleep when its peer got its core back, and the peer spent its slice waiting for it (under one busy
-// process, several times the raw library's time per operation: bench/results/2026-11-26-mpi-folds).
+// the operation may be moving its bytes or its peer may be back on its core within a slice, 2 ms plus
+// 1 ns a byte (a transfer at 1 GB/s), then with pauses of 50 and 100 us for 20 ms, then with pauses
+// that double to 1 ms. Beside busy processes a peer may be off its core for milliseconds: a rank that
+// spins that long holds a core from the peer or from what the peer waits behind (a longer spin, 20 ms,
+// made small operations take milliseconds beside four busy processes), and a rank asleep for a
+// millisecond when its peer comes back costs the peer that millisecond (1 ms pauses made small
+// operations several times slower beside one busy process); short pauses let the scheduler hand the
+// core back soon after the peer comes. A peer that is stopped, gone or far behind then costs this
+// rank about one question a millisecond. Figures: bench/results/2026-11-28-torch2-targets (mpi under
+// load) and bench/results/2026-11-26-mpi-folds.
 // While it asks without pause it yields the core now and then only where
 // the job's ranks outnumber this machine's cores (the peer it waits for may need the core), as Open
 // MPI's progress loop does: a yield hands the core to whatever else runs here, and with a busy process
@@ -45,7 +49,7 @@ class Backoff {
   // The clock is first read at the 64th pause (a wait that ends sooner never reads it: a read costs
   // about what a question does).
   explicit Backoff(size_t bytes)
-      : spin_for_(std::chrono::milliseconds(20) + std::chrono::nanoseconds(std::min<size_t>(bytes, size_t{1} << 40))) {}
+      : spin_for_(kSpin + std::chrono::nanoseconds(std::min<size_t>(bytes, size_t{1} << 40))) {}
   // Whether the waits have begun to sleep between questions (each then reads the clock anyway).
   bool sleeping() const { return pause_.count() != 0; }
   void pause() {
@@ -57,15 +61,23 @@ class Backoff {
         if (yield_while_spinning().load(std::memory_order_relaxed)) sched_yield();
         return;
       }
-      pause_ = std::chrono::microseconds(50);
+      pause_ = kFirstPause;
+      short_pauses_until_ = now + kShortPausesFor;
     }
     std::this_thread::sleep_for(pause_);
-    pause_ = std::min(2 * pause_, std::chrono::microseconds(1000));
+    const bool short_pauses = pause_ < kShortPauseMax || std::chrono::steady_clock::now() < short_pauses_until_;
+    pause_ = std::min(2 * pause_, short_pauses ? kShortPauseMax : kLongPauseMax);
   }
 
  private:
+  static constexpr std::chrono::milliseconds kSpin{2};
+  static constexpr std::chrono::microseconds kFirstPause{50};
+  static constexpr std::chrono::microseconds kShortPauseMax{100};
+  static constexpr std::chrono::milliseconds kShortPausesFor{20};
+  static constexpr std::chrono::microseconds kLongPauseMax{1000};
+
   std::chrono::nanoseconds spin_for_;
-  std::chrono::steady_clock::time_point spin_until_;
+  std::chrono::steady_clock::time_point spin_until_, short_pauses_until_;
   std::chrono::microseconds pause_{0};
   unsigned spins_ = 0;
 };
