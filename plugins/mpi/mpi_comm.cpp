@@ -169,23 +169,34 @@ class PendingReceives {
     pending_.erase(std::remove(pending_.begin(), pending_.end(), request), pending_.end());
     count_.store(pending_.size(), std::memory_order_release);
   }
-  // Calls match(request) for each, in order, skipping a (communicator, peer, tag) once one of it did
-  // not match; drops those that did. Under the lock: a matched request's new state is seen by the
-  // next thread to take it.
+  // Calls match(request, blocked) for each, in order, as MPI orders receives: the first posted of those
+  // a message could match takes it. So once a recv did not match, a later one of the same communicator
+  // and tag is skipped where it could take what the earlier one waits for (one from the same rank, or
+  // any recv behind a recv from any rank), and a later recv from any rank may take a message only from
+  // a rank no earlier recv waits on (`blocked`, the ranks to leave alone). Drops those that matched.
+  // Under the lock: a matched request's new state is seen by the next thread to take it.
   template <typename Match>
   void match_all(Match&& match) {
     if (count_.load(std::memory_order_acquire) == 0) return;
     std::lock_guard<std::mutex> lock(mutex_);
     unmatched_.clear();
     for (auto it = pending_.begin(); it != pending_.end();) {
-      const auto key = (*it)->match_key();
-      const bool skipped = std::find(unmatched_.begin(), unmatched_.end(), key) != unmatched_.end();
-      if (skipped || !match(**it)) {
-        if (!skipped) unmatched_.push_back(key);
-        ++it;
-      } else {
-        it = pending_.erase(it);
+      const auto [comm, peer, tag] = (*it)->match_key();
+      const auto waiting = [&, comm = comm, tag = tag](int rank) {
+        return std::find(unmatched_.begin(), unmatched_.end(), std::make_tuple(comm, rank, tag)) != unmatched_.end();
+      };
+      bool skipped = waiting(MPI_ANY_SOURCE) || (peer != MPI_ANY_SOURCE && waiting(peer));
+      if (!skipped) {
+        blocked_.clear();
+        if (peer == MPI_ANY_SOURCE) {
+          for (const auto& [c, rank, t] : unmatched_) {
+            if (c == comm && t == tag) blocked_.push_back(rank);
+          }
+        }
+        skipped = !match(**it, blocked_);
+        if (skipped) unmatched_.emplace_back(comm, peer, tag);
       }
+      it = skipped ? std::next(it) : pending_.erase(it);
     }
     count_.store(pending_.size(), std::memory_order_release);
   }
@@ -193,9 +204,10 @@ class PendingReceives {
  private:
   std::mutex mutex_;
   std::deque<Request*> pending_;
-  // match_all's keys that did not match, kept between calls so that a test allocates nothing; few, so
-  // searched in a line.
+  // match_all's receives that did not match and the ranks a recv from any rank leaves alone, kept
+  // between calls so that a test allocates nothing; few, so searched in a line.
   std::vector<std::tuple<MpiComm*, int, int>> unmatched_;
+  std::vector<int> blocked_;
   std::atomic<size_t> count_{0};
 };
 
@@ -413,7 +425,7 @@ void Request::poll() {
 
 void Request::step() {
   if (done()) return;
-  pending_receives().match_all([](Request& r) { return r.comm_->match(r); });
+  pending_receives().match_all([](Request& r, const std::vector<int>& blocked) { return r.comm_->match(r, blocked); });
   if (done()) return;  // its match failed
   if (receive_ && !matched_.load(std::memory_order_acquire)) return;  // (whichever thread matched it)
   if (scheduled_ && phase_ == Phase::kRunning) return poll_round();
@@ -716,12 +728,24 @@ void MpiComm::start(std::unique_ptr<Request> request, bpl_plugin_request** req) 
 
 // A recv matched by probe: received into its buffer when the sizes agree, else whole into one of its
 // own (so that the sender completes and nothing overflows) and then failed with MISMATCH.
-bool MpiComm::match(Request& r) {
+bool MpiComm::match(Request& r, const std::vector<int>& blocked) {
   int flag = 0;
   MPI_Message message = MPI_MESSAGE_NULL;
   MPI_Status status;
   MpiLock serialized(process_);
-  int error = MPI_Improbe(r.peer_, r.tag_, comm_, &flag, &message, &status);
+  int peer = r.peer_;
+  if (peer == MPI_ANY_SOURCE && !blocked.empty()) {
+    // Only from a rank no earlier recv waits on: the first such rank with a message here (a probe that
+    // does not match, then one from that rank alone, under the same lock).
+    peer = MPI_PROC_NULL;
+    for (int rank = 0; rank < size_ && peer == MPI_PROC_NULL; ++rank) {
+      if (std::find(blocked.begin(), blocked.end(), rank) != blocked.end()) continue;
+      int arrived = 0;
+      if (MPI_Iprobe(rank, r.tag_, comm_, &arrived, MPI_STATUS_IGNORE) == MPI_SUCCESS && arrived) peer = rank;
+    }
+    if (peer == MPI_PROC_NULL) return false;
+  }
+  int error = MPI_Improbe(peer, r.tag_, comm_, &flag, &message, &status);
   if (error == MPI_SUCCESS && !flag) return false;
   int arrived = 0;
   if (error == MPI_SUCCESS) error = MPI_Get_count(&status, MPI_BYTE, &arrived);

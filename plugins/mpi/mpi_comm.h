@@ -350,8 +350,9 @@ class MpiComm {
   // Tags above the largest a caller may use (MPI_TAG_UB, at least 32767, less the class bit) are
   // refused, naming the bound.
   void check_tag(int tag) const;
-  // Matches recv `r` with an arrived message, if there is one (true).
-  bool match(Request& r);
+  // Matches recv `r` with an arrived message, if there is one (true); a recv from any rank leaves the
+  // messages of the ranks in `blocked` alone (earlier receives wait on them).
+  bool match(Request& r, const std::vector<int>& blocked);
   // What the ranks called, exchanged on the duplicate within a moment: the report of MISMATCH when
   // they differ, else a note naming the stopped peers of this machine (or "" when none can be named).
   std::pair<bpl_status, std::string> explain_stall(const Fingerprint& mine);

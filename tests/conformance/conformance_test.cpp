@@ -587,6 +587,70 @@ void receive_from_any_rank(int64_t count) {
   EXPECT_OK(bpl_barrier(world.comm, nullptr));
 }
 
+// A recv from one rank posted before a recv from any rank takes that rank's first message, however the
+// messages and the posting interleave: rank 1 sends as rank 0 posts, many times over.
+TEST(PointToPoint, RecvFromAnyRankKeepsThePostingOrder) {
+  SKIP_UNLESS_SUPPORTED(BPL_COLL_RECV_ANY, BPL_DTYPE_I32, 0);
+  if (world.size < 2) GTEST_SKIP() << "needs 2 ranks";
+  const int tag = 4;
+  for (const int64_t count : {int64_t{1}, int64_t{30000}}) {
+    for (int round = 0; round < 100; ++round) {
+      std::vector<int32_t> first(static_cast<size_t>(count), 1), second(static_cast<size_t>(count), 2);
+      if (world.rank == 1) {
+        EXPECT_OK(bpl_send(world.comm, first.data(), count, BPL_DTYPE_I32, 0, tag, nullptr));
+        EXPECT_OK(bpl_send(world.comm, second.data(), count, BPL_DTYPE_I32, 0, tag, nullptr));
+      } else if (world.rank == 0) {
+        std::vector<int32_t> from_one(static_cast<size_t>(count), -1), from_any(static_cast<size_t>(count), -1);
+        int32_t source = -1;
+        bpl_request* reqs[2] = {};
+        EXPECT_OK(bpl_recv(world.comm, from_one.data(), count, BPL_DTYPE_I32, 1, tag, &reqs[0]));
+        EXPECT_OK(bpl_recv_any(world.comm, from_any.data(), count, BPL_DTYPE_I32, tag, &source, &reqs[1]));
+        for (bpl_request* r : reqs) {
+          EXPECT_OK(bpl_request_wait(r, BPL_TIMEOUT_DEFAULT));
+          EXPECT_OK(bpl_request_free(r));
+        }
+        ASSERT_EQ(from_one.front(), 1) << "round " << round << ", " << count << " values: the recv posted first takes the first message";
+        ASSERT_EQ(from_any.front(), 2) << "round " << round << ", " << count << " values";
+        EXPECT_EQ(source, 1);
+      }
+    }
+  }
+  EXPECT_OK(bpl_barrier(world.comm, nullptr));
+}
+
+// A recv from any rank posted behind a recv from rank 1 that waits still takes rank 2's message: rank 1
+// sends only once rank 0 has it, as MPI's order allows (the earlier recv holds back rank 1's messages
+// only).
+TEST(PointToPoint, RecvFromAnyRankPassesAWaitingRecvFromAnotherRank) {
+  SKIP_UNLESS_SUPPORTED(BPL_COLL_RECV_ANY, BPL_DTYPE_I32, 0);
+  if (world.size < 3) GTEST_SKIP() << "needs 3 ranks";
+  const int tag = 5;
+  for (const int64_t count : {int64_t{1}, int64_t{30000}}) {
+    std::vector<int32_t> data(static_cast<size_t>(count), world.rank);
+    int32_t go = 0;
+    if (world.rank == 0) {
+      std::vector<int32_t> from_one(static_cast<size_t>(count), -1), from_any(static_cast<size_t>(count), -1);
+      int32_t source = -1;
+      bpl_request* reqs[2] = {};
+      EXPECT_OK(bpl_recv(world.comm, from_one.data(), count, BPL_DTYPE_I32, 1, tag, &reqs[0]));
+      EXPECT_OK(bpl_recv_any(world.comm, from_any.data(), count, BPL_DTYPE_I32, tag, &source, &reqs[1]));
+      EXPECT_OK(bpl_request_wait(reqs[1], BPL_TIMEOUT_DEFAULT));
+      EXPECT_EQ(source, 2);
+      EXPECT_EQ(from_any.front(), 2);
+      EXPECT_OK(bpl_send(world.comm, &go, 1, BPL_DTYPE_I32, 1, tag + 1, nullptr));
+      EXPECT_OK(bpl_request_wait(reqs[0], BPL_TIMEOUT_DEFAULT));
+      EXPECT_EQ(from_one.front(), 1);
+      for (bpl_request* r : reqs) EXPECT_OK(bpl_request_free(r));
+    } else if (world.rank == 1) {
+      EXPECT_OK(bpl_recv(world.comm, &go, 1, BPL_DTYPE_I32, 0, tag + 1, nullptr));
+      EXPECT_OK(bpl_send(world.comm, data.data(), count, BPL_DTYPE_I32, 0, tag, nullptr));
+    } else if (world.rank == 2) {
+      EXPECT_OK(bpl_send(world.comm, data.data(), count, BPL_DTYPE_I32, 0, tag, nullptr));
+    }
+  }
+  EXPECT_OK(bpl_barrier(world.comm, nullptr));
+}
+
 TEST(PointToPoint, RecvFromAnyRankSmall) { receive_from_any_rank(1); }
 TEST(PointToPoint, RecvFromAnyRankLarge) { receive_from_any_rank(100000); }
 
