@@ -34,6 +34,13 @@ namespace backplane::plugin {
 // core back soon after the peer comes. A peer that is stopped, gone or far behind then costs this
 // rank about one question a millisecond. Figures: bench/results/2026-11-28-torch2-targets (mpi under
 // load) and bench/results/2026-11-26-mpi-folds.
+// A helper's wait (a thread that waits for a request another thread posted, as the torch backend's
+// completion thread does while its caller goes on computing: a DDP backward pass) spins only a share
+// of that, the same for every helper of the process: halved each time a helper's spin ran out (to 1/40
+// at least), grown by 1/40 each time a helper's wait that had read the clock ended within its spin.
+// Beside busy processes the peers come late, and a helper that spins holds a core from its own
+// caller; on a quiet machine helpers' waits end within the spin and it stays whole (a helper that
+// paused there cost a DDP step its overlap).
 // While it asks without pause it yields the core now and then only where
 // the job's ranks outnumber this machine's cores (the peer it waits for may need the core), as Open
 // MPI's progress loop does: a yield hands the core to whatever else runs here, and with a busy process
@@ -47,9 +54,20 @@ class Backoff {
   }
 
   // The clock is first read at the 64th pause (a wait that ends sooner never reads it: a read costs
-  // about what a question does).
-  explicit Backoff(size_t bytes)
-      : spin_for_(kSpin + std::chrono::nanoseconds(std::min<size_t>(bytes, size_t{1} << 40))) {}
+  // about what a question does). `helper`: the waiting thread did not post the request.
+  explicit Backoff(size_t bytes, bool helper = false)
+      : helper_share_(helper ? helper_share().load(std::memory_order_relaxed) : kWholeShare),
+        spin_for_((std::chrono::nanoseconds(kSpin) + std::chrono::nanoseconds(std::min<size_t>(bytes, size_t{1} << 40))) *
+                  helper_share_ / kWholeShare),
+        helper_(helper) {}
+  // A helper's wait that read the clock and ended within its spin grows the helpers' share.
+  ~Backoff() {
+    if (helper_ && spins_ >= 64 && pause_.count() == 0 && helper_share_ < kWholeShare) {
+      helper_share().store(helper_share_ + 1, std::memory_order_relaxed);
+    }
+  }
+  Backoff(const Backoff&) = delete;
+  Backoff& operator=(const Backoff&) = delete;
   // Whether the waits have begun to sleep between questions (each then reads the clock anyway).
   bool sleeping() const { return pause_.count() != 0; }
   void pause() {
@@ -63,6 +81,7 @@ class Backoff {
       }
       pause_ = kFirstPause;
       short_pauses_until_ = now + kShortPausesFor;
+      if (helper_) helper_share().store(std::max<unsigned>(1, helper_share_ / 2), std::memory_order_relaxed);
     }
     std::this_thread::sleep_for(pause_);
     const bool short_pauses = pause_ < kShortPauseMax || std::chrono::steady_clock::now() < short_pauses_until_;
@@ -71,12 +90,20 @@ class Backoff {
 
  private:
   static constexpr std::chrono::milliseconds kSpin{2};
+  static constexpr unsigned kWholeShare = 40;  // helpers spin helper_share() / kWholeShare of the spin
   static constexpr std::chrono::microseconds kFirstPause{50};
   static constexpr std::chrono::microseconds kShortPauseMax{100};
   static constexpr std::chrono::milliseconds kShortPausesFor{20};
   static constexpr std::chrono::microseconds kLongPauseMax{1000};
 
+  static std::atomic<unsigned>& helper_share() {
+    static std::atomic<unsigned> share{kWholeShare};
+    return share;
+  }
+
+  unsigned helper_share_;
   std::chrono::nanoseconds spin_for_;
+  bool helper_;
   std::chrono::steady_clock::time_point spin_until_, short_pauses_until_;
   std::chrono::microseconds pause_{0};
   unsigned spins_ = 0;
@@ -112,7 +139,7 @@ class PolledRequest {
   // `released_by_abort`, until the communicator is aborted (BPL_ERR_ABORTED; likewise).
   bpl_status wait(std::chrono::milliseconds timeout, bool released_by_abort = true) {
     std::chrono::steady_clock::time_point give_up{};  // from the clock's first read
-    Backoff backoff(bytes_);
+    Backoff backoff(bytes_, std::this_thread::get_id() != poster_);
     for (unsigned polls = 0;; ++polls) {
       if (!done_) poll();
       // While it asks without pause, the clock is read every 64th question only: a read costs about
@@ -204,6 +231,7 @@ class PolledRequest {
   size_t bytes_;
   std::chrono::milliseconds timeout_;
   std::chrono::steady_clock::time_point deadline_{};  // {} until start_clock
+  const std::thread::id poster_ = std::this_thread::get_id();  // a wait on another thread is a helper's
   std::atomic<bool> done_{false};
   bool expired_ = false;
   bpl_status status_ = BPL_OK;
