@@ -178,18 +178,6 @@ bpl_status run_operation(const char* function, bpl_comm* comm, Fingerprint finge
 // collective: the ranks' sequences of them differ).
 const Fingerprint kPointToPoint{};
 
-// The fingerprint of a collective (fields it does not have stay -1).
-inline Fingerprint fingerprint_of(bpl_collective op, int64_t dtype = -1, int64_t count = -1, int64_t root = -1,
-                           int64_t reduce_op = -1) {
-  Fingerprint f;
-  f.op = op;
-  f.dtype = dtype;
-  f.count = count;
-  f.root = root;
-  f.reduce_op = reduce_op;
-  return f;
-}
-
 // Plugin call for functions that are not collectives: prefix the plugin's message with the function.
 inline bpl_status forward(const char* function, const bpl_runtime* runtime, bpl_status status) {
   if (status != BPL_OK) {

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "backplane/plugin.h"
+#include "host_device.h"
 
 namespace backplane::kernels_module {
 
@@ -34,6 +35,18 @@ void set_kernels(bpl_plugin_api& api);
 // The kernels and program formats the plugin can offer: the module's when its file is installed,
 // none otherwise (looked up without loading it).
 void describe(bpl_plugin_caps& caps);
+
+// runtime_describe of a CPU plugin (gloo, mpi): every collective, dtype and reduce op of the ABI, on
+// host memory; the runtime's `details`; the module's kernels and program formats.
+template <typename Runtime>
+bpl_status describe_cpu_runtime(Runtime* runtime, bpl_plugin_caps* out) {
+  out->collectives = plugin::kAllCollectives;
+  out->dtypes = plugin::kAllDtypes;
+  out->reduce_ops = plugin::kAllReduceOps;
+  out->details = runtime->details.c_str();
+  describe(*out);
+  return BPL_OK;
+}
 
 // For the plugin's details: "kernels=<path> (loaded on first use)", or "kernels=none: the kernels
 // module <path> is not installed".

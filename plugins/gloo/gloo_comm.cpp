@@ -520,12 +520,6 @@ std::string GlooComm::unreachable_peers_note() const {
 
 namespace {
 
-// How long a rank that timed out waits for the others' word about the stalled operation: they time
-// out at about the same moment, give or take how late each came to it.
-std::chrono::milliseconds explanation_window(std::chrono::milliseconds timeout) {
-  return std::min(timeout / 4, std::chrono::milliseconds(1000));
-}
-
 std::string words_text(const FingerprintWords& words) {
   std::string text;
   for (int64_t word : words) text += std::to_string(word) + " ";

@@ -96,15 +96,6 @@ bpl_status runtime_destroy(bpl_plugin_runtime* rt) {
   });
 }
 
-bpl_status runtime_describe(bpl_plugin_runtime* rt, bpl_plugin_caps* out) {
-  out->collectives = plugin::kAllCollectives;
-  out->dtypes = plugin::kAllDtypes;
-  out->reduce_ops = plugin::kAllReduceOps;
-  out->details = rt->details.c_str();
-  kernels_module::describe(*out);
-  return BPL_OK;
-}
-
 struct Traits {
   static constexpr const char* kName = gloo_plugin::kName;
   static bpl_status classify(const std::exception& e) { return classify_exception(e); }
@@ -127,7 +118,7 @@ bpl_plugin_api make_table() {
   bpl_plugin_api api = plugin::comm_table<Traits>();
   api.runtime_create = runtime_create;
   api.runtime_destroy = runtime_destroy;
-  api.runtime_describe = runtime_describe;
+  api.runtime_describe = kernels_module::describe_cpu_runtime<bpl_plugin_runtime>;
   plugin::set_host_device(api);  // synchronize stays NULL: every operation is complete when it returns
   kernels_module::set_kernels(api);
   return api;

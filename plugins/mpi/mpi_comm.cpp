@@ -72,30 +72,19 @@ int mpi_count(size_t count) {
 
 const void* in_place_or(const void* send, const void* recv) { return send == recv ? MPI_IN_PLACE : send; }
 
-Fingerprint fingerprint(bpl_collective op, bpl_dtype dtype = static_cast<bpl_dtype>(-1), int64_t count = -1,
-                        int root = -1, int reduce_op = -1) {
-  Fingerprint f;
-  f.op = op;
-  f.dtype = dtype;
-  f.count = count;
-  f.root = root;
-  f.reduce_op = reduce_op;
-  return f;
-}
-
 bool is_collective(const Fingerprint& f) { return f.op != BPL_COLL_SEND && f.op != BPL_COLL_RECV; }
 
 // The variable-size collectives' fingerprints: the total count, or none, and this rank's share of the
 // pairing of counts (fingerprint.h).
 Fingerprint allgatherv_fingerprint(bpl_dtype dtype, size_t sendcount, plugin::CountsView recvcounts, int rank, int size) {
-  Fingerprint f = fingerprint(BPL_COLL_ALLGATHERV, dtype, static_cast<int64_t>(recvcounts.sum()));
+  Fingerprint f = fingerprint_of(BPL_COLL_ALLGATHERV, dtype, static_cast<int64_t>(recvcounts.sum()));
   f.pairing = pairing_share(rank, size, [&](int) { return sendcount; },
                             [&](int q) { return recvcounts[static_cast<size_t>(q)]; });
   return f;
 }
 Fingerprint alltoallv_fingerprint(bpl_dtype dtype, plugin::CountsView sendcounts, plugin::CountsView recvcounts, int rank,
                                   int size) {
-  Fingerprint f = fingerprint(BPL_COLL_ALLTOALLV, dtype);
+  Fingerprint f = fingerprint_of(BPL_COLL_ALLTOALLV, dtype);
   f.pairing = pairing_share(rank, size, [&](int q) { return sendcounts[static_cast<size_t>(q)]; },
                             [&](int q) { return recvcounts[static_cast<size_t>(q)]; });
   return f;
@@ -137,12 +126,6 @@ std::pair<bpl_status, std::string> failure_of(const char* op, int mpi_error) {
                                                 "ranks disagree on the size"};
   }
   return {BPL_ERR_REMOTE, std::string(op) + " failed: " + mpi_error_string(mpi_error)};
-}
-
-// How long a rank that timed out waits for the others' word about the stalled operation: they time
-// out at about the same moment, give or take how late each came to it.
-std::chrono::milliseconds explanation_window(std::chrono::milliseconds timeout) {
-  return std::min(timeout / 4, std::chrono::milliseconds(1000));
 }
 
 // The fingerprints of a completed exchange, compared: "" when all agree.
@@ -238,7 +221,7 @@ Request::Request(MpiComm* comm, const char* op, Fingerprint fingerprint, size_t 
 Request::Request(MpiComm* comm, void* buf, int count, MPI_Datatype type, size_t bytes, int peer, int tag)
     : PolledRequest("recv", comm->timeout(), bytes),
       comm_(comm),
-      fingerprint_(fingerprint(BPL_COLL_RECV)),
+      fingerprint_(fingerprint_of(BPL_COLL_RECV)),
       bytes_(bytes),
       phase_(Phase::kProbing),
       receive_(true),
@@ -879,7 +862,7 @@ void MpiComm::learn_peers() {
   const std::vector<int64_t> mine = {static_cast<int64_t>(std::hash<std::string>()(plugin::process_space_identity())),
                                      static_cast<int64_t>(::getpid())};
   std::vector<int64_t> all(2 * static_cast<size_t>(size_));
-  start(std::make_unique<Request>(this, "learning where the ranks run", fingerprint(BPL_COLL_ALLGATHER), 0,
+  start(std::make_unique<Request>(this, "learning where the ranks run", fingerprint_of(BPL_COLL_ALLGATHER), 0,
                                   [&](MPI_Request* r) { return MPI_Iallgather(mine.data(), 2, MPI_INT64_T, all.data(), 2,
                                                                               MPI_INT64_T, agree_, r); }),
         nullptr);
@@ -901,7 +884,7 @@ void MpiComm::allreduce(const void* send, void* recv, size_t count, bpl_dtype dt
   void* work = recv;
   const void* input = in_place_or(send, recv);
   const size_t element = plugin::dtype_size(acc), bytes = count * element;
-  auto request = std::make_unique<Request>(this, "allreduce", fingerprint(BPL_COLL_ALLREDUCE, dtype, count, -1, op),
+  auto request = std::make_unique<Request>(this, "allreduce", fingerprint_of(BPL_COLL_ALLREDUCE, dtype, count, -1, op),
                                            bytes, nullptr);
   if (acc != dtype) {
     work = request->staging(0, bytes);
@@ -932,7 +915,7 @@ void MpiComm::allreduce(const void* send, void* recv, size_t count, bpl_dtype dt
 void MpiComm::broadcast(void* buf, size_t count, bpl_dtype dtype, int root, bpl_plugin_request** req) {
   if (watching(req) && watched_broadcast(buf, count, dtype, root)) return;
   const size_t bytes = count * plugin::dtype_size(dtype);
-  auto request = std::make_unique<Request>(this, "broadcast", fingerprint(BPL_COLL_BROADCAST, dtype, count, root), bytes,
+  auto request = std::make_unique<Request>(this, "broadcast", fingerprint_of(BPL_COLL_BROADCAST, dtype, count, root), bytes,
                                            nullptr);
   if (schedulable(bytes)) {
     broadcast_rounds(request->schedule(), static_cast<char*>(buf), bytes, root, rank_, size_);
@@ -950,7 +933,7 @@ void MpiComm::reduce(const void* send, void* recv, size_t count, bpl_dtype dtype
   const bpl_dtype acc = plugin::accumulation_dtype(dtype, op);
   const bool is_root = rank_ == root;
   const size_t element = plugin::dtype_size(acc), bytes = count * element;
-  auto request = std::make_unique<Request>(this, "reduce", fingerprint(BPL_COLL_REDUCE, dtype, count, root, op), bytes,
+  auto request = std::make_unique<Request>(this, "reduce", fingerprint_of(BPL_COLL_REDUCE, dtype, count, root, op), bytes,
                                            nullptr);
   const void* input = send;
   void* output = is_root ? recv : nullptr;
@@ -981,7 +964,7 @@ void MpiComm::reduce(const void* send, void* recv, size_t count, bpl_dtype dtype
 void MpiComm::allgather(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_plugin_request** req) {
   if (watching(req) && watched_allgather(send, recv, count, dtype)) return;
   const size_t block = count * plugin::dtype_size(dtype);
-  auto request = std::make_unique<Request>(this, "allgather", fingerprint(BPL_COLL_ALLGATHER, dtype, count),
+  auto request = std::make_unique<Request>(this, "allgather", fingerprint_of(BPL_COLL_ALLGATHER, dtype, count),
                                            block * static_cast<size_t>(size_), nullptr);
   // In place, the caller's block already sits at recv + rank*count: MPI_IN_PLACE means exactly that.
   char* own = static_cast<char*>(recv) + block * static_cast<size_t>(rank_);
@@ -1006,7 +989,7 @@ void MpiComm::reduce_scatter(const void* send, void* recv, size_t recvcount, bpl
   const bpl_dtype acc = plugin::accumulation_dtype(dtype, op);
   const size_t total = recvcount * static_cast<size_t>(size_), element = plugin::dtype_size(acc);
   auto request = std::make_unique<Request>(this, "reduce_scatter",
-                                           fingerprint(BPL_COLL_REDUCE_SCATTER, dtype, recvcount, -1, op),
+                                           fingerprint_of(BPL_COLL_REDUCE_SCATTER, dtype, recvcount, -1, op),
                                            total * element, nullptr);
   const void* input = send;
   void* output = recv;
@@ -1043,7 +1026,7 @@ void MpiComm::alltoall(const void* send, void* recv, size_t count, bpl_dtype dty
   if (watching(req) && watched_alltoall(send, recv, count, dtype)) return;
   const int n = mpi_count(count);
   mpi_count(count * static_cast<size_t>(size_));
-  auto request = std::make_unique<Request>(this, "alltoall", fingerprint(BPL_COLL_ALLTOALL, dtype, count),
+  auto request = std::make_unique<Request>(this, "alltoall", fingerprint_of(BPL_COLL_ALLTOALL, dtype, count),
                                            count * static_cast<size_t>(size_) * plugin::dtype_size(dtype), nullptr);
   const size_t block = count * plugin::dtype_size(dtype), bytes = block * static_cast<size_t>(size_);
   const bool in_place = send == recv;
@@ -1084,7 +1067,7 @@ void MpiComm::gather(const void* send, void* recv, size_t count, bpl_dtype dtype
   const size_t block = count * plugin::dtype_size(dtype);
   // In place, the root's block already sits at recv + root*count: MPI_IN_PLACE means exactly that.
   const bool in_place = rank_ == root && send == static_cast<char*>(recv) + block * static_cast<size_t>(root);
-  auto request = std::make_unique<Request>(this, "gather", fingerprint(BPL_COLL_GATHER, dtype, count, root),
+  auto request = std::make_unique<Request>(this, "gather", fingerprint_of(BPL_COLL_GATHER, dtype, count, root),
                                            block * static_cast<size_t>(size_), nullptr);
   if (schedulable(block)) {
     if (rank_ == root && !in_place && block > 0) std::memcpy(static_cast<char*>(recv) + block * static_cast<size_t>(root), send, block);
@@ -1106,7 +1089,7 @@ void MpiComm::scatter(const void* send, void* recv, size_t count, bpl_dtype dtyp
   mpi_count(count * static_cast<size_t>(size_));
   const size_t block = count * plugin::dtype_size(dtype);
   const bool in_place = rank_ == root && recv == static_cast<const char*>(send) + block * static_cast<size_t>(root);
-  auto request = std::make_unique<Request>(this, "scatter", fingerprint(BPL_COLL_SCATTER, dtype, count, root),
+  auto request = std::make_unique<Request>(this, "scatter", fingerprint_of(BPL_COLL_SCATTER, dtype, count, root),
                                            block * static_cast<size_t>(size_), nullptr);
   if (schedulable(block)) {
     if (rank_ == root && !in_place && block > 0) std::memcpy(recv, static_cast<const char*>(send) + block * static_cast<size_t>(root), block);
@@ -1186,7 +1169,7 @@ void MpiComm::alltoallv(const void* send, plugin::CountsView sendcounts, plugin:
 
 void MpiComm::barrier(bpl_plugin_request** req) {
   if (watching(req) && watched_barrier()) return;
-  auto request = std::make_unique<Request>(this, "barrier", fingerprint(BPL_COLL_BARRIER), 0, nullptr);
+  auto request = std::make_unique<Request>(this, "barrier", fingerprint_of(BPL_COLL_BARRIER), 0, nullptr);
   if (schedulable(0)) {
     barrier_rounds(request->schedule(), rank_, size_);
     request->run_schedule();
@@ -1214,7 +1197,7 @@ void MpiComm::send(const void* buf, size_t count, bpl_dtype dtype, int peer, int
   const size_t bytes = count * plugin::dtype_size(dtype);
   if (watching(req) && watched_send(buf, count, dtype, peer, tag)) return;
   const int on_wire = wire_tag(tag, bytes);
-  start(std::make_unique<Request>(this, "send", fingerprint(BPL_COLL_SEND), bytes,
+  start(std::make_unique<Request>(this, "send", fingerprint_of(BPL_COLL_SEND), bytes,
                                   [=, comm = comm_](MPI_Request* r) {
                                     return MPI_Isend(buf, n, mpi_type(dtype), peer, on_wire, comm, r);
                                   }),
@@ -1230,7 +1213,7 @@ void MpiComm::recv(void* buf, size_t count, bpl_dtype dtype, int peer, int tag, 
   // matches it while this rank is in MPI's own blocking calls.
   if ((!probes_all() && bytes <= eager_bytes()) || own_calls()) {
     const int on_wire = wire_tag(tag, bytes);
-    auto request = std::make_unique<Request>(this, "recv", fingerprint(BPL_COLL_RECV), bytes,
+    auto request = std::make_unique<Request>(this, "recv", fingerprint_of(BPL_COLL_RECV), bytes,
                                              [=, comm = comm_](MPI_Request* r) {
                                                return MPI_Irecv(buf, n, mpi_type(dtype), peer, on_wire, comm, r);
                                              });
@@ -1249,7 +1232,7 @@ void MpiComm::recv_any(void* buf, size_t count, bpl_dtype dtype, int tag, int32_
   const int on_wire = wire_tag(tag, bytes);
   std::unique_ptr<Request> request;
   if ((!probes_all() && bytes <= eager_bytes()) || own_calls()) {  // posted at once, as recv's
-    request = std::make_unique<Request>(this, "recv", fingerprint(BPL_COLL_RECV_ANY), bytes, [=, comm = comm_](MPI_Request* r) {
+    request = std::make_unique<Request>(this, "recv", fingerprint_of(BPL_COLL_RECV_ANY), bytes, [=, comm = comm_](MPI_Request* r) {
       return MPI_Irecv(buf, n, mpi_type(dtype), MPI_ANY_SOURCE, on_wire, comm, r);
     });
     request->posted_recv_ = true;
@@ -1290,7 +1273,7 @@ bool fits_int(size_t count) { return count <= static_cast<size_t>(INT_MAX); }
 bool MpiComm::watched_allreduce(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_reduce_op op) {
   if (plugin::accumulation_dtype(dtype, op) != dtype || !fits_int(count)) return false;
   if (count * plugin::dtype_size(dtype) > kWatchedAllreduceMaxBytes) return false;
-  if (!watched(fingerprint(BPL_COLL_ALLREDUCE, dtype, static_cast<int64_t>(count), -1, op), [&] {
+  if (!watched(fingerprint_of(BPL_COLL_ALLREDUCE, dtype, static_cast<int64_t>(count), -1, op), [&] {
         return MPI_Allreduce(in_place_or(send, recv), recv, static_cast<int>(count), mpi_type(dtype), mpi_op(op), comm_);
       })) {
     return false;
@@ -1301,14 +1284,14 @@ bool MpiComm::watched_allreduce(const void* send, void* recv, size_t count, bpl_
 
 bool MpiComm::watched_broadcast(void* buf, size_t count, bpl_dtype dtype, int root) {
   if (!fits_int(count)) return false;
-  return watched(fingerprint(BPL_COLL_BROADCAST, dtype, static_cast<int64_t>(count), root),
+  return watched(fingerprint_of(BPL_COLL_BROADCAST, dtype, static_cast<int64_t>(count), root),
                  [&] { return MPI_Bcast(buf, static_cast<int>(count), mpi_type(dtype), root, comm_); });
 }
 
 bool MpiComm::watched_reduce(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_reduce_op op, int root) {
   if (plugin::accumulation_dtype(dtype, op) != dtype || !fits_int(count)) return false;
   const bool is_root = rank_ == root;
-  if (!watched(fingerprint(BPL_COLL_REDUCE, dtype, static_cast<int64_t>(count), root, op), [&] {
+  if (!watched(fingerprint_of(BPL_COLL_REDUCE, dtype, static_cast<int64_t>(count), root, op), [&] {
         return MPI_Reduce(is_root ? in_place_or(send, recv) : send, is_root ? recv : nullptr, static_cast<int>(count),
                           mpi_type(dtype), mpi_op(op), root, comm_);
       })) {
@@ -1323,7 +1306,7 @@ bool MpiComm::watched_allgather(const void* send, void* recv, size_t count, bpl_
   const size_t block = count * plugin::dtype_size(dtype);
   const bool in_place = send == static_cast<char*>(recv) + block * static_cast<size_t>(rank_);
   const int n = static_cast<int>(count);
-  return watched(fingerprint(BPL_COLL_ALLGATHER, dtype, static_cast<int64_t>(count)), [&] {
+  return watched(fingerprint_of(BPL_COLL_ALLGATHER, dtype, static_cast<int64_t>(count)), [&] {
     return MPI_Allgather(in_place ? MPI_IN_PLACE : send, n, mpi_type(dtype), recv, n, mpi_type(dtype), comm_);
   });
 }
@@ -1331,7 +1314,7 @@ bool MpiComm::watched_allgather(const void* send, void* recv, size_t count, bpl_
 bool MpiComm::watched_alltoall(const void* send, void* recv, size_t count, bpl_dtype dtype) {
   if (!fits_int(count * static_cast<size_t>(size_))) return false;
   const int n = static_cast<int>(count);
-  return watched(fingerprint(BPL_COLL_ALLTOALL, dtype, static_cast<int64_t>(count)), [&] {
+  return watched(fingerprint_of(BPL_COLL_ALLTOALL, dtype, static_cast<int64_t>(count)), [&] {
     return MPI_Alltoall(send == recv ? MPI_IN_PLACE : send, n, mpi_type(dtype), recv, n, mpi_type(dtype), comm_);
   });
 }
@@ -1341,7 +1324,7 @@ bool MpiComm::watched_gather(const void* send, void* recv, size_t count, bpl_dty
   const size_t block = count * plugin::dtype_size(dtype);
   const bool in_place = rank_ == root && send == static_cast<char*>(recv) + block * static_cast<size_t>(root);
   const int n = static_cast<int>(count);
-  return watched(fingerprint(BPL_COLL_GATHER, dtype, static_cast<int64_t>(count), root), [&] {
+  return watched(fingerprint_of(BPL_COLL_GATHER, dtype, static_cast<int64_t>(count), root), [&] {
     return MPI_Gather(in_place ? MPI_IN_PLACE : send, n, mpi_type(dtype), recv, n, mpi_type(dtype), root, comm_);
   });
 }
@@ -1351,7 +1334,7 @@ bool MpiComm::watched_scatter(const void* send, void* recv, size_t count, bpl_dt
   const size_t block = count * plugin::dtype_size(dtype);
   const bool in_place = rank_ == root && recv == static_cast<const char*>(send) + block * static_cast<size_t>(root);
   const int n = static_cast<int>(count);
-  return watched(fingerprint(BPL_COLL_SCATTER, dtype, static_cast<int64_t>(count), root), [&] {
+  return watched(fingerprint_of(BPL_COLL_SCATTER, dtype, static_cast<int64_t>(count), root), [&] {
     return MPI_Scatter(send, n, mpi_type(dtype), in_place ? MPI_IN_PLACE : recv, n, mpi_type(dtype), root, comm_);
   });
 }
@@ -1380,13 +1363,13 @@ bool MpiComm::watched_alltoallv(const void* send, plugin::CountsView sendcounts,
 }
 
 bool MpiComm::watched_barrier() {
-  return watched(fingerprint(BPL_COLL_BARRIER), [&] { return MPI_Barrier(comm_); });
+  return watched(fingerprint_of(BPL_COLL_BARRIER), [&] { return MPI_Barrier(comm_); });
 }
 
 bool MpiComm::watched_send(const void* buf, size_t count, bpl_dtype dtype, int peer, int tag) {
   if (!fits_int(count)) return false;
   const int on_wire = wire_tag(tag, count * plugin::dtype_size(dtype));
-  return watched(fingerprint(BPL_COLL_SEND),
+  return watched(fingerprint_of(BPL_COLL_SEND),
                  [&] { return MPI_Send(buf, static_cast<int>(count), mpi_type(dtype), peer, on_wire, comm_); });
 }
 
@@ -1402,7 +1385,7 @@ bool MpiComm::watched_recv(void* buf, size_t count, bpl_dtype dtype, int peer, i
   };
   if (bytes <= eager_bytes() && !probes_all()) {  // only eagerly copied messages travel under its tag
     MPI_Status status;
-    if (!watched(fingerprint(BPL_COLL_RECV), [&] {
+    if (!watched(fingerprint_of(BPL_COLL_RECV), [&] {
           return MPI_Recv(buf, static_cast<int>(count), mpi_type(dtype), peer, on_wire, comm_, &status);
         })) {
       return false;
@@ -1415,7 +1398,7 @@ bool MpiComm::watched_recv(void* buf, size_t count, bpl_dtype dtype, int peer, i
   // whole: its size is checked before it is received.
   MPI_Message message = MPI_MESSAGE_NULL;
   std::vector<char> drained;
-  if (!watched(fingerprint(BPL_COLL_RECV), [&] {
+  if (!watched(fingerprint_of(BPL_COLL_RECV), [&] {
         MPI_Status status;
         int error = MPI_Mprobe(peer, on_wire, comm_, &message, &status);
         if (error == MPI_SUCCESS) error = MPI_Get_count(&status, MPI_BYTE, &arrived);
@@ -1433,7 +1416,7 @@ bool MpiComm::watched_recv(void* buf, size_t count, bpl_dtype dtype, int peer, i
 }
 
 void MpiComm::finalize_barrier() {
-  start(std::make_unique<Request>(this, "bpl_finalize", fingerprint(static_cast<bpl_collective>(kFinalizeOp)), 0,
+  start(std::make_unique<Request>(this, "bpl_finalize", fingerprint_of(static_cast<bpl_collective>(kFinalizeOp)), 0,
                                   [comm = comm_](MPI_Request* r) { return MPI_Ibarrier(comm, r); }),
         nullptr);
 }
@@ -1443,7 +1426,7 @@ std::unique_ptr<MpiComm> MpiComm::split(int color, int key) {
   // so the split itself only waits for peers that are already there.
   int arrived[1] = {1};
   std::vector<int> everyone(static_cast<size_t>(size_));
-  start(std::make_unique<Request>(this, "comm_split (arrival check)", fingerprint(BPL_COLL_COMM_SPLIT), 0,
+  start(std::make_unique<Request>(this, "comm_split (arrival check)", fingerprint_of(BPL_COLL_COMM_SPLIT), 0,
                                   [&, comm = comm_](MPI_Request* r) {
                                     return MPI_Iallgather(arrived, 1, MPI_INT, everyone.data(), 1, MPI_INT, comm, r);
                                   }),

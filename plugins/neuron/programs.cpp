@@ -34,17 +34,8 @@ std::string shape_text(const std::vector<int64_t>& shape) {
 }
 
 std::string dtype_text(bpl_dtype dtype) {
-  switch (dtype) {
-    case BPL_DTYPE_F32: return "f32";
-    case BPL_DTYPE_F64: return "f64";
-    case BPL_DTYPE_F16: return "f16";
-    case BPL_DTYPE_BF16: return "bf16";
-    case BPL_DTYPE_I8: return "i8";
-    case BPL_DTYPE_U8: return "u8";
-    case BPL_DTYPE_I32: return "i32";
-    case BPL_DTYPE_I64: return "i64";
-    default: return "dtype " + std::to_string(dtype);
-  }
+  const std::string name = bpl_dtype_name(dtype);  // the ABI's names (core/diagnosis/names.cpp)
+  return name == "unknown" ? "dtype " + std::to_string(dtype) : name;
 }
 
 // The ports of a loaded model, inputs and outputs apart, in the model's order.

@@ -6,10 +6,12 @@
 // int64 words on the communicator itself: its shape never depends on the arguments being checked, so
 // it cannot mismatch even when they do. Plugins use the same words to explain an operation that
 // stalled (gloo through its store, mpi on a communicator of its own), so that their reports read alike;
-// this file and names.cpp are built into them too (bpl_fingerprint), depending on nothing else.
+// this file and names.cpp are built into them too (bpl_diagnosis), depending on nothing else.
 #pragma once
 
+#include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -52,6 +54,18 @@ int64_t pairing_share(int rank, int ranks, SentTo&& sent_to, ReceivedFrom&& rece
   return static_cast<int64_t>(share);
 }
 
+// The fingerprint of collective `op` with these fields (-1: the operation has no such field).
+inline Fingerprint fingerprint_of(bpl_collective op, int64_t dtype = -1, int64_t count = -1, int64_t root = -1,
+                                  int64_t reduce_op = -1) {
+  Fingerprint f;
+  f.op = op;
+  f.dtype = dtype;
+  f.count = count;
+  f.root = root;
+  f.reduce_op = reduce_op;
+  return f;
+}
+
 constexpr size_t kFingerprintWords = 8;
 using FingerprintWords = std::array<int64_t, kFingerprintWords>;
 
@@ -78,5 +92,11 @@ std::string compare(const std::vector<std::pair<int, Fingerprint>>& by_rank, int
 // The ranks grouped by what they call, given as (rank, description) pairs (equal descriptions, same
 // call): "ranks 0,2 call X; rank 1 calls Y; rank 1 differs from the others". "" when all agree.
 std::string disagreement(const std::vector<std::pair<int, std::string>>& call_of_rank);
+
+// How long a rank whose operation timed out waits for the others' word about it (their fingerprints):
+// they time out at about the same moment, give or take how late each came to the operation.
+inline std::chrono::milliseconds explanation_window(std::chrono::milliseconds timeout) {
+  return std::min(timeout / 4, std::chrono::milliseconds(1000));
+}
 
 }  // namespace backplane
