@@ -1,5 +1,8 @@
 // A communicator of the MPI plugin: an MPI communicator (with MPI_ERRORS_RETURN) and a duplicate of it
 // on which the plugin's own schedules run and the ranks compare what they call (fingerprint.h).
+// Defined in mpi_comm.cpp (making, splitting, failing and explaining a communicator), mpi_requests.cpp
+// (Request), mpi_collectives.cpp (the collectives and point-to-point calls) and mpi_watched_calls.cpp
+// (MPI's own blocking calls under BPL_MPI_WATCHDOG=1); mpi_internal.h holds what those files share.
 //
 // Every bpl call is a schedule of the plugin's own of MPI's non-blocking point-to-point calls
 // (schedules.h: every collective), or MPI's own non-blocking call (send, recv, and collectives beyond
