@@ -2,6 +2,9 @@
 // collectives take (shared memory, hierarchical or TCP: collective_paths.h, chosen once), and the
 // queue that orders its operations. Collectives block, so asynchronous requests run them on the
 // queue's worker; point-to-point transfers are posted at once and only their completion is waited for.
+// Defined in gloo_comm.cpp (making, aborting and watching a communicator, its shared memory, posting),
+// gloo_collectives.cpp (the collectives and split), gloo_point_to_point.cpp (sends and receives) and
+// gloo_failures.cpp (naming a failure); gloo_comm_internal.h holds what those files share.
 #pragma once
 
 #include <gloo/context.h>

@@ -1,0 +1,119 @@
+// What the gloo communicator's files share (gloo_comm.cpp, gloo_collectives.cpp,
+// gloo_point_to_point.cpp, gloo_failures.cpp): its requests, a collective queued to the communicator's
+// OpQueue (QueuedRequest) and a send or recv posted to Gloo at once (PointToPointRequest); `classify`,
+// what an operation threw as its status and message; a socket's address; the machine's partition.
+#pragma once
+
+#include <gloo/common/error.h>
+#include <gloo/transport/tcp/address.h>
+
+#include <sys/socket.h>
+
+#include <chrono>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "gloo_comm.h"
+#include "plugin_support.h"
+
+namespace backplane::gloo_plugin {
+
+inline std::pair<bpl_status, std::string> classify(std::exception_ptr error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::bad_alloc&) {
+    return {BPL_ERR_OUT_OF_MEMORY, "out of memory"};
+  } catch (const std::exception& e) {
+    return {classify_exception(e), e.what()};
+  } catch (...) {
+    return {BPL_ERR_INTERNAL, "unknown exception"};
+  }
+}
+
+// A collective posted to the communicator's queue (`queue`, which outlives its requests). A wait for
+// its end (as long as the operation's own bound, or longer) that finds it next in line, not yet taken
+// by the worker, runs it on the waiting thread; a shorter wait only waits, so that it returns at its
+// timeout with the operation in flight.
+class QueuedRequest : public Request {
+ public:
+  explicit QueuedRequest(std::shared_ptr<plugin::Operation> op, plugin::OpQueue* queue = nullptr)
+      : op_(std::move(op)), queue_(queue) {}
+  bpl_status test(int32_t* done) override {
+    *done = op_->ended() ? 1 : 0;
+    if (!*done && queue_ != nullptr) queue_->hurry();  // whoever polls expects it to move now
+    return *done ? result() : BPL_OK;
+  }
+  bpl_status wait(std::chrono::milliseconds timeout) override {
+    if (queue_ != nullptr && !op_->ended()) {
+      if (timeout < queue_->op_timeout() || !queue_->run_if_next(op_)) queue_->hurry();
+    }
+    if (!op_->wait_for(timeout)) {
+      plugin::host()->set_error(("gloo: the operation has not ended after " + std::to_string(timeout.count()) +
+                                 " ms; it is still in flight")
+                                    .c_str());
+      return BPL_ERR_TIMEOUT;
+    }
+    return result();
+  }
+  bpl_status finish() override {
+    if (queue_ != nullptr && !op_->ended()) queue_->hurry();
+    if (op_->wait_for_deadline()) return BPL_OK;
+    plugin::host()->set_error("gloo: the operation did not end within its timeout; its buffers may still be in use");
+    return BPL_ERR_TIMEOUT;
+  }
+
+ private:
+  bpl_status result() {
+    if (op_->status() != BPL_OK) plugin::host()->set_error(("gloo: " + op_->message()).c_str());
+    return op_->status();
+  }
+  std::shared_ptr<plugin::Operation> op_;
+  plugin::OpQueue* queue_;
+};
+
+// An asynchronous send or recv: posted to Gloo at once; a thread waits for its completion with the
+// communicator's timeout, because Gloo's own wait with a shorter timeout would close the whole context.
+class PointToPointRequest : public Request {
+ public:
+  // `complete` waits, within the communicator's timeout, for the posted transfer to finish.
+  explicit PointToPointRequest(std::function<void()> complete)
+      : op_(std::make_shared<plugin::Operation>(std::move(complete))) {
+    waiter_ = std::thread([op = op_] { op->run(classify); });
+  }
+  ~PointToPointRequest() override {
+    if (waiter_.joinable()) waiter_.join();
+  }
+  bpl_status test(int32_t* done) override { return QueuedRequest(op_).test(done); }
+  bpl_status wait(std::chrono::milliseconds timeout) override { return QueuedRequest(op_).wait(timeout); }
+  bpl_status finish() override {
+    waiter_.join();  // the waiter ends within the communicator's timeout
+    return BPL_OK;
+  }
+
+ private:
+  std::shared_ptr<plugin::Operation> op_;
+  std::thread waiter_;
+};
+
+inline std::string address_of(int fd, bool local) {
+  sockaddr_storage address{};
+  socklen_t length = sizeof(address);
+  const int got = local ? ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length)
+                        : ::getpeername(fd, reinterpret_cast<sockaddr*>(&address), &length);
+  if (got != 0 || (address.ss_family != AF_INET && address.ss_family != AF_INET6)) return "";
+  return ::gloo::transport::tcp::Address(address).str();
+}
+
+// BPL_GLOO_HOST_ID: ranks of one machine with different values are treated as on different machines
+// (as NCCL_HOSTID does), to run the hierarchical path on one machine. It can only split a machine.
+inline std::string machine_partition() {
+  const char* value = plugin::env("BPL_GLOO_HOST_ID");
+  return value == nullptr ? "" : std::string(" host id ") + value;
+}
+
+}  // namespace backplane::gloo_plugin

@@ -1,0 +1,326 @@
+// How the gloo communicator names a failure: the peers it learned of, which of them failed, were
+// unreachable or stalled, and the communicator's first failure recorded for every rank to see.
+#include "gloo_comm.h"
+
+#include <gloo/common/error.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/prefix_store.h>
+#include <gloo/transport/tcp/address.h>
+#include <gloo/transport/unbound_buffer.h>
+#include <gloo/types.h>
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <iomanip>
+#include <numeric>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <tuple>
+
+#include "dtypes.h"
+#include "local_process.h"
+#include "peer_reachability.h"
+#include "plugin_support.h"
+#include "rendezvous.h"
+#include "shm_group.h"
+#include "gloo_comm_internal.h"
+
+namespace backplane::gloo_plugin {
+
+namespace {
+
+// The lines of a peer's record in the store.
+std::vector<std::string> lines_of(const std::vector<char>& bytes) {
+  std::vector<std::string> lines;
+  std::string line;
+  for (char c : bytes) {
+    if (c == '\n') {
+      lines.push_back(line);
+      line.clear();
+    } else {
+      line += c;
+    }
+  }
+  return lines;
+}
+
+}  // namespace
+
+// A connected Gloo pair names its peer by the connection's remote end. Each rank publishes its process
+// (process space and pid) and its own end of each connection through the store. (The addresses a
+// pair announced before connecting are not used: a pair that connects gives up its listening port,
+// which a later socket of any rank may then take, so that port would name the wrong rank.) The
+// processes let a failure that names no known address still be traced to a peer on this machine that
+// has ended or is stopped.
+void GlooComm::learn_peers(::gloo::rendezvous::Store& store) {
+  machine_of_rank_.assign(static_cast<size_t>(size()), 0);
+  if (size() == 1) return;
+  const std::string my_process_space = plugin::process_space_identity() + machine_partition();
+  std::string mine = my_process_space + "\n" + std::to_string(::getpid()) + "\n";
+  for (int r = 0; r < size(); ++r) mine += (r == rank() ? "" : context_->getPair(r)->address().str()) + "\n";
+  store.set("peers/" + std::to_string(rank()), std::vector<char>(mine.begin(), mine.end()));
+  local_pid_of_peer_.assign(static_cast<size_t>(size()), 0);
+  std::vector<std::string> process_space_of_rank(static_cast<size_t>(size()));
+  for (int r = 0; r < size(); ++r) {
+    if (r == rank()) {
+      process_space_of_rank[static_cast<size_t>(r)] = my_process_space;
+      continue;
+    }
+    const std::vector<std::string> theirs = lines_of(store.get("peers/" + std::to_string(r)));
+    if (theirs.size() != static_cast<size_t>(size()) + 2) {
+      process_space_of_rank[static_cast<size_t>(r)] = "unknown: rank " + std::to_string(r);
+      continue;
+    }
+    process_space_of_rank[static_cast<size_t>(r)] = theirs[0];
+    if (theirs[0] == my_process_space) local_pid_of_peer_[static_cast<size_t>(r)] = std::atoi(theirs[1].c_str());
+    peer_of_address_[theirs[2 + static_cast<size_t>(rank())]] = r;
+  }
+  // Machines numbered in order of their lowest rank, identically on every rank.
+  int machines = 0;
+  for (size_t r = 0; r < process_space_of_rank.size(); ++r) {
+    const auto first = static_cast<size_t>(
+        std::find(process_space_of_rank.begin(), process_space_of_rank.end(), process_space_of_rank[r]) -
+        process_space_of_rank.begin());
+    machine_of_rank_[r] = first == r ? machines++ : machine_of_rank_[first];
+  }
+}
+
+// Names the peer behind a failure, or says what is unknown here, never a wrong one. The peers of this
+// machine whose process ended (REMOTE) or is stopped (TIMEOUT) are named first; for a timeout, then the
+// peers on machines that acknowledge nothing (unreachable_peers_note). A connection that
+// ended names its peer as the cause only if that peer's process ended, or runs here and failed on its
+// own (it aborted): a peer on another machine may have closed it after a failure it saw itself, and
+// is then only said to have closed it (the store's record, when it can be read, names the cause).
+std::string GlooComm::failed_peers_note(const std::string& message, bpl_status status, int pair_peer) const {
+  // The watch saw this peer's connection end first: what this rank's own operation saw after that is
+  // its own connections being failed in turn. Otherwise the pair the failure came from, when the
+  // operation tells, or the address in Gloo's message, "[host]:port", looked up whole (one port may be
+  // another's prefix).
+  int closed_by = status == BPL_ERR_REMOTE ? first_ended_.load() : -1;
+  if (closed_by < 0 && status == BPL_ERR_REMOTE) closed_by = pair_peer;
+  static const std::regex address_in_message(R"(\[[^\]]*\]:\d+)");
+  auto host_of = [](const std::string& address) { return address.substr(0, address.rfind(':')); };
+  for (std::sregex_iterator it(message.begin(), message.end(), address_in_message), end; closed_by < 0 && it != end; ++it) {
+    const auto known = peer_of_address_.find(it->str());
+    if (known != peer_of_address_.end()) {
+      closed_by = known->second;
+      break;
+    }
+    // Gloo sometimes names a pair by a port of the peer that is neither end known here (seen across
+    // test hosts): the host then tells, when a single rank of this communicator runs there.
+    std::set<int> there;
+    for (const auto& [address, peer] : peer_of_address_) {
+      if (host_of(address) == host_of(it->str())) there.insert(peer);
+    }
+    if (there.size() == 1) closed_by = *there.begin();
+  }
+  auto local_pid = [&](int r) { return local_pid_of_peer_.empty() ? 0 : local_pid_of_peer_[static_cast<size_t>(r)]; };
+  const bool any_local_peer = std::any_of(local_pid_of_peer_.begin(), local_pid_of_peer_.end(), [](pid_t pid) { return pid != 0; });
+  if (any_local_peer) {
+    // A killed peer's sockets close a moment before its process is marked ended, hence the short
+    // wait for one.
+    const auto wanted = status == BPL_ERR_TIMEOUT ? plugin::ProcessState::kStopped : plugin::ProcessState::kEnded;
+    const auto give_up = std::chrono::steady_clock::now() +
+                         (status == BPL_ERR_TIMEOUT ? std::chrono::milliseconds(0) : std::chrono::milliseconds(200));
+    for (;;) {
+      std::string note;
+      for (int r = 0; r < size(); ++r) {
+        const pid_t pid = local_pid(r);
+        if (pid == 0 || plugin::process_state(pid) != wanted) continue;
+        note += (note.empty() ? " (" : "; ") + plugin::local_peer_description(r, pid, wanted);
+      }
+      if (!note.empty()) return note + ")";
+      if (std::chrono::steady_clock::now() >= give_up) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+  if (status == BPL_ERR_TIMEOUT) {
+    std::string unreachable = unreachable_peers_note();
+    if (!unreachable.empty()) return unreachable;
+  }
+  if (closed_by < 0) return "";
+  if (local_pid(closed_by) == 0) {
+    return " (the connection to rank " + std::to_string(closed_by) +
+           ", on another machine, ended: it ended, aborted, or closed it after a failure of its own)";
+  }
+  return " (the connection to rank " + std::to_string(closed_by) + " ended while its process " +
+         std::to_string(local_pid(closed_by)) + " on this machine runs: it aborted, or closed it after a failure of its own)";
+}
+
+std::string GlooComm::unreachable_peers_note() const {
+  struct Silent {
+    std::set<int> ranks;
+    std::chrono::milliseconds longest{0};
+  };
+  std::map<std::string, Silent> silent_hosts;  // a peer machine's address → its ranks that do not answer
+  for (const PairSocket& socket : sockets_) {
+    if (!on_another_machine(socket.peer)) continue;
+    const std::optional<std::chrono::milliseconds> waited = unanswered_for(socket.fd);
+    if (!waited) continue;
+    const std::string address = address_of(socket.fd, false);  // "[host]:port", or "" if it cannot be read
+    const size_t end = address.rfind(']');
+    Silent& host = silent_hosts[end == std::string::npos ? "an address unknown here" : address.substr(1, end - 1)];
+    host.ranks.insert(socket.peer);
+    host.longest = std::max(host.longest, *waited);
+  }
+  std::ostringstream note;
+  note << std::fixed << std::setprecision(1);
+  for (const auto& [host, seen] : silent_hosts) {
+    note << (note.tellp() == 0 ? " (" : "; ") << (seen.ranks.size() == 1 ? "rank " : "ranks ");
+    for (auto rank = seen.ranks.begin(); rank != seen.ranks.end(); ++rank) {
+      note << (rank == seen.ranks.begin() ? "" : ", ") << *rank;
+    }
+    note << " at " << host << (seen.ranks.size() == 1 ? " is" : " are")
+         << " unreachable: that machine acknowledged nothing this rank sent for " << seen.longest.count() / 1000.0 << " s";
+  }
+  if (silent_hosts.size() == 1) note << "; the network to it is cut, or it is down)";
+  if (silent_hosts.size() > 1) note << "; the network to those machines is cut, or they are down)";
+  return note.str();
+}
+
+namespace {
+
+std::string words_text(const FingerprintWords& words) {
+  std::string text;
+  for (int64_t word : words) text += std::to_string(word) + " ";
+  return text;
+}
+
+std::optional<Fingerprint> fingerprint_of_text(const std::string& text) {
+  FingerprintWords words{};
+  std::istringstream in(text);
+  for (int64_t& word : words) {
+    if (!(in >> word)) return std::nullopt;
+  }
+  return decode(words);
+}
+
+}  // namespace
+
+Error GlooComm::failure(const std::exception& e) {
+  if (aborted_.load()) {
+    return Error(BPL_ERR_ABORTED, "the communicator was aborted (bpl_comm_abort) on this rank (" +
+                                      std::string(e.what()) + ")");
+  }
+  const bpl_status status = classify_exception(e);
+  // A stall is explained by what the ranks called; so is a connection that ended because a peer's own
+  // stall timed out (Gloo closes the pair it waited on), which this rank then only reads, not waits for.
+  if (status == BPL_ERR_TIMEOUT || status == BPL_ERR_REMOTE) {
+    const auto wait = status == BPL_ERR_TIMEOUT ? explanation_window(timeout()) : std::chrono::milliseconds(0);
+    if (std::optional<std::string> mismatch = explain_stall(wait)) return recorded_failure(BPL_ERR_MISMATCH, *mismatch);
+  }
+  std::string message = e.what();
+  const std::string peers_note =
+      status == BPL_ERR_REMOTE || status == BPL_ERR_TIMEOUT ? failed_peers_note(message, status) : "";
+  message += peers_note;
+  if (status == BPL_ERR_TIMEOUT) {
+    message += " (no peer of this rank in the operation made progress within " + std::to_string(timeout().count()) +
+               (peers_note.empty() ? " ms: one is stopped, stuck or far behind)" : " ms)");
+  }
+  return recorded_failure(status, message, record_defer(status, peers_note));
+}
+
+// A failure whose cause may be on another machine is seen at about the same moment by a rank of that
+// machine, which can name it (a stopped rank there, or a peer there whose process ended): a timeout
+// this rank cannot explain, or a connection to another machine that ended (it may only have followed
+// a failure there), waits a moment for that rank's record to come first.
+std::chrono::milliseconds GlooComm::record_defer(bpl_status status, const std::string& peers_note) const {
+  const bool spans_machines =
+      std::any_of(machine_of_rank_.begin(), machine_of_rank_.end(), [](int machine) { return machine > 0; });
+  const bool unexplained = status == BPL_ERR_TIMEOUT ? peers_note.empty()
+                                                     : peers_note.find("on another machine") != std::string::npos;
+  return spans_machines && unexplained ? explanation_window(timeout()) : std::chrono::milliseconds(0);
+}
+
+void GlooComm::leave_after_failure() {
+  if (size() == 1 || shared_->store_host_rank < 0) return;  // a store that outlives every rank
+  const std::string key = uid_ + "/left_after_failure/";
+  if (rank() != shared_->store_host_rank) {
+    shared_->board->publish(key + std::to_string(rank()), "1");
+    return;
+  }
+  // Not waited for: the peers of this machine whose process ended or is stopped.
+  std::vector<std::string> running;
+  for (int r = 0; r < size(); ++r) {
+    const pid_t pid = local_pid_of_peer_.empty() ? 0 : local_pid_of_peer_[static_cast<size_t>(r)];
+    if (r == rank() || (pid != 0 && plugin::process_state(pid) != plugin::ProcessState::kRunning)) continue;
+    running.push_back(key + std::to_string(r));
+  }
+  // Within the window in which ranks that fail at about the same moment wait for each other's word: a
+  // peer that fails later than that names what it saw itself.
+  shared_->board->gather(running, explanation_window(timeout()));
+}
+
+void GlooComm::begin(bpl_collective op, bpl_dtype dtype, int64_t count, int root, int reduce_op, int64_t pairing) {
+  current_.sequence = static_cast<int64_t>(++collectives_);
+  current_.op = op;
+  current_.dtype = dtype;
+  current_.count = count;
+  current_.root = root;
+  current_.reduce_op = reduce_op;
+  current_.pairing = pairing;
+  if (shm_) shm_->set_call(current_);
+  if (machine_shm_) machine_shm_->set_call(current_);
+}
+
+uint32_t GlooComm::tag() const {
+  const uint64_t hash = call_hash(current_);
+  return static_cast<uint32_t>(hash ^ (hash >> 32));
+}
+
+std::optional<std::string> GlooComm::explain_stall(std::chrono::milliseconds wait) {
+  if (shm_ || current_.sequence == 0) return std::nullopt;  // shared memory tells a mismatch itself
+  // After its first failure a rank's operations say nothing of what it was called for: peers still in
+  // the failed operation must not read them as the collective it calls instead.
+  if (failed_.load()) return std::nullopt;
+  const std::string key = uid_ + "/stalled/" + std::to_string(current_.sequence) + "/";
+  shared_->board->publish(key + std::to_string(rank()), words_text(encode(current_)));
+  std::vector<std::string> keys;
+  for (int r = 0; r < size(); ++r) keys.push_back(key + std::to_string(r));
+  const std::vector<std::optional<std::string>> said = shared_->board->gather(keys, wait);
+  std::vector<std::pair<int, Fingerprint>> fingerprints;
+  std::string silent;
+  for (int r = 0; r < size(); ++r) {
+    std::optional<Fingerprint> theirs = said[static_cast<size_t>(r)] ? fingerprint_of_text(*said[static_cast<size_t>(r)])
+                                                                     : std::nullopt;
+    if (!theirs) {
+      silent += (silent.empty() ? "" : ",") + std::to_string(r);
+      continue;
+    }
+    theirs->sequence = 0;  // this plugin's numbering, not the caller's
+    fingerprints.emplace_back(r, *theirs);
+  }
+  const std::string report = compare(fingerprints, size());
+  if (report.empty()) return std::nullopt;
+  return report + " (found when the operation stalled over Gloo's TCP pairs" +
+         (silent.empty() ? "" : "; ranks " + silent + " did not say what they call") + ")";
+}
+
+Error GlooComm::recorded_failure(bpl_status status, const std::string& message, std::chrono::milliseconds defer) {
+  if (status != BPL_ERR_REMOTE && status != BPL_ERR_TIMEOUT && status != BPL_ERR_MISMATCH) return Error(status, message);
+  // "<status>|<rank>|<message>": the first failure recorded for this communicator.
+  const std::string mine = std::to_string(status) + "|" + std::to_string(rank()) + "|" + message;
+  failed_ = true;
+  const std::string first = shared_->board->record_first(uid_ + "/first_failure", mine, defer);
+  shut_down_connections();
+  // A rank that found the ranks disagreeing says so, whatever another rank recorded before it knew.
+  if (status == BPL_ERR_MISMATCH) return Error(status, message);
+  const size_t bar1 = first.find('|'), bar2 = first.find('|', bar1 + 1);
+  if (first == mine || bar1 == std::string::npos || bar2 == std::string::npos) return Error(status, message);
+  const auto first_status = static_cast<bpl_status>(std::atoi(first.c_str()));
+  return Error(first_status, first.substr(bar2 + 1) + " [the communicator's first failure, seen by rank " +
+                                 first.substr(bar1 + 1, bar2 - bar1 - 1) + "; here: " + message + "]");
+}
+
+}  // namespace backplane::gloo_plugin
