@@ -1,4 +1,4 @@
-"""The Python module (python/backplane.py) on real ranks: run under bpl-run (or mpirun) with
+"""The Python module (python/backplane/) on real ranks: run under bpl-run (or mpirun) with
 PYTHONPATH pointing at python/ and BPL_LIBRARY at libbackplane.so. Each rank checks every result and
 prints "python rank R: ok"; any failure exits non-zero."""
 import array

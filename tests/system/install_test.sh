@@ -22,7 +22,7 @@ for path in lib/libbackplane.so include/backplane/backplane.h include/backplane/
             lib/backplane/plugins/libbpl-torch-store.so bin/bpl-run bin/bpl-info bin/embed \
             lib/cmake/backplane/backplaneConfig.cmake lib/cmake/backplane/backplaneConfigVersion.cmake \
             lib/cmake/backplane/backplaneTargets.cmake lib/pkgconfig/backplane.pc \
-            lib/python3/dist-packages/backplane.py; do
+            lib/python3/dist-packages/backplane/__init__.py; do
   [ -e "$prefix/$path" ] || { echo "install is missing $path"; exit 1; }
 done
 

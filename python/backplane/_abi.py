@@ -1,0 +1,193 @@
+"""The C ABI (backplane.h, ABI 1.x) as ctypes sees it: the values and layouts, which are fixed, every
+function's signature, the library's loading, and its errors as BackplaneError."""
+
+import ctypes
+import ctypes.util
+import os
+
+_STATUS_NAMES = {
+    0: "BPL_OK", 1: "BPL_ERR_INVALID_ARGUMENT", 2: "BPL_ERR_NOT_FOUND", 3: "BPL_ERR_UNSUPPORTED",
+    4: "BPL_ERR_UNAVAILABLE", 5: "BPL_ERR_ABI_MISMATCH", 6: "BPL_ERR_TIMEOUT", 7: "BPL_ERR_REMOTE",
+    8: "BPL_ERR_MISMATCH", 9: "BPL_ERR_OUT_OF_MEMORY", 10: "BPL_ERR_IO", 11: "BPL_ERR_INTERNAL",
+    12: "BPL_ERR_ABORTED",
+}
+_DTYPES = {"f32": 1, "f64": 2, "f16": 3, "bf16": 4, "i8": 5, "u8": 6, "i32": 7, "i64": 8}
+_SIZES = {1: 4, 2: 8, 3: 2, 4: 2, 5: 1, 6: 1, 7: 4, 8: 8}
+_DTYPE_NAMES = {code: name for name, code in _DTYPES.items()}
+_OPS = {"sum": 1, "prod": 2, "min": 3, "max": 4, "avg": 5}
+_COLOR_UNDEFINED = -1
+_TIMEOUT_DEFAULT = -1
+_ERR_TIMEOUT = 6
+
+
+class _InitOptions(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("backend", ctypes.c_char_p), ("rank", ctypes.c_int32),
+                ("world_size", ctypes.c_int32), ("local_rank", ctypes.c_int32),
+                ("local_world_size", ctypes.c_int32), ("master_addr", ctypes.c_char_p),
+                ("master_port", ctypes.c_int32), ("timeout_ms", ctypes.c_int64)]
+
+
+class _RuntimeInfo(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("backend", ctypes.c_char_p), ("plugin_path", ctypes.c_char_p),
+                ("plugin_version", ctypes.c_char_p), ("selection_reason", ctypes.c_char_p),
+                ("launcher", ctypes.c_char_p), ("details", ctypes.c_char_p), ("plugin_abi_major", ctypes.c_int32),
+                ("plugin_abi_minor", ctypes.c_int32), ("rank", ctypes.c_int32), ("world_size", ctypes.c_int32),
+                ("local_rank", ctypes.c_int32), ("local_world_size", ctypes.c_int32),
+                ("device_count", ctypes.c_int32), ("dtypes", ctypes.c_uint32), ("collectives", ctypes.c_uint64),
+                ("reduce_ops", ctypes.c_uint32), ("kernels", ctypes.c_uint32), ("timeout_ms", ctypes.c_int64),
+                ("program_formats", ctypes.c_char_p)]
+
+
+class _DeviceProperties(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("name", ctypes.c_char * 64), ("kind", ctypes.c_int32),
+                ("index", ctypes.c_int32), ("total_memory", ctypes.c_uint64), ("free_memory", ctypes.c_uint64)]
+
+
+class _GemmArgs(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("device", ctypes.c_int32), ("dtype", ctypes.c_int32),
+                ("trans_a", ctypes.c_int32), ("trans_b", ctypes.c_int32), ("m", ctypes.c_int64),
+                ("n", ctypes.c_int64), ("k", ctypes.c_int64), ("alpha", ctypes.c_double), ("beta", ctypes.c_double),
+                ("a", ctypes.c_void_p), ("lda", ctypes.c_int64), ("b", ctypes.c_void_p), ("ldb", ctypes.c_int64),
+                ("c", ctypes.c_void_p), ("ldc", ctypes.c_int64)]
+
+
+class _ElementwiseArgs(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("device", ctypes.c_int32), ("dtype", ctypes.c_int32),
+                ("count", ctypes.c_int64), ("alpha", ctypes.c_double), ("beta", ctypes.c_double),
+                ("x", ctypes.c_void_p), ("y", ctypes.c_void_p), ("out", ctypes.c_void_p)]
+
+
+class _CastArgs(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("device", ctypes.c_int32), ("from_dtype", ctypes.c_int32),
+                ("to_dtype", ctypes.c_int32), ("reserved0", ctypes.c_int32), ("count", ctypes.c_int64),
+                ("src", ctypes.c_void_p), ("dst", ctypes.c_void_p)]
+
+
+class _ProgramOptions(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("format", ctypes.c_char_p), ("flags", ctypes.c_char_p),
+                ("entry", ctypes.c_char_p), ("device", ctypes.c_int32), ("reserved0", ctypes.c_int32)]
+
+
+_MAX_DIMS = 8
+
+
+class _Tensor(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("data", ctypes.c_void_p), ("dtype", ctypes.c_int32),
+                ("ndim", ctypes.c_int32), ("shape", ctypes.c_int64 * _MAX_DIMS)]
+
+
+_DEVICE_KINDS = {1: "host", 2: "accelerator"}
+_MEMCPY_KIND = {(False, False): 1, (True, False): 2, (False, True): 3, (True, True): 4}  # (to device, from device)
+
+
+def _find_library():
+    explicit = os.environ.get("BPL_LIBRARY")
+    if explicit:
+        return explicit
+    here = os.path.dirname(os.path.abspath(__file__))
+    beside = os.path.normpath(os.path.join(here, "..", "..", "..", "libbackplane.so"))
+    if os.path.exists(beside):
+        return beside
+    return ctypes.util.find_library("backplane") or "libbackplane.so.1"
+
+
+def _load():
+    lib = ctypes.CDLL(_find_library())
+    p = ctypes.c_void_p
+    signatures = {
+        "bpl_last_error": ([], ctypes.c_char_p),
+        "bpl_abi_version": ([ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_int32)], None),
+        "bpl_init": ([ctypes.POINTER(_InitOptions), ctypes.POINTER(p)], ctypes.c_int32),
+        "bpl_finalize": ([p], ctypes.c_int32),
+        "bpl_runtime_describe": ([p, ctypes.POINTER(_RuntimeInfo)], ctypes.c_int32),
+        "bpl_comm_world": ([p, ctypes.POINTER(p)], ctypes.c_int32),
+        "bpl_comm_split": ([p, ctypes.c_int32, ctypes.c_int32, ctypes.POINTER(p)], ctypes.c_int32),
+        "bpl_comm_destroy": ([p], ctypes.c_int32),
+        "bpl_comm_rank": ([p, ctypes.POINTER(ctypes.c_int32)], ctypes.c_int32),
+        "bpl_comm_size": ([p, ctypes.POINTER(ctypes.c_int32)], ctypes.c_int32),
+        "bpl_comm_set_timeout": ([p, ctypes.c_int64], ctypes.c_int32),
+        "bpl_comm_abort": ([p], ctypes.c_int32),
+        "bpl_allreduce": ([p, p, p, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, p], ctypes.c_int32),
+        "bpl_broadcast": ([p, p, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, p], ctypes.c_int32),
+        "bpl_reduce": ([p, p, p, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, p], ctypes.c_int32),
+        "bpl_allgather": ([p, p, p, ctypes.c_int64, ctypes.c_int32, p], ctypes.c_int32),
+        "bpl_reduce_scatter": ([p, p, p, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, p], ctypes.c_int32),
+        "bpl_alltoall": ([p, p, p, ctypes.c_int64, ctypes.c_int32, p], ctypes.c_int32),
+        "bpl_barrier": ([p, p], ctypes.c_int32),
+        "bpl_comm_get_timeout": ([p, ctypes.POINTER(ctypes.c_int64)], ctypes.c_int32),
+        "bpl_send": ([p, p, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, p], ctypes.c_int32),
+        "bpl_recv": ([p, p, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, p], ctypes.c_int32),
+        "bpl_request_test": ([p, ctypes.POINTER(ctypes.c_int32)], ctypes.c_int32),
+        "bpl_request_wait": ([p, ctypes.c_int64], ctypes.c_int32),
+        "bpl_request_free": ([p], ctypes.c_int32),
+        "bpl_device_count": ([p, ctypes.POINTER(ctypes.c_int32)], ctypes.c_int32),
+        "bpl_device_get_properties": ([p, ctypes.c_int32, ctypes.POINTER(_DeviceProperties)], ctypes.c_int32),
+        "bpl_malloc": ([p, ctypes.c_int32, ctypes.c_size_t, ctypes.POINTER(p)], ctypes.c_int32),
+        "bpl_free": ([p, p], ctypes.c_int32),
+        "bpl_memcpy": ([p, p, p, ctypes.c_size_t, ctypes.c_int32], ctypes.c_int32),
+        "bpl_synchronize": ([p, ctypes.c_int32], ctypes.c_int32),
+        "bpl_gemm": ([p, ctypes.POINTER(_GemmArgs)], ctypes.c_int32),
+        "bpl_add": ([p, ctypes.POINTER(_ElementwiseArgs)], ctypes.c_int32),
+        "bpl_scale": ([p, ctypes.POINTER(_ElementwiseArgs)], ctypes.c_int32),
+        "bpl_axpby": ([p, ctypes.POINTER(_ElementwiseArgs)], ctypes.c_int32),
+        "bpl_cast": ([p, ctypes.POINTER(_CastArgs)], ctypes.c_int32),
+        "bpl_program_compile": ([p, p, ctypes.c_size_t, ctypes.POINTER(_ProgramOptions), ctypes.POINTER(p)],
+                                ctypes.c_int32),
+        "bpl_program_run": ([p, ctypes.POINTER(_Tensor), ctypes.c_int32, ctypes.POINTER(_Tensor), ctypes.c_int32],
+                            ctypes.c_int32),
+        "bpl_program_destroy": ([p], ctypes.c_int32),
+    }
+    # ABI 1.3: absent from an older library, whose Comm then raises saying so.
+    optional = {
+        "bpl_gather": ([p, p, p, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, p], ctypes.c_int32),
+        "bpl_scatter": ([p, p, p, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, p], ctypes.c_int32),
+        "bpl_allgatherv": ([p, p, ctypes.c_int64, p, ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int64), ctypes.c_int32, p], ctypes.c_int32),
+        "bpl_alltoallv": ([p, p, ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int64), p, ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int64), ctypes.c_int32, p], ctypes.c_int32),
+        "bpl_recv_any": ([p, p, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, ctypes.POINTER(ctypes.c_int32), p], ctypes.c_int32),
+    }
+    for name, signature in optional.items():
+        if hasattr(lib, name):
+            signatures[name] = signature
+    for name, (argtypes, restype) in signatures.items():
+        function = getattr(lib, name)
+        function.argtypes = argtypes
+        function.restype = restype
+    return lib
+
+
+_lib = None
+
+
+def _api():
+    global _lib
+    if _lib is None:
+        _lib = _load()
+    return _lib
+
+
+class BackplaneError(Exception):
+    """A bpl_status other than BPL_OK: .status (int), .status_name, .message (bpl_last_error())."""
+
+    def __init__(self, status, message):
+        self.status = status
+        self.status_name = _STATUS_NAMES.get(status, "BPL_ERR_UNKNOWN")
+        self.message = message
+        super().__init__("%s: %s" % (self.status_name, message))
+
+
+def _check(status):
+    if status != 0:
+        raise BackplaneError(status, (_api().bpl_last_error() or b"").decode("utf-8", "replace"))
+
+
+def abi_version():
+    """(major, minor) of the loaded libbackplane."""
+    major, minor = ctypes.c_int32(), ctypes.c_int32()
+    _api().bpl_abi_version(ctypes.byref(major), ctypes.byref(minor))
+    return major.value, minor.value
+
+
+
+def loaded():
+    """The library, if it was loaded (for finalizers, which must not load it)."""
+    return _lib
