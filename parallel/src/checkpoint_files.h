@@ -1,5 +1,6 @@
-// What checkpoint.cpp (saving, loading, retention) and checkpoint_layouts.cpp (across layouts,
-// unsharded files) share: the files' names and how they are written and read.
+// What checkpoint.cpp (saving, loading, retention), checkpoint_lora.cpp and checkpoint_layouts.cpp
+// (across layouts, unsharded files) share: the files' names and how they are written and read
+// (checkpoint_files.cpp).
 #pragma once
 
 #include <torch/nn/module.h>
@@ -17,11 +18,22 @@ namespace backplane::parallel::checkpoint_files {
 // The model's files; a LoRA adapter's, apart from its base model's.
 inline constexpr const char* kModelDir = "model";
 inline constexpr const char* kLoraDir = "lora_adapter";
+// A tag's completion marker, written last (rank 0), with the manifest.
+inline constexpr const char* kDone = "done";
 
 // "dp_rank_DD_tp_rank_TT_pp_rank_PP.pt".
 std::string shard_name(int dp, int tp, int pp);
-// The file (under a temporary name, synced, renamed), then "<file>.crc32" with its size and CRC-32.
+// Writes `bytes` to `file` so that `file` is either absent, its old version, or complete: a temporary
+// name ("<file>.tmp.<host>.<pid>"), fsync, rename.
+void write_bytes_atomically(const std::filesystem::path& file, const std::string& bytes);
+// The file (as write_bytes_atomically), then "<file>.crc32" with its size and CRC-32.
 void write_file_atomically(const std::filesystem::path& file, const std::string& bytes);
+// Removes the temporaries that writers of this host left in `folder` (and its model/, lora_adapter/ and
+// optim/) when they were killed.
+void remove_stale_temporaries(const std::filesystem::path& folder);
+// Why `file` cannot be trusted ("" when it can): missing, or not what its checksum says (`bytes`: its
+// contents, when read already).
+std::string integrity_problem(const std::filesystem::path& file, const std::string* bytes = nullptr);
 // The tensor- and pipeline-parallel sizes the files of `dir` (a model/, lora_adapter/ or optim/ folder)
 // were saved at, from the data-parallel rank 0 files there; (0, 0) without files.
 std::pair<int, int> saved_layout(const std::filesystem::path& dir);
@@ -35,6 +47,10 @@ torch::serialize::InputArchive read_archive(const std::filesystem::path& file);
 // ("__pipeline_parallel_size") and the submodules' names ("__modules"), so that a job of another layout
 // can load the file and an unsharded export has the module tree torch::load reads.
 void write_layout(torch::serialize::OutputArchive& archive, torch::nn::Module& model);
+
+// A LoRA adapter's configuration, as "__lora_<field>" entries of its files (checkpoint_lora.cpp; read
+// back by saved_lora_config).
+void write_lora_config(torch::serialize::OutputArchive& archive, const LoraConfig& config);
 
 // Loads the model files of `dir` (a checkpoint's model/ or lora_adapter/ folder) saved at another
 // tensor- or pipeline-parallel size into `model`: every parameter put back together from the saved

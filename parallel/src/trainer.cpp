@@ -9,6 +9,7 @@
 #include <sstream>
 #include <string>
 
+#include "backplane/parallel/checkpoint.h"
 #include "backplane/parallel/distributed.h"
 #include "backplane/parallel/parameters.h"
 
@@ -99,6 +100,17 @@ std::pair<int, int> model_build_turns(int sequential_move_factor) {
 }
 
 void end_model_build_turn() { get_world_group()->barrier(); }
+
+// With load_lora_from_ckpt, the adapter is built as it was saved and its weights are read back.
+LoraConfig lora_config_to_apply(const LoraConfig& config) {
+  if (!config.load_lora_from_ckpt) return config;
+  config.validate();
+  return saved_lora_config(config.lora_save_dir, config.lora_load_tag, config);
+}
+
+void load_lora_checkpoint(torch::nn::Module& model, const LoraConfig& config) {
+  if (config.load_lora_from_ckpt) load_checkpoint(config.lora_save_dir, config.lora_load_tag, &model, nullptr, nullptr);
+}
 
 torch::nn::Sequential prepare_sequential(torch::nn::Sequential model, const ParallelConfig& config) {
   if (config.lora_config.enable_lora) model = apply_lora(model, lora_config_to_apply(config.lora_config));

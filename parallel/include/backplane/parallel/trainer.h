@@ -85,7 +85,7 @@ void end_model_build_turn();
 torch::nn::Sequential prepare_sequential(torch::nn::Sequential model, const ParallelConfig& config);
 // To another module: LoRA adapters; an error for what needs a Sequential (pipeline, recomputed layers).
 void prepare_module(torch::nn::Module& model, const ParallelConfig& config);
-// The LoRA config to build adapters with: with load_lora_from_ckpt, the saved adapter's (checkpoint.cpp).
+// The LoRA config to build adapters with: with load_lora_from_ckpt, the saved adapter's.
 LoraConfig lora_config_to_apply(const LoraConfig& config);
 // With load_lora_from_ckpt, loads the adapter (and the base model if it was saved with it) into `model`.
 void load_lora_checkpoint(torch::nn::Module& model, const LoraConfig& config);
