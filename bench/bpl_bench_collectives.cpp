@@ -16,8 +16,8 @@
 // ("copy/u8/<bytes>/memcpy"), the copy bandwidth that bench/README.md's model of shared memory divides by.
 //
 // Flags (before Google Benchmark's): --min-bytes=N (4), --max-bytes=N (64M), --step-factor=N (4),
-// --dtypes=f32,bf16, --ops=allreduce,allgather,reduce_scatter,broadcast,alltoall,pingpong,barrier,
-// gather,scatter,allgatherv,alltoallv,copy,
+// --dtypes=f32,bf16, --ops=... (every collective of backplane.h's BPL_FOR_EACH_COLLECTIVE that moves data
+// between all ranks, then pingpong and copy: --list-operations prints them),
 // --repetitions=N (5), --max-iterations=N (1000), --buffer-offset=N (0: page-aligned buffers), --no-raw,
 // --async (each operation posted with a request and waited for; the raw library's non-blocking form),
 // --interleave (each point's repetitions alternate, backplane then the raw library, instead of running
@@ -45,13 +45,26 @@
 namespace backplane::bench {
 namespace {
 
+// The operations measured, derived from the ABI's list of kinds: every collective, then "pingpong" (what
+// send and recv cost: the point-to-point kinds) and "copy" (the machine's reference). A split moves no
+// data. A kind added to the list without a runner below fails the benchmark's test by name.
+std::vector<std::string> all_operations() {
+  std::vector<std::string> ops;
+#define BPL_MEASURED(code, name, minor) \
+  if (code != BPL_COLL_SEND && code != BPL_COLL_RECV && code != BPL_COLL_RECV_ANY && code != BPL_COLL_COMM_SPLIT) ops.push_back(name);
+  BPL_FOR_EACH_COLLECTIVE(BPL_MEASURED)
+#undef BPL_MEASURED
+  ops.push_back("pingpong");
+  ops.push_back("copy");
+  return ops;
+}
+
 struct Settings {
   int64_t min_bytes = 4;
   int64_t max_bytes = int64_t{64} << 20;
   int64_t step_factor = 4;
   std::vector<std::string> dtypes = {"f32", "bf16"};
-  std::vector<std::string> ops = {"allreduce", "allgather", "reduce_scatter", "broadcast", "alltoall", "pingpong",
-                                  "barrier", "gather", "scatter", "allgatherv", "alltoallv", "copy"};
+  std::vector<std::string> ops = all_operations();
   int repetitions = 5;
   int64_t max_iterations = 1000;
   // Where every buffer starts, in bytes past a page boundary. Page-aligned by default (as OSU's
@@ -132,6 +145,9 @@ Settings parse_settings(int& argc, char** argv) {
       if (*v == '\0' || *end != '\0' || settings.buffer_offset < 0 || settings.buffer_offset > 4095) {
         fail(std::string("--buffer-offset=") + v + ": expected bytes past a page boundary, 0 to 4095");
       }
+    } else if (arg == "--list-operations") {
+      for (const std::string& op : all_operations()) std::printf("%s\n", op.c_str());
+      std::exit(0);
     } else if (arg == "--no-raw") {
       settings.raw = false;
     } else if (arg == "--async") {
@@ -198,7 +214,8 @@ OpShape shape_of(const std::string& op, int64_t bytes, size_t element, int n) {
   if (op == "reduce_scatter") return {ring, per_rank, per_rank * element * n, per_rank * element};
   if (op == "alltoall" || op == "alltoallv") return {ring, per_rank, per_rank * element * n, per_rank * element * n};
   if (op == "broadcast") return {1.0, elements, 0, elements * element};
-  return {1.0, static_cast<size_t>(bytes), static_cast<size_t>(bytes), static_cast<size_t>(bytes)};  // pingpong
+  if (op == "reduce") return {1.0, elements, elements * element, elements * element};
+  return {1.0, static_cast<size_t>(bytes), static_cast<size_t>(bytes), static_cast<size_t>(bytes)};  // pingpong, barrier
 }
 
 // Blocking, or (async) posted with a request and waited for: the request's wait and free are part
@@ -220,6 +237,7 @@ bpl_status run_backplane(const std::string& op, Buffers& b, const OpShape& s, bp
   if (op == "allgather") return waited(bpl_allgather(job.world, send, recv, count, dtype, req));
   if (op == "reduce_scatter") return waited(bpl_reduce_scatter(job.world, send, recv, count, dtype, BPL_OP_SUM, req));
   if (op == "broadcast") return waited(bpl_broadcast(job.world, recv, count, dtype, 0, req));
+  if (op == "reduce") return waited(bpl_reduce(job.world, send, recv, count, dtype, BPL_OP_SUM, 0, req));
   if (op == "alltoall") return waited(bpl_alltoall(job.world, send, recv, count, dtype, req));
   if (op == "barrier") return waited(bpl_barrier(job.world, req));
   if (op == "gather") return waited(bpl_gather(job.world, send, recv, count, dtype, 0, req));
@@ -231,6 +249,7 @@ bpl_status run_backplane(const std::string& op, Buffers& b, const OpShape& s, bp
     if (op == "allgatherv") return waited(bpl_allgatherv(job.world, send, count, recv, counts.data(), displs.data(), dtype, req));
     return waited(bpl_alltoallv(job.world, send, counts.data(), displs.data(), recv, counts.data(), displs.data(), dtype, req));
   }
+  if (op != "pingpong") fail("no backplane runner for the operation '" + op + "'");
   // pingpong between ranks 0 and 1; the others wait at the next collective
   const int64_t bytes = static_cast<int64_t>(s.send_bytes);
   if (job.rank == 0) {
@@ -250,12 +269,14 @@ void run_raw(const std::string& op, Buffers& b, const OpShape& s, bpl_dtype dtyp
   if (op == "allgather") return raw.allgather(b.send.data(), b.recv.data(), s.count, dtype);
   if (op == "reduce_scatter") return raw.reduce_scatter(b.send.data(), b.recv.data(), s.count, dtype);
   if (op == "broadcast") return raw.broadcast(b.recv.data(), s.count, dtype, 0);
+  if (op == "reduce") return raw.reduce(b.send.data(), b.recv.data(), s.count, dtype, 0);
   if (op == "alltoall") return raw.alltoall(b.send.data(), b.recv.data(), s.count, dtype);
   if (op == "barrier") return raw.barrier();
   if (op == "gather") return raw.gather(b.send.data(), b.recv.data(), s.count, dtype, 0);
   if (op == "scatter") return raw.scatter(b.send.data(), b.recv.data(), s.count, dtype, 0);
   if (op == "allgatherv") return raw.allgatherv(b.send.data(), b.recv.data(), s.count, dtype);
   if (op == "alltoallv") return raw.alltoallv(b.send.data(), b.recv.data(), s.count, dtype);
+  if (op != "pingpong") fail("no raw library runner for the operation '" + op + "'");
   if (job.rank == 0) {
     raw.send(b.send.data(), s.send_bytes, 1);
     raw.recv(b.recv.data(), s.send_bytes, 1);

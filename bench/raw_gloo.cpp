@@ -10,6 +10,7 @@
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/gather.h>
+#include <gloo/reduce.h>
 #include <gloo/reduce_scatter.h>
 #include <gloo/scatter.h>
 #include <gloo/rendezvous/context.h>
@@ -128,6 +129,19 @@ class RawGloo : public RawLibrary {
     options.setRoot(root);
     options.setTag(tag_++);
     gloo::broadcast(options);
+  }
+
+  void reduce(const void* send, void* recv, size_t count, bpl_dtype dtype, int root) override {
+    gloo::ReduceOptions options(context_);
+    with_type(dtype, [&](auto* type) {
+      using T = std::remove_pointer_t<decltype(type)>;
+      options.setInput(static_cast<T*>(const_cast<void*>(send)), count);
+      options.setOutput(static_cast<T*>(recv), count);
+      options.setReduceFunction(&sum_into<T>);
+    });
+    options.setRoot(root);
+    options.setTag(tag_++);
+    gloo::reduce(options);
   }
 
   void alltoall(const void* send, void* recv, size_t count, bpl_dtype dtype) override {

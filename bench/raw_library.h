@@ -26,6 +26,8 @@ class RawLibrary {
   // scratch.
   virtual void reduce_scatter(void* send, void* recv, size_t recvcount, bpl_dtype dtype) = 0;
   virtual void broadcast(void* buf, size_t count, bpl_dtype dtype, int root) = 0;
+  // recv (at root only) = the sum of send over ranks.
+  virtual void reduce(const void* send, void* recv, size_t count, bpl_dtype dtype, int root) = 0;
   virtual void alltoall(const void* send, void* recv, size_t count, bpl_dtype dtype) = 0;
   // recv (size*count elements, at root only) = every rank's send; recv = block `rank` of send at root.
   virtual void gather(const void* send, void* recv, size_t count, bpl_dtype dtype, int root) = 0;

@@ -85,6 +85,13 @@ class RawMpi : public RawLibrary {
                : MPI_Alltoall(send, n, type(dtype), recv, n, type(dtype), comm_);
     });
   }
+  void reduce(const void* send, void* recv, size_t count, bpl_dtype dtype, int root) override {
+    run("MPI_Reduce", [&](MPI_Request* r) {
+      const int n = static_cast<int>(count);
+      return r ? MPI_Ireduce(send, recv, n, type(dtype), sum(dtype), root, comm_, r)
+               : MPI_Reduce(send, recv, n, type(dtype), sum(dtype), root, comm_);
+    });
+  }
   void gather(const void* send, void* recv, size_t count, bpl_dtype dtype, int root) override {
     run("MPI_Gather", [&](MPI_Request* r) {
       const int n = static_cast<int>(count);

@@ -20,6 +20,18 @@ static void print_mask(const char* label, uint64_t mask, const char* (*name)(int
   printf("\n");
 }
 
+/* Every kind the header lists (BPL_FOR_EACH_COLLECTIVE) that the backend provides. */
+static void print_collectives(uint64_t mask) {
+#define BPL_CODE_OF(code, name, minor) code,
+  static const bpl_collective kinds[] = {BPL_FOR_EACH_COLLECTIVE(BPL_CODE_OF)};
+#undef BPL_CODE_OF
+  printf("  %-12s", "collectives");
+  for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); ++i) {
+    if (mask & BPL_BIT(kinds[i])) printf(" %s", bpl_collective_name(kinds[i]));
+  }
+  printf("\n");
+}
+
 static void describe_runtime(bpl_runtime* runtime) {
   bpl_runtime_info info = BPL_RUNTIME_INFO_INIT;
   bpl_runtime_describe(runtime, &info);
@@ -32,7 +44,7 @@ static void describe_runtime(bpl_runtime* runtime) {
   printf("  details      %s\n", info.details);
   printf("  devices      %d\n", info.device_count);
   printf("  timeout      %lld ms\n", (long long)info.timeout_ms);
-  print_mask("collectives", info.collectives, bpl_collective_name, BPL_COLL_ALLREDUCE, BPL_COLL_COMM_SPLIT);
+  print_collectives(info.collectives);
   print_mask("dtypes", info.dtypes, bpl_dtype_name, BPL_DTYPE_F32, BPL_DTYPE_I64);
   print_mask("reduce ops", info.reduce_ops, bpl_reduce_op_name, BPL_OP_SUM, BPL_OP_AVG);
   print_mask("kernels", info.kernels, kernel_name, BPL_KERNEL_GEMM, BPL_KERNEL_CAST);

@@ -63,24 +63,13 @@ const char* bpl_reduce_op_name(bpl_reduce_op op) {
 }
 
 const char* bpl_collective_name(bpl_collective op) {
+#define BPL_NAME_OF(code, name, minor) \
+  case code: return name;
   switch (op) {
-    case BPL_COLL_ALLREDUCE: return "allreduce";
-    case BPL_COLL_BROADCAST: return "broadcast";
-    case BPL_COLL_REDUCE: return "reduce";
-    case BPL_COLL_ALLGATHER: return "allgather";
-    case BPL_COLL_REDUCE_SCATTER: return "reduce_scatter";
-    case BPL_COLL_ALLTOALL: return "alltoall";
-    case BPL_COLL_BARRIER: return "barrier";
-    case BPL_COLL_SEND: return "send";
-    case BPL_COLL_RECV: return "recv";
-    case BPL_COLL_COMM_SPLIT: return "comm_split";
-    case BPL_COLL_GATHER: return "gather";
-    case BPL_COLL_SCATTER: return "scatter";
-    case BPL_COLL_ALLGATHERV: return "allgatherv";
-    case BPL_COLL_ALLTOALLV: return "alltoallv";
-    case BPL_COLL_RECV_ANY: return "recv_any";
+    BPL_FOR_EACH_COLLECTIVE(BPL_NAME_OF)
     default: return "unknown";
   }
+#undef BPL_NAME_OF
 }
 
 }  // extern "C"

@@ -91,61 +91,66 @@ def _find_library():
     return ctypes.util.find_library("backplane") or "libbackplane.so.1"
 
 
+_P = ctypes.c_void_p  # any pointer or handle
+# Every function this module calls: (argument types, result type).
+SIGNATURES = {
+    "bpl_last_error": ([], ctypes.c_char_p),
+    "bpl_collective_name": ([ctypes.c_int32], ctypes.c_char_p),
+    "bpl_abi_version": ([ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_int32)], None),
+    "bpl_init": ([ctypes.POINTER(_InitOptions), ctypes.POINTER(_P)], ctypes.c_int32),
+    "bpl_finalize": ([_P], ctypes.c_int32),
+    "bpl_runtime_describe": ([_P, ctypes.POINTER(_RuntimeInfo)], ctypes.c_int32),
+    "bpl_comm_world": ([_P, ctypes.POINTER(_P)], ctypes.c_int32),
+    "bpl_comm_split": ([_P, ctypes.c_int32, ctypes.c_int32, ctypes.POINTER(_P)], ctypes.c_int32),
+    "bpl_comm_destroy": ([_P], ctypes.c_int32),
+    "bpl_comm_rank": ([_P, ctypes.POINTER(ctypes.c_int32)], ctypes.c_int32),
+    "bpl_comm_size": ([_P, ctypes.POINTER(ctypes.c_int32)], ctypes.c_int32),
+    "bpl_comm_set_timeout": ([_P, ctypes.c_int64], ctypes.c_int32),
+    "bpl_comm_abort": ([_P], ctypes.c_int32),
+    "bpl_allreduce": ([_P, _P, _P, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, _P], ctypes.c_int32),
+    "bpl_broadcast": ([_P, _P, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, _P], ctypes.c_int32),
+    "bpl_reduce": ([_P, _P, _P, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, _P], ctypes.c_int32),
+    "bpl_allgather": ([_P, _P, _P, ctypes.c_int64, ctypes.c_int32, _P], ctypes.c_int32),
+    "bpl_reduce_scatter": ([_P, _P, _P, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, _P], ctypes.c_int32),
+    "bpl_alltoall": ([_P, _P, _P, ctypes.c_int64, ctypes.c_int32, _P], ctypes.c_int32),
+    "bpl_barrier": ([_P, _P], ctypes.c_int32),
+    "bpl_comm_get_timeout": ([_P, ctypes.POINTER(ctypes.c_int64)], ctypes.c_int32),
+    "bpl_send": ([_P, _P, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, _P], ctypes.c_int32),
+    "bpl_recv": ([_P, _P, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, _P], ctypes.c_int32),
+    "bpl_request_test": ([_P, ctypes.POINTER(ctypes.c_int32)], ctypes.c_int32),
+    "bpl_request_wait": ([_P, ctypes.c_int64], ctypes.c_int32),
+    "bpl_request_free": ([_P], ctypes.c_int32),
+    "bpl_device_count": ([_P, ctypes.POINTER(ctypes.c_int32)], ctypes.c_int32),
+    "bpl_device_get_properties": ([_P, ctypes.c_int32, ctypes.POINTER(_DeviceProperties)], ctypes.c_int32),
+    "bpl_malloc": ([_P, ctypes.c_int32, ctypes.c_size_t, ctypes.POINTER(_P)], ctypes.c_int32),
+    "bpl_free": ([_P, _P], ctypes.c_int32),
+    "bpl_memcpy": ([_P, _P, _P, ctypes.c_size_t, ctypes.c_int32], ctypes.c_int32),
+    "bpl_synchronize": ([_P, ctypes.c_int32], ctypes.c_int32),
+    "bpl_gemm": ([_P, ctypes.POINTER(_GemmArgs)], ctypes.c_int32),
+    "bpl_add": ([_P, ctypes.POINTER(_ElementwiseArgs)], ctypes.c_int32),
+    "bpl_scale": ([_P, ctypes.POINTER(_ElementwiseArgs)], ctypes.c_int32),
+    "bpl_axpby": ([_P, ctypes.POINTER(_ElementwiseArgs)], ctypes.c_int32),
+    "bpl_cast": ([_P, ctypes.POINTER(_CastArgs)], ctypes.c_int32),
+    "bpl_program_compile": ([_P, _P, ctypes.c_size_t, ctypes.POINTER(_ProgramOptions), ctypes.POINTER(_P)],
+                            ctypes.c_int32),
+    "bpl_program_run": ([_P, ctypes.POINTER(_Tensor), ctypes.c_int32, ctypes.POINTER(_Tensor), ctypes.c_int32],
+                        ctypes.c_int32),
+    "bpl_program_destroy": ([_P], ctypes.c_int32),
+}
+# ABI 1.3 and later: absent from an older library, whose Comm then raises saying so.
+OPTIONAL_SIGNATURES = {
+    "bpl_gather": ([_P, _P, _P, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, _P], ctypes.c_int32),
+    "bpl_scatter": ([_P, _P, _P, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, _P], ctypes.c_int32),
+    "bpl_allgatherv": ([_P, _P, ctypes.c_int64, _P, ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int64), ctypes.c_int32, _P], ctypes.c_int32),
+    "bpl_alltoallv": ([_P, _P, ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int64), _P, ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int64), ctypes.c_int32, _P], ctypes.c_int32),
+    "bpl_recv_any": ([_P, _P, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, ctypes.POINTER(ctypes.c_int32), _P], ctypes.c_int32),
+}
+
+
 def _load():
     lib = ctypes.CDLL(_find_library())
-    p = ctypes.c_void_p
-    signatures = {
-        "bpl_last_error": ([], ctypes.c_char_p),
-        "bpl_abi_version": ([ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_int32)], None),
-        "bpl_init": ([ctypes.POINTER(_InitOptions), ctypes.POINTER(p)], ctypes.c_int32),
-        "bpl_finalize": ([p], ctypes.c_int32),
-        "bpl_runtime_describe": ([p, ctypes.POINTER(_RuntimeInfo)], ctypes.c_int32),
-        "bpl_comm_world": ([p, ctypes.POINTER(p)], ctypes.c_int32),
-        "bpl_comm_split": ([p, ctypes.c_int32, ctypes.c_int32, ctypes.POINTER(p)], ctypes.c_int32),
-        "bpl_comm_destroy": ([p], ctypes.c_int32),
-        "bpl_comm_rank": ([p, ctypes.POINTER(ctypes.c_int32)], ctypes.c_int32),
-        "bpl_comm_size": ([p, ctypes.POINTER(ctypes.c_int32)], ctypes.c_int32),
-        "bpl_comm_set_timeout": ([p, ctypes.c_int64], ctypes.c_int32),
-        "bpl_comm_abort": ([p], ctypes.c_int32),
-        "bpl_allreduce": ([p, p, p, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, p], ctypes.c_int32),
-        "bpl_broadcast": ([p, p, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, p], ctypes.c_int32),
-        "bpl_reduce": ([p, p, p, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, p], ctypes.c_int32),
-        "bpl_allgather": ([p, p, p, ctypes.c_int64, ctypes.c_int32, p], ctypes.c_int32),
-        "bpl_reduce_scatter": ([p, p, p, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, p], ctypes.c_int32),
-        "bpl_alltoall": ([p, p, p, ctypes.c_int64, ctypes.c_int32, p], ctypes.c_int32),
-        "bpl_barrier": ([p, p], ctypes.c_int32),
-        "bpl_comm_get_timeout": ([p, ctypes.POINTER(ctypes.c_int64)], ctypes.c_int32),
-        "bpl_send": ([p, p, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, p], ctypes.c_int32),
-        "bpl_recv": ([p, p, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, p], ctypes.c_int32),
-        "bpl_request_test": ([p, ctypes.POINTER(ctypes.c_int32)], ctypes.c_int32),
-        "bpl_request_wait": ([p, ctypes.c_int64], ctypes.c_int32),
-        "bpl_request_free": ([p], ctypes.c_int32),
-        "bpl_device_count": ([p, ctypes.POINTER(ctypes.c_int32)], ctypes.c_int32),
-        "bpl_device_get_properties": ([p, ctypes.c_int32, ctypes.POINTER(_DeviceProperties)], ctypes.c_int32),
-        "bpl_malloc": ([p, ctypes.c_int32, ctypes.c_size_t, ctypes.POINTER(p)], ctypes.c_int32),
-        "bpl_free": ([p, p], ctypes.c_int32),
-        "bpl_memcpy": ([p, p, p, ctypes.c_size_t, ctypes.c_int32], ctypes.c_int32),
-        "bpl_synchronize": ([p, ctypes.c_int32], ctypes.c_int32),
-        "bpl_gemm": ([p, ctypes.POINTER(_GemmArgs)], ctypes.c_int32),
-        "bpl_add": ([p, ctypes.POINTER(_ElementwiseArgs)], ctypes.c_int32),
-        "bpl_scale": ([p, ctypes.POINTER(_ElementwiseArgs)], ctypes.c_int32),
-        "bpl_axpby": ([p, ctypes.POINTER(_ElementwiseArgs)], ctypes.c_int32),
-        "bpl_cast": ([p, ctypes.POINTER(_CastArgs)], ctypes.c_int32),
-        "bpl_program_compile": ([p, p, ctypes.c_size_t, ctypes.POINTER(_ProgramOptions), ctypes.POINTER(p)],
-                                ctypes.c_int32),
-        "bpl_program_run": ([p, ctypes.POINTER(_Tensor), ctypes.c_int32, ctypes.POINTER(_Tensor), ctypes.c_int32],
-                            ctypes.c_int32),
-        "bpl_program_destroy": ([p], ctypes.c_int32),
-    }
-    # ABI 1.3: absent from an older library, whose Comm then raises saying so.
-    optional = {
-        "bpl_gather": ([p, p, p, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, p], ctypes.c_int32),
-        "bpl_scatter": ([p, p, p, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, p], ctypes.c_int32),
-        "bpl_allgatherv": ([p, p, ctypes.c_int64, p, ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int64), ctypes.c_int32, p], ctypes.c_int32),
-        "bpl_alltoallv": ([p, p, ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int64), p, ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int64), ctypes.c_int32, p], ctypes.c_int32),
-        "bpl_recv_any": ([p, p, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, ctypes.POINTER(ctypes.c_int32), p], ctypes.c_int32),
-    }
-    for name, signature in optional.items():
+    signatures = dict(SIGNATURES)
+    for name, signature in OPTIONAL_SIGNATURES.items():
         if hasattr(lib, name):
             signatures[name] = signature
     for name, (argtypes, restype) in signatures.items():

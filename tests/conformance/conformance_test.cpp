@@ -9,6 +9,7 @@
 // rank's failed check cannot desynchronise the others. Without --backend the environment selects.
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <cstdio>
 #include <algorithm>
 #include <cstring>
@@ -776,6 +777,41 @@ TEST(Device, HostDeviceAllocCopy) {
   EXPECT_OK(bpl_synchronize(world.runtime, 0));
   EXPECT_EQ(in, out);
   EXPECT_OK(bpl_free(world.runtime, device));
+}
+
+/* ---- the list of kinds ---- */
+
+// Whether a test's "Suite.Name" has the words of a kind's name in order ("recv_any": Recv...Any),
+// ignoring case.
+bool names_kind(std::string test, const std::string& kind) {
+  std::transform(test.begin(), test.end(), test.begin(), [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+  size_t at = 0;
+  for (size_t start = 0; start <= kind.size();) {
+    const size_t end = std::min(kind.find('_', start), kind.size());
+    at = test.find(kind.substr(start, end - start), at);
+    if (at == std::string::npos) return false;
+    start = end + 1;
+  }
+  return true;
+}
+
+// Every kind of the ABI's list (BPL_FOR_EACH_COLLECTIVE) has a test here that names it: a kind added to
+// the list without one fails here, by name.
+TEST(Conformance, EveryKindOfTheAbiHasATest) {
+  std::vector<std::string> tests;
+  const ::testing::UnitTest& unit = *::testing::UnitTest::GetInstance();
+  for (int s = 0; s < unit.total_test_suite_count(); ++s) {
+    const ::testing::TestSuite& suite = *unit.GetTestSuite(s);
+    for (int t = 0; t < suite.total_test_count(); ++t) {
+      tests.push_back(std::string(suite.name()) + "." + suite.GetTestInfo(t)->name());
+    }
+  }
+#define BPL_EXPECT_TESTED(code, name, minor)                                                            \
+  EXPECT_TRUE(std::any_of(tests.begin(), tests.end(), [](const std::string& test) { return names_kind(test, name); })) \
+      << "no conformance test names " << name;
+  BPL_FOR_EACH_COLLECTIVE(BPL_EXPECT_TESTED)
+#undef BPL_EXPECT_TESTED
+  EXPECT_FALSE(names_kind("Movement.Allgather", "recv_any"));  // the matcher itself can say no
 }
 
 }  // namespace

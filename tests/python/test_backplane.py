@@ -265,7 +265,27 @@ def timeouts_and_abort(world):
         expect("destroyed" in str(e), str(e))
 
 
+def every_kind_of_the_abi_is_a_method():
+    """Each kind of the ABI's list (bpl_collective_name over its codes, from 1 until "unknown") is a Comm
+    method of its name ("comm_" dropped: split) with a C signature: a kind added without them fails here."""
+    from backplane import _abi
+    names, code = [], 1
+    while True:
+        name = _abi._api().bpl_collective_name(code).decode()
+        if name == "unknown":
+            break
+        names.append(name)
+        code += 1
+    expect(len(names) >= 15 and "alltoallv" in names, "the ABI's kinds: %r" % names)
+    for name in names:
+        method = name[len("comm_"):] if name.startswith("comm_") else name
+        expect(callable(getattr(backplane.Comm, method, None)), "Comm has no method %s (the kind %s)" % (method, name))
+        expect("bpl_" + name in _abi.SIGNATURES or "bpl_" + name in _abi.OPTIONAL_SIGNATURES,
+               "no C signature for bpl_%s" % name)
+
+
 def main():
+    every_kind_of_the_abi_is_a_method()
     rt = backplane.Runtime()
     try:
         info = rt.describe()

@@ -110,7 +110,8 @@ def asynchronous(backends):
             expect(raw_mode in context.get("raw_library", ""), f"{backend}: raw library's mode: {context.get('raw_library')}")
             measured = {b["run_name"].split("/iterations")[0] for b in results["benchmarks"]}
             for name in ("allreduce/f32/64/backplane", "allreduce/f32/64/raw", "pingpong/f32/64/backplane",
-                         "alltoall/f32/64/raw", "barrier/backplane", "barrier/raw"):
+                         "alltoall/f32/64/raw", "reduce/f32/64/backplane", "reduce/f32/64/raw", "barrier/backplane",
+                         "barrier/raw"):
                 expect(name in measured, f"{backend} --async: {name} not measured")
         with open(os.path.join(out, "collectives.md")) as f:
             expect("backplane's calls: asynchronous" in f.read(), "the table says the calls were asynchronous")

@@ -111,6 +111,27 @@ typedef int32_t bpl_collective;
 #define BPL_COLL_ALLTOALLV 14  /* ABI 1.3 */
 #define BPL_COLL_RECV_ANY 15   /* ABI 1.6 */
 
+/* Every operation kind above, once, in order: X(code, name, minor) with its BPL_COLL_ value, its
+ * bpl_collective_name and the ABI minor version that added it. The names, capability masks, the
+ * benchmark's operations and the test suites' rows are derived from it; a new kind is one more line
+ * here (docs/adding-a-collective.md). A macro only: no symbol. */
+#define BPL_FOR_EACH_COLLECTIVE(X)          \
+  X(BPL_COLL_ALLREDUCE, "allreduce", 0)     \
+  X(BPL_COLL_BROADCAST, "broadcast", 0)     \
+  X(BPL_COLL_REDUCE, "reduce", 0)           \
+  X(BPL_COLL_ALLGATHER, "allgather", 0)     \
+  X(BPL_COLL_REDUCE_SCATTER, "reduce_scatter", 0) \
+  X(BPL_COLL_ALLTOALL, "alltoall", 0)       \
+  X(BPL_COLL_BARRIER, "barrier", 0)         \
+  X(BPL_COLL_SEND, "send", 0)               \
+  X(BPL_COLL_RECV, "recv", 0)               \
+  X(BPL_COLL_COMM_SPLIT, "comm_split", 0)   \
+  X(BPL_COLL_GATHER, "gather", 3)           \
+  X(BPL_COLL_SCATTER, "scatter", 3)         \
+  X(BPL_COLL_ALLGATHERV, "allgatherv", 3)   \
+  X(BPL_COLL_ALLTOALLV, "alltoallv", 3)     \
+  X(BPL_COLL_RECV_ANY, "recv_any", 6)
+
 /* "allreduce", "comm_split", …, or "unknown". Static storage. */
 BPL_API const char* bpl_collective_name(bpl_collective op);
 
