@@ -74,7 +74,11 @@ inline int mpi_count(size_t count) {
 
 inline const void* in_place_or(const void* send, const void* recv) { return send == recv ? MPI_IN_PLACE : send; }
 
-inline bool is_collective(const Fingerprint& f) { return f.op != BPL_COLL_SEND && f.op != BPL_COLL_RECV; }
+// Whether every rank of the communicator takes part (a point-to-point wait is two ranks' business: its
+// timeout is not explained as a collective's stall, nor agreed on).
+inline bool is_collective(const Fingerprint& f) {
+  return f.op != BPL_COLL_SEND && f.op != BPL_COLL_RECV && f.op != BPL_COLL_RECV_ANY;
+}
 
 // The variable-size collectives' fingerprints: the total count, or none, and this rank's share of the
 // pairing of counts (fingerprint.h).

@@ -404,7 +404,8 @@ int kill_mid_exchange() {
 // limit), one operation in which rank 1 gives 1000 elements fewer than the others: "allreduce",
 // "reduce", "broadcast" (from rank 0), "allgather", "reduce_scatter", "alltoall", "gather" and
 // "scatter" (root 0), "allgatherv" and "alltoallv" (each rank's counts all n: they do not pair up),
-// "sendrecv" (rank 0 sends to rank 1), and "sendrecv_classes" and "sendrecv_short" (below). Every buffer is
+// "sendrecv" (rank 0 sends to rank 1), and "sendrecv_classes" and "sendrecv_short" (below); "recv_any" (rank
+// 0 receives from any rank, and nobody sends; the others call a barrier). Every buffer is
 // followed by guard words, checked afterwards: rank R reports
 // "guard" BPL_OK if they are intact, BPL_ERR_INTERNAL if anything wrote past its buffer.
 int mismatched_collectives() {
@@ -413,7 +414,7 @@ int mismatched_collectives() {
   constexpr size_t kGuard = 4096;
   constexpr float kGuardValue = -12345.0f;
   const bool large = which != "op" && which != "count" && which != "skip" && which != "root" && which != "dtype" &&
-                     which != "reduce_op" && which != "reduce_root";
+                     which != "reduce_op" && which != "reduce_root" && which != "recv_any";
   // Send/recv of two sizes, the recv's buffer (rank 1) exactly its size: across the MPI backend's
   // size classes ("sendrecv_classes": 8 KiB sent, 2000 bytes expected) and within the eager one
   // ("sendrecv_short": 2000 bytes sent, 2400 expected).
@@ -477,6 +478,10 @@ int mismatched_collectives() {
                    ? bpl_allgatherv(r.world, send.data(), n, recv.data(), counts.data(), displs.data(), BPL_DTYPE_F32, nullptr)
                    : bpl_alltoallv(r.world, send.data(), counts.data(), displs.data(), recv.data(), counts.data(),
                                    displs.data(), BPL_DTYPE_F32, nullptr);
+    } else if (which == "recv_any") {  // rank 0 waits for a message nobody sends, the others for rank 0
+      int32_t source = -1;
+      status = r.rank == 0 ? bpl_recv_any(r.world, recv.data(), 16, BPL_DTYPE_F32, 7, &source, nullptr)
+                           : bpl_barrier(r.world, nullptr);
     } else if (which == "sendrecv" || classes || short_one) {
       if (r.rank == 0) status = bpl_send(r.world, send.data(), n, BPL_DTYPE_F32, 1, 7, nullptr);
       if (r.rank == 1) status = bpl_recv(r.world, recv.data(), n, BPL_DTYPE_F32, 0, 7, nullptr);
@@ -1002,6 +1007,26 @@ TEST_P(Fault, RecvOfAnotherSizeThanItsSendIsMismatchNamingBoth) {
     std::printf("%s %s: rank 1 after %lld ms: %s\n", backend().c_str(), which.c_str(), static_cast<long long>(mismatch.ms),
                 mismatch.message.c_str());
   }
+}
+
+// 7. A recv from any rank that nobody answers is a point-to-point wait that ran out: TIMEOUT on its
+//    rank, never a collective's MISMATCH beside the ranks that wait in a barrier for it (they fail,
+//    and say that rank 0 is in the recv).
+TEST_P(Fault, UnansweredRecvFromAnyRankIsATimeoutNotACollectiveMismatch) {
+  Job job = run_job(backend(), 3, "mismatched_collectives", {{"BPL_TEST_CASE", "recv_any"}, {"BPL_TIMEOUT_MS", mismatch_timeout()}});
+  EXPECT_FALSE(job.processes.front().timed_out) << job.output;
+  const Event* recv = job.event(0, "mismatch");
+  ASSERT_NE(recv, nullptr) << job.output;
+  EXPECT_EQ(recv->status, "BPL_ERR_TIMEOUT") << recv->message;
+  EXPECT_NE(recv->message.find("recv"), std::string::npos) << recv->message;
+  for (int rank = 1; rank < 3; ++rank) {
+    const Event* barrier = job.event(rank, "mismatch");
+    ASSERT_NE(barrier, nullptr) << job.output;
+    EXPECT_NE(barrier->status, "BPL_OK") << barrier->message;
+    std::printf("%s: rank %d: %s: %s\n", backend().c_str(), rank, barrier->status.c_str(), barrier->message.c_str());
+  }
+  std::printf("%s: rank 0: %s after %lld ms: %s\n", backend().c_str(), recv->status.c_str(),
+              static_cast<long long>(recv->ms), recv->message.c_str());
 }
 
 // 7. A small count mismatch (99 and 100 elements, below every eager limit), a rank that skips a
