@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "backplane/backplane.h"
+#include "scalar_types.h"
 
 namespace backplane::torch_backend {
 
@@ -24,19 +25,12 @@ inline bpl_dtype dtype_of(const at::Tensor& tensor, const char* op) {
   if (!tensor.device().is_cpu()) {
     fail(std::string(op) + ": the tensor is on " + tensor.device().str() + "; this backend takes CPU tensors");
   }
-  switch (tensor.scalar_type()) {
-    case at::kFloat: return BPL_DTYPE_F32;
-    case at::kDouble: return BPL_DTYPE_F64;
-    case at::kHalf: return BPL_DTYPE_F16;
-    case at::kBFloat16: return BPL_DTYPE_BF16;
-    case at::kChar: return BPL_DTYPE_I8;
-    case at::kByte: return BPL_DTYPE_U8;
-    case at::kInt: return BPL_DTYPE_I32;
-    case at::kLong: return BPL_DTYPE_I64;
-    default:
-      fail(std::string(op) + ": dtype " + std::string(c10::toString(tensor.scalar_type())) +
-           " is not one backplane moves (float32, float64, float16, bfloat16, int8, uint8, int32, int64)");
+  const std::optional<bpl_dtype> dtype = bpl_dtype_of(tensor.scalar_type());
+  if (!dtype) {
+    fail(std::string(op) + ": dtype " + std::string(c10::toString(tensor.scalar_type())) + " is not one backplane moves (" +
+         kTorchDtypesMoved + ")");
   }
+  return *dtype;
 }
 
 // torch's reduce op as backplane's; PREMUL_SUM is a sum of inputs scaled first (*factor).

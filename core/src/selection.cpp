@@ -4,8 +4,10 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <stdexcept>
 #include <boost/dll/runtime_symbol_info.hpp>
 
+#include "cpu_mode.h"
 #include "error.h"
 
 #ifndef BPL_PLUGIN_SUBDIR
@@ -75,16 +77,13 @@ Selection select_backend(const char* backend, const EnvLookup& env, const Machin
     return selection;
   }
   if (auto cpu_mode = env("NXD_CPU_MODE")) {
-    std::optional<int64_t> value = parse_integer(*cpu_mode);
-    if (!value) {
-      throw Error(BPL_ERR_INVALID_ARGUMENT,
-                  "NXD_CPU_MODE='" + *cpu_mode + "' is not an integer (expected 1 for CPU mode, 0 for Neuron)");
+    bool cpu = false;
+    try {
+      cpu = settings::cpu_mode_from(*cpu_mode);
+    } catch (const std::invalid_argument& e) {
+      throw Error(BPL_ERR_INVALID_ARGUMENT, e.what());
     }
-    if (*value < 0) {
-      throw Error(BPL_ERR_INVALID_ARGUMENT, "NXD_CPU_MODE='" + *cpu_mode +
-                                                "' is negative (expected 1, or any integer > 0, for CPU mode; 0 for Neuron)");
-    }
-    selection.candidates.push_back({*value > 0 ? "gloo" : "neuron", "NXD_CPU_MODE=" + *cpu_mode});
+    selection.candidates.push_back({cpu ? "gloo" : "neuron", "NXD_CPU_MODE=" + *cpu_mode});
     return selection;
   }
 

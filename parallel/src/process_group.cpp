@@ -4,10 +4,12 @@
 #include <ATen/ATen.h>
 
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <utility>
 
 #include "runtime_link.h"
+#include "scalar_types.h"
 
 namespace backplane::parallel {
 
@@ -16,20 +18,12 @@ void check(bpl_status status, const char* what) {
 }
 
 bpl_dtype to_bpl_dtype(at::ScalarType type) {
-  switch (type) {
-    case at::kFloat: return BPL_DTYPE_F32;
-    case at::kDouble: return BPL_DTYPE_F64;
-    case at::kHalf: return BPL_DTYPE_F16;
-    case at::kBFloat16: return BPL_DTYPE_BF16;
-    case at::kChar: return BPL_DTYPE_I8;
-    case at::kByte: return BPL_DTYPE_U8;
-    case at::kInt: return BPL_DTYPE_I32;
-    case at::kLong: return BPL_DTYPE_I64;
-    default:
-      throw Error(BPL_ERR_INVALID_ARGUMENT, std::string("tensors of dtype ") + c10::toString(type) +
-                                                " cannot be communicated: expected float, double, half, "
-                                                "bfloat16, int8, uint8, int32 or int64");
+  const std::optional<bpl_dtype> dtype = bpl_dtype_of(type);
+  if (!dtype) {
+    throw Error(BPL_ERR_INVALID_ARGUMENT, std::string("tensors of dtype ") + c10::toString(type) +
+                                              " cannot be communicated: expected " + kTorchDtypesMoved);
   }
+  return *dtype;
 }
 
 namespace {

@@ -211,7 +211,7 @@ TEST(Selection, NonIntegerCpuModeIsAnError) {
                BPL_ERR_INVALID_ARGUMENT, {"NXD_CPU_MODE='yes'"});
   // A negative value is no setting (the reference's CPU mode is any value > 0): refused, not neuron.
   expect_error([] { select_backend(nullptr, env_of({{"NXD_CPU_MODE", "-3"}}), MachineProbe{}); },
-               BPL_ERR_INVALID_ARGUMENT, {"NXD_CPU_MODE='-3' is negative", "0 for Neuron"});
+               BPL_ERR_INVALID_ARGUMENT, {"NXD_CPU_MODE='-3' is negative", "0 for the accelerator, Neuron"});
 }
 
 class PluginLookup : public ::testing::Test {
