@@ -131,4 +131,20 @@ std::string compare(const std::vector<std::pair<int, Fingerprint>>& by_rank, int
   return report;
 }
 
+StallFindings compare_stalled(const std::vector<std::optional<Fingerprint>>& said) {
+  std::vector<std::pair<int, Fingerprint>> by_rank;
+  std::string silent;
+  int silent_ranks = 0;
+  for (size_t r = 0; r < said.size(); ++r) {
+    if (said[r]) {
+      by_rank.emplace_back(static_cast<int>(r), *said[r]);
+    } else {
+      silent += (silent.empty() ? "" : ",") + std::to_string(r);
+      ++silent_ranks;
+    }
+  }
+  if (!silent.empty()) silent = (silent_ranks == 1 ? "rank " : "ranks ") + silent;
+  return {compare(by_rank, static_cast<int>(said.size())), silent};
+}
+
 }  // namespace backplane

@@ -89,6 +89,15 @@ std::string compare(const std::vector<Fingerprint>& all);
 // missing; the pairing of counts is checked only when none is.
 std::string compare(const std::vector<std::pair<int, Fingerprint>>& by_rank, int ranks);
 
+// What each rank said it calls when an operation stalled (said[r] empty: no word from rank r), compared:
+// the report of compare() ("" when those that spoke agree), and the ranks that said nothing ("rank 2",
+// "ranks 1,3"; "" when every rank spoke). Both plugins explain a stall with it, whatever carried the words.
+struct StallFindings {
+  std::string report;
+  std::string silent;
+};
+StallFindings compare_stalled(const std::vector<std::optional<Fingerprint>>& said);
+
 // The ranks grouped by what they call, given as (rank, description) pairs (equal descriptions, same
 // call): "ranks 0,2 call X; rank 1 calls Y; rank 1 differs from the others". "" when all agree.
 std::string disagreement(const std::vector<std::pair<int, std::string>>& call_of_rank);

@@ -8,6 +8,7 @@
 
 #include <fstream>
 #include <string>
+#include <vector>
 
 namespace backplane::plugin {
 
@@ -63,6 +64,21 @@ inline ProcessState process_state(pid_t pid) {
 inline std::string local_peer_description(int rank, pid_t pid, ProcessState state) {
   return "rank " + std::to_string(rank) + " of this communicator, process " + std::to_string(pid) +
          " on this machine, " + (state == ProcessState::kEnded ? "has ended" : state == ProcessState::kStopped ? "is stopped" : "runs");
+}
+
+// " (rank 1 of this communicator, process 4242 on this machine, has ended; …)": the peers of this machine
+// (local_pid_of_rank[r], 0 for a rank elsewhere or this one) whose state `names` accepts, or "".
+template <typename Accept>
+std::string local_peers_note(const std::vector<pid_t>& local_pid_of_rank, Accept names) {
+  std::string note;
+  for (size_t r = 0; r < local_pid_of_rank.size(); ++r) {
+    const pid_t pid = local_pid_of_rank[r];
+    if (pid == 0) continue;
+    const ProcessState state = process_state(pid);
+    if (!names(state)) continue;
+    note += (note.empty() ? " (" : "; ") + local_peer_description(static_cast<int>(r), pid, state);
+  }
+  return note.empty() ? note : note + ")";
 }
 
 }  // namespace backplane::plugin

@@ -134,13 +134,9 @@ std::string GlooComm::failed_peers_note(const std::string& message, bpl_status s
     const auto give_up = std::chrono::steady_clock::now() +
                          (status == BPL_ERR_TIMEOUT ? std::chrono::milliseconds(0) : std::chrono::milliseconds(200));
     for (;;) {
-      std::string note;
-      for (int r = 0; r < size(); ++r) {
-        const pid_t pid = local_pid(r);
-        if (pid == 0 || plugin::process_state(pid) != wanted) continue;
-        note += (note.empty() ? " (" : "; ") + plugin::local_peer_description(r, pid, wanted);
-      }
-      if (!note.empty()) return note + ")";
+      const std::string note =
+          plugin::local_peers_note(local_pid_of_peer_, [&](plugin::ProcessState state) { return state == wanted; });
+      if (!note.empty()) return note;
       if (std::chrono::steady_clock::now() >= give_up) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
@@ -289,22 +285,15 @@ std::optional<std::string> GlooComm::explain_stall(std::chrono::milliseconds wai
   std::vector<std::string> keys;
   for (int r = 0; r < size(); ++r) keys.push_back(key + std::to_string(r));
   const std::vector<std::optional<std::string>> said = shared_->board->gather(keys, wait);
-  std::vector<std::pair<int, Fingerprint>> fingerprints;
-  std::string silent;
-  for (int r = 0; r < size(); ++r) {
-    std::optional<Fingerprint> theirs = said[static_cast<size_t>(r)] ? fingerprint_of_text(*said[static_cast<size_t>(r)])
-                                                                     : std::nullopt;
-    if (!theirs) {
-      silent += (silent.empty() ? "" : ",") + std::to_string(r);
-      continue;
-    }
-    theirs->sequence = 0;  // this plugin's numbering, not the caller's
-    fingerprints.emplace_back(r, *theirs);
+  std::vector<std::optional<Fingerprint>> calls;
+  for (const std::optional<std::string>& text : said) {
+    calls.push_back(text ? fingerprint_of_text(*text) : std::nullopt);
+    if (calls.back()) calls.back()->sequence = 0;  // this plugin's numbering, not the caller's
   }
-  const std::string report = compare(fingerprints, size());
+  const auto [report, silent] = compare_stalled(calls);
   if (report.empty()) return std::nullopt;
   return report + " (found when the operation stalled over Gloo's TCP pairs" +
-         (silent.empty() ? "" : "; ranks " + silent + " did not say what they call") + ")";
+         (silent.empty() ? "" : "; " + silent + " did not say what they call") + ")";
 }
 
 Error GlooComm::recorded_failure(bpl_status status, const std::string& message, std::chrono::milliseconds defer) {

@@ -311,20 +311,13 @@ std::pair<bpl_status, std::string> MpiComm::explain_stall(const Fingerprint& min
   Backoff backoff(0);
   bool everyone = false;
   while (!(everyone = receive_explanations(*exchange)) && std::chrono::steady_clock::now() < give_up) backoff.pause();
-  std::vector<std::pair<int, Fingerprint>> by_rank;
-  std::string silent;
+  std::vector<std::optional<Fingerprint>> calls;
   for (int r = 0; r < size_; ++r) {
     const std::optional<FingerprintWords>& words = r == rank_ ? std::optional<FingerprintWords>(exchange->mine)
                                                                : exchange->theirs[static_cast<size_t>(r)];
-    const std::optional<Fingerprint> call = words ? decode(*words) : std::nullopt;
-    if (call) {
-      by_rank.emplace_back(r, *call);
-    } else {
-      silent += (silent.empty() ? "" : ",") + std::to_string(r);
-    }
+    calls.push_back(words ? decode(*words) : std::nullopt);
   }
-  if (!silent.empty()) silent = (silent.find(',') == std::string::npos ? "rank " : "ranks ") + silent;
-  const std::string report = compare(by_rank, size_);
+  const auto [report, silent] = compare_stalled(calls);
   if (!report.empty()) {
     return {BPL_ERR_MISMATCH, report + (silent.empty() ? "" : "; no word from " + silent + ", which left the operation or never came") +
                                   " (found when the operation stalled)"};
@@ -340,15 +333,9 @@ std::string MpiComm::describe_stall(const Fingerprint& mine) {
 }
 
 std::string MpiComm::stopped_peers_note(bool every_rank_answered, const std::string& silent) const {
-  std::string stopped;
-  for (int r = 0; r < size_; ++r) {
-    const pid_t pid = local_pid_of_rank_.empty() ? 0 : local_pid_of_rank_[static_cast<size_t>(r)];
-    if (pid == 0) continue;
-    const plugin::ProcessState state = plugin::process_state(pid);
-    if (state == plugin::ProcessState::kRunning) continue;
-    stopped += (stopped.empty() ? " (" : "; ") + plugin::local_peer_description(r, pid, state);
-  }
-  if (!stopped.empty()) return stopped + ")";
+  const std::string stopped =
+      plugin::local_peers_note(local_pid_of_rank_, [](plugin::ProcessState state) { return state != plugin::ProcessState::kRunning; });
+  if (!stopped.empty()) return stopped;
   if (every_rank_answered) return " (every rank is in this operation: one is slow)";
   if (!silent.empty()) {
     return " (no word from " + silent + " of this communicator, stopped, stuck or far behind, on another machine or in another "

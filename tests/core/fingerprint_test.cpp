@@ -105,5 +105,19 @@ TEST(Fingerprint, FinalizeIsNamedAndDiffersFromABarrier) {
             "ranks disagree on the collective they call: rank 0 calls barrier; rank 1 calls bpl_finalize; differ in: op");
 }
 
+// A stall's words: the ranks that said nothing, as one rank or several, and the report of those that spoke.
+TEST(Fingerprint, AStallNamesTheSilentRanksAndComparesTheOthers) {
+  const Fingerprint barrier = fingerprint_of(BPL_COLL_BARRIER);
+  const Fingerprint allreduce = fingerprint_of(BPL_COLL_ALLREDUCE, BPL_DTYPE_F32, 16, -1, BPL_OP_SUM);
+  const StallFindings one_silent = compare_stalled({barrier, std::nullopt, barrier});
+  EXPECT_EQ(one_silent.report, "");
+  EXPECT_EQ(one_silent.silent, "rank 1");
+  const StallFindings two_silent = compare_stalled({barrier, std::nullopt, allreduce, std::nullopt});
+  EXPECT_EQ(two_silent.silent, "ranks 1,3");
+  EXPECT_NE(two_silent.report.find("rank 0 calls barrier"), std::string::npos) << two_silent.report;
+  EXPECT_NE(two_silent.report.find("rank 2 calls allreduce"), std::string::npos) << two_silent.report;
+  EXPECT_EQ(compare_stalled({allreduce, allreduce}).silent, "");
+}
+
 }  // namespace
 }  // namespace backplane
