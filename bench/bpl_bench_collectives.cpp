@@ -15,15 +15,13 @@
 // the machine's reference: every rank memcpy's each size from one buffer to another at the same time
 // ("copy/u8/<bytes>/memcpy"), the copy bandwidth that bench/README.md's model of shared memory divides by.
 //
-// Flags (before Google Benchmark's): --min-bytes=N (4), --max-bytes=N (64M), --step-factor=N (4),
-// --dtypes=f32,bf16, --ops=... (every collective of backplane.h's BPL_FOR_EACH_COLLECTIVE that moves data
-// between all ranks, then pingpong and copy: --list-operations prints them),
-// --repetitions=N (5), --max-iterations=N (1000), --buffer-offset=N (0: page-aligned buffers), --no-raw,
-// --async (each operation posted with a request and waited for; the raw library's non-blocking form),
+// Its flags (bpl-bench-collectives --help) choose the sizes, dtypes and operations (every collective of
+// backplane.h's BPL_FOR_EACH_COLLECTIVE, pingpong and copy), the repetitions, and how backplane's calls
+// are made: --async (each posted with a request and waited for; the raw library's non-blocking form),
 // --interleave (each point's repetitions alternate, backplane then the raw library, instead of running
 // in a row: on a shared or loaded machine both then meet its slow and fast spells alike; the JSON then
 // holds one run per repetition and no aggregates, and the console and the tools take the median).
-// Sizes take K, M and G suffixes (powers of 1024).
+#include <CLI/CLI.hpp>
 #include <benchmark/benchmark.h>
 #include <sched.h>
 #include <unistd.h>
@@ -114,57 +112,65 @@ std::vector<std::string> split_list(const std::string& text) {
   return items;
 }
 
-// Takes this program's flags out of argv, leaving Google Benchmark's.
+// Takes this program's flags out of argv, leaving Google Benchmark's (--benchmark_*) for it.
 Settings parse_settings(int& argc, char** argv) {
   Settings settings;
+  std::string min_bytes = "4", max_bytes = "64M", step_factor = "4", dtypes = "f32,bf16", ops;
+  bool list_operations = false;
+  CLI::App app{"Collectives through backplane and through the raw library underneath, side by side in one run.",
+               "bpl-bench-collectives"};
+  app.footer("Sizes take K, M and G suffixes (powers of 1024). Google Benchmark's own flags (--benchmark_filter=, "
+             "--benchmark_out=, ...) pass through.");
+  app.allow_extras();
+  app.add_option("--min-bytes", min_bytes, "the smallest size")->capture_default_str();
+  app.add_option("--max-bytes", max_bytes, "the largest size")->capture_default_str();
+  app.add_option("--step-factor", step_factor, "each size this many times the last (>= 2)")->capture_default_str();
+  app.add_option("--dtypes", dtypes, "f32, bf16 or both, comma-separated")->capture_default_str();
+  app.add_option("--ops", ops, "the operations, comma-separated (default: all; --list-operations)");
+  app.add_flag("--list-operations", list_operations, "print the operations measured, one a line, and exit");
+  app.add_option("--repetitions", settings.repetitions, "repetitions of each point")->capture_default_str()->check(CLI::Range(1, 1000000));
+  app.add_option("--max-iterations", settings.max_iterations, "the most iterations of a repetition")->capture_default_str()
+      ->check(CLI::Range(1, 1000000000));
+  app.add_option("--buffer-offset", settings.buffer_offset, "where every buffer starts, in bytes past a page boundary")->capture_default_str()
+      ->check(CLI::Range(0, 4095));
+  app.add_flag("--no-raw", [&](int64_t) { settings.raw = false; }, "measure backplane alone");
+  app.add_flag("--async", settings.async, "post every operation with a request and wait for it (the raw library's "
+                                          "non-blocking form, where it has one)");
+  app.add_flag("--interleave", settings.interleave, "alternate each point's repetitions between backplane and the raw "
+                                                    "library, instead of running them in a row");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    std::exit(app.exit(e) == 0 ? 0 : 2);  // --help: 0; a bad flag or value: 2
+  }
+  if (list_operations) {
+    for (const std::string& op : all_operations()) std::printf("%s\n", op.c_str());
+    std::exit(0);
+  }
+  // What CLI11 did not take, in argv's order, for Google Benchmark.
+  const std::vector<std::string> rest = app.remaining();
   int kept = 1;
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    auto value_of = [&](const char* flag) -> const char* {
-      const size_t n = std::strlen(flag);
-      return arg.compare(0, n, flag) == 0 && arg.size() > n && arg[n] == '=' ? argv[i] + n + 1 : nullptr;
-    };
-    if (const char* v = value_of("--min-bytes")) {
-      settings.min_bytes = parse_bytes("--min-bytes", v);
-    } else if (const char* v = value_of("--max-bytes")) {
-      settings.max_bytes = parse_bytes("--max-bytes", v);
-    } else if (const char* v = value_of("--step-factor")) {
-      settings.step_factor = parse_bytes("--step-factor", v);
-      if (settings.step_factor < 2) fail("--step-factor must be >= 2");
-    } else if (const char* v = value_of("--dtypes")) {
-      settings.dtypes = split_list(v);
-    } else if (const char* v = value_of("--ops")) {
-      settings.ops = split_list(v);
-    } else if (const char* v = value_of("--repetitions")) {
-      settings.repetitions = static_cast<int>(parse_bytes("--repetitions", v));
-    } else if (const char* v = value_of("--max-iterations")) {
-      settings.max_iterations = parse_bytes("--max-iterations", v);
-    } else if (const char* v = value_of("--buffer-offset")) {
-      char* end = nullptr;
-      settings.buffer_offset = std::strtoll(v, &end, 10);
-      if (*v == '\0' || *end != '\0' || settings.buffer_offset < 0 || settings.buffer_offset > 4095) {
-        fail(std::string("--buffer-offset=") + v + ": expected bytes past a page boundary, 0 to 4095");
-      }
-    } else if (arg == "--list-operations") {
-      for (const std::string& op : all_operations()) std::printf("%s\n", op.c_str());
-      std::exit(0);
-    } else if (arg == "--no-raw") {
-      settings.raw = false;
-    } else if (arg == "--async") {
-      settings.async = true;
-    } else if (arg == "--interleave") {
-      settings.interleave = true;
-    } else {
+  for (int i = 1, next = 0; i < argc; ++i) {
+    if (next < static_cast<int>(rest.size()) && rest[static_cast<size_t>(next)] == argv[i]) {
       argv[kept++] = argv[i];
+      ++next;
     }
   }
   argc = kept;
+  settings.min_bytes = parse_bytes("--min-bytes", min_bytes);
+  settings.max_bytes = parse_bytes("--max-bytes", max_bytes);
+  settings.step_factor = parse_bytes("--step-factor", step_factor);
+  if (settings.step_factor < 2) fail("--step-factor must be >= 2");
+  settings.dtypes = split_list(dtypes);
   for (const std::string& d : settings.dtypes) {
     if (d != "f32" && d != "bf16") fail("--dtypes: '" + d + "' is not one of f32, bf16");
   }
-  const std::vector<std::string> known = Settings().ops;
-  for (const std::string& op : settings.ops) {
-    if (std::find(known.begin(), known.end(), op) == known.end()) fail("--ops: unknown operation '" + op + "'");
+  if (!ops.empty()) {
+    settings.ops = split_list(ops);
+    const std::vector<std::string> known = all_operations();
+    for (const std::string& op : settings.ops) {
+      if (std::find(known.begin(), known.end(), op) == known.end()) fail("--ops: unknown operation '" + op + "'");
+    }
   }
   return settings;
 }

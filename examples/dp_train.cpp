@@ -9,6 +9,7 @@
 // Every rank draws the same global batch of 16 rows for a step (seeded by the step number) and trains on
 // its data-parallel share, so a run resumed from a checkpoint repeats the original run's losses.
 #include <ATen/ATen.h>
+#include <CLI/CLI.hpp>
 #include <torch/optim/adam.h>
 
 #include <cstdio>
@@ -31,42 +32,6 @@ struct Args {
   bool async_save = false;
   bool resume = false;
 };
-
-[[noreturn]] void usage(const std::string& problem) {
-  std::fprintf(stderr,
-               "dp_train: %s\nusage: dp_train [--steps N] [--tp N] [--zero1] [--save-every N] [--checkpoint-dir DIR] "
-               "[--keep N] [--async-save] [--resume]\n",
-               problem.c_str());
-  std::exit(2);
-}
-
-int positive(const char* flag, const char* text) {
-  char* end = nullptr;
-  const long value = std::strtol(text, &end, 10);
-  if (end == text || *end != '\0' || value < 0 || value > 1000000) usage(std::string(flag) + " '" + text + "': expected a number >= 0");
-  return static_cast<int>(value);
-}
-
-Args parse(int argc, char** argv) {
-  Args args;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto value = [&]() -> const char* {
-      if (i + 1 >= argc) usage(arg + " needs a value");
-      return argv[++i];
-    };
-    if (arg == "--steps") args.steps = positive("--steps", value());
-    else if (arg == "--tp") args.tp = positive("--tp", value());
-    else if (arg == "--zero1") args.zero1 = true;
-    else if (arg == "--save-every") args.save_every = positive("--save-every", value());
-    else if (arg == "--checkpoint-dir") args.checkpoint_dir = value();
-    else if (arg == "--keep") args.keep = positive("--keep", value());
-    else if (arg == "--async-save") args.async_save = true;
-    else if (arg == "--resume") args.resume = true;
-    else usage("unknown argument '" + arg + "'");
-  }
-  return args;
-}
 
 // 8 -> 32 -> 4, the hidden layer split over tensor-parallel ranks.
 struct MlpImpl : torch::nn::Module {
@@ -97,7 +62,21 @@ std::string tag_of(int step) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const Args args = parse(argc, argv);
+  Args args;
+  CLI::App app{"Data-parallel (and tensor-parallel) training of a small MLP, with sharded checkpoints and resumption.", "dp_train"};
+  app.add_option("--steps", args.steps, "training steps")->check(CLI::Range(0, 1000000));
+  app.add_option("--tp", args.tp, "tensor-parallel size")->check(CLI::Range(0, 1000000));
+  app.add_flag("--zero1", args.zero1, "shard the optimizer's state over data-parallel ranks (ZeRO-1)");
+  app.add_option("--save-every", args.save_every, "save a checkpoint every N steps (0: never)")->check(CLI::Range(0, 1000000));
+  app.add_option("--checkpoint-dir", args.checkpoint_dir, "where checkpoints go");
+  app.add_option("--keep", args.keep, "checkpoints kept")->check(CLI::Range(0, 1000000));
+  app.add_flag("--async-save", args.async_save, "write checkpoints in the background");
+  app.add_flag("--resume", args.resume, "resume from the newest complete checkpoint");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;  // --help: 0; a bad flag or value: 2, as other tools
+  }
   try {
     bp::ParallelConfig config;
     config.tensor_parallel_size = args.tp;

@@ -13,6 +13,7 @@
 // (every layer on a group of one rank) on the whole batch in each process and fails (exit 3) unless every
 // step's loss matches.
 #include <ATen/ATen.h>
+#include <CLI/CLI.hpp>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/normalization.h>
@@ -43,44 +44,6 @@ struct Args {
   std::string checkpoint_dir = "gpt_train_checkpoints";
   bool resume = false;
 };
-
-[[noreturn]] void usage(const std::string& problem) {
-  std::fprintf(stderr,
-               "gpt_train: %s\nusage: gpt_train [--steps N] [--tp N] [--pp N] [--microbatches N] [--zero1] "
-               "[--recompute] [--check] [--save-every N] [--checkpoint-dir DIR] [--resume]\n",
-               problem.c_str());
-  std::exit(2);
-}
-
-int number(const char* flag, const char* text) {
-  char* end = nullptr;
-  const long value = std::strtol(text, &end, 10);
-  if (end == text || *end != '\0' || value < 0 || value > 1000000) usage(std::string(flag) + " '" + text + "': expected a number >= 0");
-  return static_cast<int>(value);
-}
-
-Args parse(int argc, char** argv) {
-  Args args;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto value = [&]() -> const char* {
-      if (i + 1 >= argc) usage(arg + " needs a value");
-      return argv[++i];
-    };
-    if (arg == "--steps") args.steps = number("--steps", value());
-    else if (arg == "--tp") args.tp = number("--tp", value());
-    else if (arg == "--pp") args.pp = number("--pp", value());
-    else if (arg == "--microbatches") args.microbatches = number("--microbatches", value());
-    else if (arg == "--zero1") args.zero1 = true;
-    else if (arg == "--recompute") args.recompute = true;
-    else if (arg == "--check") args.check = true;
-    else if (arg == "--save-every") args.save_every = number("--save-every", value());
-    else if (arg == "--checkpoint-dir") args.checkpoint_dir = value();
-    else if (arg == "--resume") args.resume = true;
-    else usage("unknown argument '" + arg + "'");
-  }
-  return args;
-}
 
 // The model's sizes.
 constexpr int64_t kVocab = 32, kSequence = 8, kHidden = 32, kHeads = 4, kKvHeads = 2, kHeadDim = kHidden / kHeads;
@@ -216,7 +179,23 @@ struct Unsharded {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const Args args = parse(argc, argv);
+  Args args;
+  CLI::App app{"A small GPT-like decoder trained with tensor, pipeline and data parallelism, with checkpoints.", "gpt_train"};
+  app.add_option("--steps", args.steps, "training steps")->check(CLI::Range(0, 1000000));
+  app.add_option("--tp", args.tp, "tensor-parallel size")->check(CLI::Range(0, 1000000));
+  app.add_option("--pp", args.pp, "pipeline-parallel size")->check(CLI::Range(0, 1000000));
+  app.add_option("--microbatches", args.microbatches, "microbatches per step")->check(CLI::Range(0, 1000000));
+  app.add_flag("--zero1", args.zero1, "shard the optimizer's state over data-parallel ranks (ZeRO-1)");
+  app.add_flag("--recompute", args.recompute, "recompute the blocks' activations in the backward pass");
+  app.add_flag("--check", args.check, "also train the unsharded model and fail (exit 3) unless every step's loss matches");
+  app.add_option("--save-every", args.save_every, "save a checkpoint every N steps (0: never)")->check(CLI::Range(0, 1000000));
+  app.add_option("--checkpoint-dir", args.checkpoint_dir, "where checkpoints go");
+  app.add_flag("--resume", args.resume, "resume from the newest complete checkpoint");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;  // --help: 0; a bad flag or value: 2, as other tools
+  }
   try {
     bp::init_process_group();
     bp::ParallelConfig config;

@@ -7,11 +7,11 @@
 // mpirun, the accelerator without NXD_CPU_MODE). With --check, rank 0 also runs the unsharded MLP from
 // the layers' master weights and compares.
 #include <ATen/ATen.h>
+#include <CLI/CLI.hpp>
 #include <torch/nn/modules/container/sequential.h>
 
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <string>
 
 #include "backplane/parallel.h"
@@ -26,35 +26,19 @@ struct Args {
   int tp = 0;  // 0: the world size
 };
 
-Args parse(int argc, char** argv) {
-  Args args;
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    auto value = [&](const char* flag) -> const char* {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "tp_mlp: %s needs a value\n", flag);
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (arg == "--check") {
-      args.check = true;
-    } else if (arg == "--seed") {
-      args.seed = std::strtoull(value("--seed"), nullptr, 10);
-    } else if (arg == "--tp") {
-      args.tp = std::atoi(value("--tp"));
-    } else {
-      std::fprintf(stderr, "usage: tp_mlp [--check] [--seed N] [--tp N]\n");
-      std::exit(2);
-    }
-  }
-  return args;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  const Args args = parse(argc, argv);
+  Args args;
+  CLI::App app{"The CPU-mode tensor-parallel MLP: ColumnParallelLinear then RowParallelLinear, on every rank.", "tp_mlp"};
+  app.add_flag("--check", args.check, "rank 0 also runs the unsharded MLP from the master weights and compares");
+  app.add_option("--seed", args.seed, "the seed of the master weights and the input");
+  app.add_option("--tp", args.tp, "tensor-parallel size (0: the world size)")->check(CLI::Range(0, 1000000));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;  // --help: 0; a bad flag or value: 2, as other tools
+  }
   try {
     bp::init_process_group();
     bp::initialize_model_parallel(args.tp > 0 ? args.tp : bp::get_world_size());

@@ -7,6 +7,8 @@
 //
 // The cache and its limits come from the same settings bpl_program_compile uses (BPL_CACHE_*,
 // NEURON_CC_FLAGS); the backend defaults to the one the environment selects.
+#include <CLI/CLI.hpp>
+
 #include <cstdio>
 #include <cstring>
 #include <ctime>
@@ -16,12 +18,6 @@
 #include "compile_cache.h"
 
 namespace {
-
-int usage(const char* problem) {
-  if (problem != nullptr) std::fprintf(stderr, "bpl-cache: %s\n", problem);
-  std::fprintf(stderr, "usage: bpl-cache [--backend NAME] list|total|prune|clear\n");
-  return 2;
-}
 
 std::string local_time(std::chrono::system_clock::time_point when) {
   std::time_t t = std::chrono::system_clock::to_time_t(when);
@@ -34,20 +30,16 @@ std::string local_time(std::chrono::system_clock::time_point when) {
 
 int main(int argc, char** argv) {
   std::string backend, command;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--backend") == 0 && i + 1 < argc) {
-      backend = argv[++i];
-    } else if (std::strcmp(argv[i], "--help") == 0) {
-      usage(nullptr);
-      return 0;
-    } else if (command.empty()) {
-      command = argv[i];
-    } else {
-      return usage(("unexpected argument '" + std::string(argv[i]) + "'").c_str());
-    }
-  }
-  if (command != "list" && command != "total" && command != "prune" && command != "clear") {
-    return usage(command.empty() ? "no command given" : ("unknown command '" + command + "'").c_str());
+  CLI::App app{"Looks after a backend's persistent compile cache (its settings: BPL_CACHE_*, NEURON_CC_FLAGS).", "bpl-cache"};
+  app.add_option("--backend", backend, "the backend whose cache (default: the one the environment selects)");
+  app.add_option("command", command, "list: entries and total; total: size in bytes; prune: evict by the size "
+                                      "limit and TTL; clear: remove every entry")
+      ->required()
+      ->check(CLI::IsMember({"list", "total", "prune", "clear"}));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;  // --help: 0; a bad flag, command or value: 2
   }
   try {
     if (backend.empty()) {

@@ -353,7 +353,14 @@ TEST_F(Cache, BplCacheToolListsPrunesAndClears) {
 
   auto bad = test::run_process({tool, "explode"}, env);
   EXPECT_EQ(bad.exit_code, 2) << bad.output;
-  EXPECT_NE(bad.output.find("unknown command 'explode'"), std::string::npos) << bad.output;
+  EXPECT_NE(bad.output.find("explode"), std::string::npos) << bad.output;
+  EXPECT_NE(bad.output.find("list,total,prune,clear"), std::string::npos) << bad.output;
+  auto unknown_flag = test::run_process({tool, "--frobnicate", "list"}, env);
+  EXPECT_EQ(unknown_flag.exit_code, 2) << unknown_flag.output;
+  EXPECT_NE(unknown_flag.output.find("--frobnicate"), std::string::npos) << unknown_flag.output;
+  auto help = test::run_process({tool, "--help"}, env);
+  EXPECT_EQ(help.exit_code, 0) << help.output;
+  EXPECT_NE(help.output.find("--backend"), std::string::npos) << help.output;
 }
 
 }  // namespace
