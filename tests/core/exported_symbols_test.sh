@@ -1,6 +1,7 @@
 #!/bin/sh
-# What the shared objects export (nm -D): libbackplane.so every function backplane.h declares and
-# nothing else; each plugin its entry symbol and nothing else (DESIGN.md, ABI rule 2).
+# What the shared objects export (nm -D): libbackplane.so every function backplane.h declares (with the
+# headers it includes) and nothing else; each plugin its entry symbol and nothing else (DESIGN.md, ABI
+# rule 2).
 # Usage: exported_symbols_test.sh <build lib dir> <backplane.h>
 set -eu
 lib_dir=$1
@@ -10,7 +11,8 @@ fail=0
 exported() { nm -D --defined-only "$1" | awk 'NF == 3 {print $3}' | sort; }
 
 core=$(exported "$lib_dir/libbackplane.so")
-declared=$(sed -n 's/^BPL_API [^(]*[ *]\(bpl_[a-z0-9_]*\)(.*/\1/p' "$header" | sort)
+headers="$header $(sed -n 's/^#include "\([a-z_]*\.h\)".*/\1/p' "$header" | sed "s|^|$(dirname "$header")/|")"
+declared=$(cat $headers | sed -n 's/^BPL_API [^(]*[ *]\(bpl_[a-z0-9_]*\)(.*/\1/p' | sort)
 extra=$(echo "$core" | grep -vx -F "$declared" || true)
 missing=$(echo "$declared" | grep -vx -F "$core" || true)
 [ -z "$extra" ] || { echo "libbackplane.so exports symbols backplane.h does not declare:"; echo "$extra"; fail=1; }
