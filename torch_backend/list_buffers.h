@@ -13,7 +13,7 @@ namespace backplane::torch_backend {
 // Flat buffers for the list forms of the collectives (a list gathered into, a list reduce-scattered,
 // ...), reused. A fresh buffer of 32 MiB or more is a fresh mapping (glibc's malloc maps those) whose
 // every page faults on first touch: allocated per call, it cost several times the collective itself
-// (bench/results/2026-11-25-torch-backend/README.md). A buffer is free again once no tensor uses its
+// (bench/results/epyc/README.md#2026-11-25-torch-backend). A buffer is free again once no tensor uses its
 // storage: the works drop theirs when they end.
 class ScratchBuffers {
  public:

@@ -22,7 +22,7 @@ using ReduceFn = void (*)(void* out, const void* a, const void* b, size_t n);
 // How a reduction writes its output. kStreamed, for an output larger than the last-level cache that is
 // not read again soon: whole lines with non-temporal stores, which do not read each line first (a third
 // less memory traffic) nor evict the data that is read again; the stores are complete (fenced) when the
-// function returns (what it saves: bench/results/2026-11-26-raw-speed-4). Without SSE2, as kCached.
+// function returns (what it saves: bench/results/xeon/README.md#2026-11-26-raw-speed-4). Without SSE2, as kCached.
 enum class Stores { kCached, kStreamed };
 
 // The dtype a reduction of `dtype` with `op` is carried out in.

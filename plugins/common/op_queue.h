@@ -6,7 +6,7 @@
 // A small request posted to an idle queue is most often waited for at once (torch.distributed's
 // blocking calls post a request and wait for it), and its waiter then runs it itself. Waking the worker
 // for it anyway cost more than the operation: on a machine whose cores the ranks already fill, the
-// woken worker takes one from a rank for a few microseconds (bench/results/2026-11-25-torch-backend).
+// woken worker takes one from a rank for a few microseconds (bench/results/epyc/README.md#2026-11-25-torch-backend).
 // Such a request is posted `Start::when_unclaimed`: the worker runs it only if no waiter has taken it
 // within kUnclaimedGrace, or as soon as someone tests, frees or briefly waits for it, or posts behind
 // it; a loop of them wakes the worker about once per grace, not once per request.

@@ -1,7 +1,7 @@
 // The loops of dtypes.h. This translation unit alone is built with -O3 in every optimised build
 // (plugins/common/CMakeLists.txt): at the default build type's -O2, GCC vectorises none of them (its
 // cheap cost model refuses a loop of unknown length), and the MPI plugin's allreduce, folding element
-// by element, fell behind Open MPI's own from 16 KiB (bench/results/2026-11-26-mpi-folds).
+// by element, fell behind Open MPI's own from 16 KiB (bench/results/xeon/README.md#2026-11-26-mpi-folds).
 #include "dtypes.h"
 
 #include <algorithm>

@@ -87,7 +87,7 @@ void ShmGroup::allreduce(const void* send, void* recv, size_t count, bpl_dtype a
     const uint32_t reduce_step = next_step();
     if (mine_n > 0) {
       // Through the cache at every size: the result is read again at once, into the segment (streamed
-      // variants measured no faster: bench/results/2026-11-26-raw-speed-4).
+      // variants measured no faster: bench/results/xeon/README.md#2026-11-26-raw-speed-4).
       reduce_in_rank_order(result, inputs, mine_n, element, reduce);
       copy_to_peers(slot(reduce_step, rank_) + mine * element, result, mine_n * element);
     }

@@ -97,7 +97,7 @@ constexpr size_t kStreamingCopyBytes = 2048;
 // last-level cache, ordinary stores: the lines stay in that cache for the peer to read, where streamed
 // ones go out to memory and are read back from there (2 ranks of a Xeon VM, three runs: allreduce
 // 0.48-0.85x and reduce_scatter 0.55-0.93x the time with streaming stores from 64 KiB to 16 MiB;
-// bench/results/2026-11-26-torch-backend-3).
+// bench/results/xeon/README.md#2026-11-26-torch-backend-3).
 void copy_to_peers(void* to, const void* from, size_t n) {
   if (on_amd()) {
     copy_streaming(to, from, n);

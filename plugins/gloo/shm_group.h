@@ -87,12 +87,12 @@ class ShmGroup {
   // leave idle, writes a share of each peer's buffer itself (ShmGroup::broadcast), so that every core
   // copies: on 2 ranks of a Xeon VM 0.38-0.39x the staged time at 1 MiB, 0.54-0.57x at 4 MiB and
   // 0.60-0.70x at 16 MiB, but 0.84-1.40x at 64 MiB, where the kernel's copies (which pin every page
-  // first) fall behind memcpy's (bench/results/2026-11-26-torch-backend-3). Likewise a gather's
+  // first) fall behind memcpy's (bench/results/xeon/README.md#2026-11-26-torch-backend-3). Likewise a gather's
   // ranks write their blocks into the root's buffer rather than the root reading them all (there:
   // 256 KiB-4 MiB 0.35-0.78x the time of the root's reads; 16-64 MiB 0.76-1.24x the staged time, so
   // not above). A scatter reads at every size from kSingleCopyMinBytes: staged, its root copies every
   // block itself, into the segment or its own output, which costs more than the peers' reading their
-  // blocks with the kernel's slower copies (bench/results/2026-11-26-raw-speed-4).
+  // blocks with the kernel's slower copies (bench/results/xeon/README.md#2026-11-26-raw-speed-4).
   static constexpr size_t kSingleCopyMinBytes = 256 * 1024;
   static constexpr size_t kSingleCopyMaxBytes = 4 * 1024 * 1024;
   static constexpr size_t kSingleCopyBroadcastMaxBytes = 16 * 1024 * 1024;

@@ -35,7 +35,7 @@ constexpr size_t kLine = 64;                     // one cache line per counter: 
 // (Backoff::yield_while_spinning), the peer may need this very core: the spin is short and then yields
 // it. Elsewhere a yield only hands the core to whatever else runs here: beside a busy process the two
 // ranks then took turns on one core, a spin and a switch per step (4-byte allreduce 0.6 -> 24 us,
-// bench/results/2026-11-25-raw-speed). So a small operation's waits spin longer, without yielding,
+// bench/results/epyc/README.md#2026-11-25-raw-speed). So a small operation's waits spin longer, without yielding,
 // and keep the ranks running side by side; a large one's steps are long anyway, and a peer that has
 // not come within a short spin has lost its core, which this rank's sleep gives back.
 constexpr auto kSpin = std::chrono::microseconds(20);         // a peer a step behind arrives within this
@@ -45,7 +45,7 @@ constexpr auto kLongSpin = std::chrono::microseconds(1000);   // otherwise, oper
 // peer has lost its core to something else running here, and this rank's spin keeps a core from it),
 // grown by kSpin each time the peer came within it. On a quiet machine peers come within microseconds
 // and it stays whole; beside busy processes it shrinks towards kSpin, and waits sleep early, as Gloo's
-// blocking reads do (bench/results/2026-11-28-torch2-targets).
+// blocking reads do (bench/results/epyc/README.md#2026-11-28-torch2-targets).
 
 constexpr size_t kLongSpinMaxBytes = 64 * 1024;
 constexpr auto kSleepSlice = std::chrono::milliseconds(5);
@@ -198,7 +198,7 @@ struct ShmGroup::PendingRecv {
 
 // A second thread for reading a peer's memory: one thread's process_vm_readv runs at about 6 GB/s on
 // a VM (pinning each page, then copying it), two reading halves at about 10, near what memcpy does
-// (bench/results/2026-11-25-gloo-shm-large). Started at the first large read, so that a group that
+// (bench/results/epyc/README.md#2026-11-25-raw-speed). Started at the first large read, so that a group that
 // never makes one has no thread; a half is a system call that ends whatever the peer does, so the
 // reading thread waits for its helper without a deadline.
 class ShmGroup::ReadHelper {

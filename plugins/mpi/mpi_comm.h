@@ -290,7 +290,7 @@ class MpiComm {
   // Whether an allreduce of `count` elements, `bytes` in all, goes round the ring: above
   // kRecursiveDoublingMaxBytes, and where the whole buffer is above the eager size but the ring's
   // blocks are not (a message just above it waits for the probe: two eager rounds are faster than
-  // one such exchange, bench/results/2026-11-25-raw-speed).
+  // one such exchange, bench/results/epyc/README.md#2026-11-25-raw-speed).
   bool ring_allreduce(size_t count, size_t bytes) const {
     if (count < static_cast<size_t>(size_)) return false;
     const bool blocks_eager = bytes > eager_bytes() && bytes / static_cast<size_t>(size_) + 1 <= eager_bytes();
@@ -323,7 +323,7 @@ class MpiComm {
   // does what backplane's does (not: reductions that accumulate in a wider type, counts beyond int,
   // in-place forms MPI has not), as fast; false where it does not. (Not reduce_scatter at all, nor an
   // allreduce above kWatchedAllreduceMaxBytes: the plugin's rings run them in 0.15-0.7x and about
-  // 0.5x of Open MPI's time there, bench/results/2026-11-27-mpi-watchdog; they keep the bounded way.)
+  // 0.5x of Open MPI's time there, bench/results/xeon/README.md#2026-11-27-mpi-watchdog; they keep the bounded way.)
   bool watched_allreduce(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_reduce_op op);
   bool watched_broadcast(void* buf, size_t count, bpl_dtype dtype, int root);
   bool watched_reduce(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_reduce_op op, int root);
