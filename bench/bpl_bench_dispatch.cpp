@@ -47,6 +47,7 @@ BENCHMARK(BM_RejectedCall);
 
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;  // an unknown flag is refused, naming it
   runtime = backplane::bench::start_world_of_one();
   bpl_comm_world(runtime, &world);
   benchmark::AddCustomContext("backend", "gloo (world of 1)");

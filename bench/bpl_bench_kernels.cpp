@@ -148,6 +148,7 @@ BENCHMARK_TEMPLATE(BM_ElementwiseAten, Elementwise::Cast)->Apply(lengths);
 
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;  // an unknown flag is refused, naming it
   runtime = backplane::bench::start_world_of_one();
   benchmark::AddCustomContext("backend", "gloo (LibTorch CPU kernels)");
   benchmark::AddCustomContext("torch_threads", std::to_string(at::get_num_threads()));

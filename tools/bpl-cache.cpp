@@ -31,6 +31,7 @@ std::string local_time(std::chrono::system_clock::time_point when) {
 int main(int argc, char** argv) {
   std::string backend, command;
   CLI::App app{"Looks after a backend's persistent compile cache (its settings: BPL_CACHE_*, NEURON_CC_FLAGS).", "bpl-cache"};
+  app.set_version_flag("--version", std::string("bpl-cache (backplane) ") + BPL_VERSION);
   app.add_option("--backend", backend, "the backend whose cache (default: the one the environment selects)");
   app.add_option("command", command, "list: entries and total; total: size in bytes; prune: evict by the size "
                                       "limit and TTL; clear: remove every entry")

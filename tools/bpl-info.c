@@ -56,11 +56,19 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (strcmp(argv[i], "--init") == 0) {
       init = 1;
+    } else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+      printf("usage: bpl-info [--init] [--version]\n"
+             "  lists the backend plugins found and the backend this environment selects;\n"
+             "  --init also starts that backend (a collective step under a launcher) and describes it\n");
+      return 0;
+    } else if (strcmp(argv[i], "--version") == 0) {
+      int32_t major = 0, minor = 0;
+      bpl_abi_version(&major, &minor);
+      printf("bpl-info (backplane) %s, libbackplane ABI %d.%d\n", BPL_VERSION, major, minor);
+      return 0;
     } else {
-      fprintf(stderr, "usage: bpl-info [--init]\n"
-                      "  lists the backend plugins found and the backend this environment selects;\n"
-                      "  --init also starts that backend (a collective step under a launcher) and describes it\n");
-      return strcmp(argv[i], "--help") == 0 ? 0 : 2;
+      fprintf(stderr, "bpl-info: unknown argument '%s'\nusage: bpl-info [--init] [--version] (--help says more)\n", argv[i]);
+      return 2;
     }
   }
 

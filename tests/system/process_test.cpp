@@ -203,6 +203,22 @@ TEST(BplInfo, ListsPluginsSelectionAndCapabilities) {
   EXPECT_NE(r.output.find("kernels      gemm add scale axpby cast"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("programs     torchscript"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("dtypes       f32 f64 f16 bf16 i8 u8 i32 i64"), std::string::npos) << r.output;
+  // Every kind of the ABI's list, the newest included.
+  EXPECT_NE(r.output.find("gather scatter allgatherv alltoallv recv_any"), std::string::npos) << r.output;
+}
+
+TEST(BplInfo, HelpVersionAndUnknownArgumentsAsOtherTools) {
+  // --help on stdout, exit 0; --version; an unknown argument refused with exit 2, naming it.
+  ProcessResult help = run_process({"sh", "-c", kBin + "/bpl-info --help 2>/dev/null"}, {});
+  EXPECT_EQ(help.exit_code, 0) << describe(help);
+  EXPECT_NE(help.output.find("usage: bpl-info"), std::string::npos) << help.output;
+  ProcessResult version = run_process({kBin + "/bpl-info", "--version"}, {});
+  EXPECT_EQ(version.exit_code, 0) << describe(version);
+  EXPECT_NE(version.output.find("bpl-info (backplane) " + std::to_string(BPL_ABI_MAJOR) + "."), std::string::npos)
+      << version.output;
+  ProcessResult unknown = run_process({kBin + "/bpl-info", "--frobnicate"}, {});
+  EXPECT_EQ(unknown.exit_code, 2) << describe(unknown);
+  EXPECT_NE(unknown.output.find("'--frobnicate'"), std::string::npos) << unknown.output;
 }
 
 /* ---- the C embedder and its failures ---- */
