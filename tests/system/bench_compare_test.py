@@ -63,8 +63,9 @@ def under_load():
         expect("alternating" in table, "the repetitions alternate (--interleave)")
     expect(subprocess.run([os.path.join(bin_dir, "bpl-bench-compare"), "--load", "-1"], capture_output=True).returncode
            != 0, "--load -1 is refused")
-    unknown = subprocess.run([os.path.join(bin_dir, "bpl-bench-compare"), "--backends", "foo", "--out",
-                              tempfile.mkdtemp()], capture_output=True, text=True)
+    with tempfile.TemporaryDirectory() as out:
+        unknown = subprocess.run([os.path.join(bin_dir, "bpl-bench-compare"), "--backends", "foo", "--out", out],
+                                 capture_output=True, text=True)
     expect(unknown.returncode == 2 and "'foo'" in unknown.stderr, f"--backends foo is refused naming it: {unknown}")
     for tool in ("bpl-bench-dispatch", "bpl-bench-kernels"):
         refused = subprocess.run([os.path.join(bin_dir, tool), "--frobnicate"], capture_output=True, text=True)
