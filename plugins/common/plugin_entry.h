@@ -17,21 +17,17 @@
 //   };
 //
 // Comm has rank(), size(), set_timeout(ms), split(color, key) returning std::unique_ptr<Comm> (null for
-// BPL_COLOR_UNDEFINED), and the collectives with the ABI's arguments (counts as size_t), each ending in
-// `bpl_plugin_request** req` (NULL: complete before returning):
-//   allreduce(send, recv, count, dtype, op, req)     broadcast(buf, count, dtype, root, req)
-//   reduce(send, recv, count, dtype, op, root, req)  allgather(send, recv, count, dtype, req)
-//   reduce_scatter(send, recv, recvcount, dtype, op, req)  barrier(req)
-// and, where the backend has them, alltoall(send, recv, count, dtype, req), send(buf, count, dtype,
-// peer, tag, req), recv(…), abort(), and (ABI 1.3) gather(send, recv, count, dtype, root, req),
-// scatter(…the same…), allgatherv(send, sendcount, recv, CountsView recvcounts, CountsView displs,
-// dtype, req) and alltoallv(send, CountsView sendcounts, CountsView sdispls, recv, CountsView
-// recvcounts, CountsView rdispls, dtype, req), whose views (one count per rank, in elements) are the
-// caller's arrays, valid during the call (a communicator keeps copies of what it keeps); and
-// path_of(collective, bytes) (const), how it moves such an operation, for BPL_TRACE; and (ABI 1.6)
-// recv_any(buf, count, dtype, tag, int32_t* source, req). An entry the
-// communicator lacks stays NULL in the table, which the core reports as unsupported. A new collective
-// of the ABI is added here once, and to each plugin's communicator.
+// BPL_COLOR_UNDEFINED), and a member for each entry of BPL_FOR_EACH_PLUGIN_OPERATION_ENTRY (plugin.h) it
+// provides, of the entry's name, taking the entry's arguments after the communicator: a count as size_t
+// (the core checked it is >= 0), a per-rank array (one count per rank, in elements) as a CountsView of
+// the caller's array, valid during the call (a communicator keeps copies of what it keeps), anything
+// else as the entry has it; the last is `bpl_plugin_request** req` (NULL: complete before returning):
+//   void allreduce(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_reduce_op op,
+//                  bpl_plugin_request** req);
+// Optional: abort(), and path_of(collective, bytes) (const), how it moves such an operation, for
+// BPL_TRACE. An entry the communicator has no member for stays NULL in the table, which the core
+// reports as unsupported: a new operation of the ABI is a line in plugin.h's list and a member of each
+// plugin's communicator.
 #pragma once
 
 #include <chrono>
@@ -52,55 +48,9 @@ namespace backplane::plugin {
 namespace detail {
 
 template <typename Comm, typename = void>
-struct HasGatherScatter : std::false_type {};
-template <typename Comm>
-struct HasGatherScatter<Comm, std::void_t<decltype(std::declval<Comm&>().gather(nullptr, nullptr, size_t{}, bpl_dtype{}, 0,
-                                                                                  static_cast<bpl_plugin_request**>(nullptr))),
-                                          decltype(std::declval<Comm&>().scatter(nullptr, nullptr, size_t{}, bpl_dtype{}, 0,
-                                                                                   static_cast<bpl_plugin_request**>(nullptr)))>>
-    : std::true_type {};
-
-template <typename Comm, typename = void>
-struct HasVariableCollectives : std::false_type {};
-template <typename Comm>
-struct HasVariableCollectives<
-    Comm, std::void_t<decltype(std::declval<Comm&>().allgatherv(nullptr, size_t{}, nullptr, std::declval<CountsView>(),
-                                                                std::declval<CountsView>(), bpl_dtype{},
-                                                                static_cast<bpl_plugin_request**>(nullptr))),
-                      decltype(std::declval<Comm&>().alltoallv(
-                          nullptr, std::declval<CountsView>(), std::declval<CountsView>(), nullptr,
-                          std::declval<CountsView>(), std::declval<CountsView>(), bpl_dtype{},
-                          static_cast<bpl_plugin_request**>(nullptr)))>>
-    : std::true_type {};
-
-template <typename Comm, typename = void>
 struct HasPathOf : std::false_type {};
 template <typename Comm>
 struct HasPathOf<Comm, std::void_t<decltype(std::declval<const Comm&>().path_of(bpl_collective{}, uint64_t{}))>>
-    : std::true_type {};
-
-template <typename Comm, typename = void>
-struct HasAlltoall : std::false_type {};
-template <typename Comm>
-struct HasAlltoall<Comm, std::void_t<decltype(std::declval<Comm&>().alltoall(
-                             nullptr, nullptr, size_t{}, bpl_dtype{}, static_cast<bpl_plugin_request**>(nullptr)))>>
-    : std::true_type {};
-
-template <typename Comm, typename = void>
-struct HasPointToPoint : std::false_type {};
-template <typename Comm>
-struct HasPointToPoint<Comm, std::void_t<decltype(std::declval<Comm&>().send(nullptr, size_t{}, bpl_dtype{}, 0, 0,
-                                                                                static_cast<bpl_plugin_request**>(nullptr))),
-                                         decltype(std::declval<Comm&>().recv(nullptr, size_t{}, bpl_dtype{}, 0, 0,
-                                                                                static_cast<bpl_plugin_request**>(nullptr)))>>
-    : std::true_type {};
-
-template <typename Comm, typename = void>
-struct HasRecvAny : std::false_type {};
-template <typename Comm>
-struct HasRecvAny<Comm, std::void_t<decltype(std::declval<Comm&>().recv_any(nullptr, size_t{}, bpl_dtype{}, 0,
-                                                                               static_cast<int32_t*>(nullptr),
-                                                                               static_cast<bpl_plugin_request**>(nullptr)))>>
     : std::true_type {};
 
 template <typename Comm, typename = void>
@@ -138,9 +88,6 @@ struct CommEntries {
   static Comm& comm(bpl_plugin_comm* c) { return *reinterpret_cast<Comm*>(c); }
   static bpl_plugin_comm* handle(Comm* c) { return reinterpret_cast<bpl_plugin_comm*>(c); }
   static Request* request(bpl_plugin_request* req) { return reinterpret_cast<Request*>(req); }
-  static size_t elements(int64_t count) { return static_cast<size_t>(count); }  // the core checked count >= 0
-  // A per-rank array of the caller's, as the communicator reads it.
-  static CountsView counts(const int64_t* values, Comm& c) { return CountsView(values, static_cast<size_t>(c.size())); }
 
   /* ---- communicators ---- */
 
@@ -172,73 +119,8 @@ struct CommEntries {
     return run([&] { comm(c).abort(); });
   }
 
-  /* ---- collectives ---- */
-
-  static bpl_status allreduce(bpl_plugin_comm* c, const void* send, void* recv, int64_t count, bpl_dtype dtype,
-                              bpl_reduce_op op, bpl_plugin_request** req) {
-    return run([&] { comm(c).allreduce(send, recv, elements(count), dtype, op, req); });
-  }
-  static bpl_status broadcast(bpl_plugin_comm* c, void* buf, int64_t count, bpl_dtype dtype, int32_t root,
-                              bpl_plugin_request** req) {
-    return run([&] { comm(c).broadcast(buf, elements(count), dtype, root, req); });
-  }
-  static bpl_status reduce(bpl_plugin_comm* c, const void* send, void* recv, int64_t count, bpl_dtype dtype,
-                           bpl_reduce_op op, int32_t root, bpl_plugin_request** req) {
-    return run([&] { comm(c).reduce(send, recv, elements(count), dtype, op, root, req); });
-  }
-  static bpl_status allgather(bpl_plugin_comm* c, const void* send, void* recv, int64_t count, bpl_dtype dtype,
-                              bpl_plugin_request** req) {
-    return run([&] { comm(c).allgather(send, recv, elements(count), dtype, req); });
-  }
-  static bpl_status reduce_scatter(bpl_plugin_comm* c, const void* send, void* recv, int64_t recvcount, bpl_dtype dtype,
-                                   bpl_reduce_op op, bpl_plugin_request** req) {
-    return run([&] { comm(c).reduce_scatter(send, recv, elements(recvcount), dtype, op, req); });
-  }
-  static bpl_status alltoall(bpl_plugin_comm* c, const void* send, void* recv, int64_t count, bpl_dtype dtype,
-                             bpl_plugin_request** req) {
-    return run([&] { comm(c).alltoall(send, recv, elements(count), dtype, req); });
-  }
-  static bpl_status barrier(bpl_plugin_comm* c, bpl_plugin_request** req) {
-    return run([&] { comm(c).barrier(req); });
-  }
   static bpl_status comm_path(bpl_plugin_comm* c, bpl_collective op, uint64_t bytes, const char** path) {
     return run([&] { *path = comm(c).path_of(op, bytes); });
-  }
-  static bpl_status gather(bpl_plugin_comm* c, const void* send, void* recv, int64_t count, bpl_dtype dtype, int32_t root,
-                           bpl_plugin_request** req) {
-    return run([&] { comm(c).gather(send, recv, elements(count), dtype, root, req); });
-  }
-  static bpl_status scatter(bpl_plugin_comm* c, const void* send, void* recv, int64_t count, bpl_dtype dtype, int32_t root,
-                            bpl_plugin_request** req) {
-    return run([&] { comm(c).scatter(send, recv, elements(count), dtype, root, req); });
-  }
-  static bpl_status allgatherv(bpl_plugin_comm* c, const void* send, int64_t sendcount, void* recv, const int64_t* recvcounts,
-                               const int64_t* displs, bpl_dtype dtype, bpl_plugin_request** req) {
-    return run([&] {
-      Comm& self = comm(c);
-      self.allgatherv(send, elements(sendcount), recv, counts(recvcounts, self), counts(displs, self), dtype, req);
-    });
-  }
-  static bpl_status alltoallv(bpl_plugin_comm* c, const void* send, const int64_t* sendcounts, const int64_t* sdispls,
-                              void* recv, const int64_t* recvcounts, const int64_t* rdispls, bpl_dtype dtype,
-                              bpl_plugin_request** req) {
-    return run([&] {
-      Comm& self = comm(c);
-      self.alltoallv(send, counts(sendcounts, self), counts(sdispls, self), recv, counts(recvcounts, self),
-                     counts(rdispls, self), dtype, req);
-    });
-  }
-  static bpl_status send(bpl_plugin_comm* c, const void* buf, int64_t count, bpl_dtype dtype, int32_t peer, int32_t tag,
-                         bpl_plugin_request** req) {
-    return run([&] { comm(c).send(buf, elements(count), dtype, peer, tag, req); });
-  }
-  static bpl_status recv(bpl_plugin_comm* c, void* buf, int64_t count, bpl_dtype dtype, int32_t peer, int32_t tag,
-                         bpl_plugin_request** req) {
-    return run([&] { comm(c).recv(buf, elements(count), dtype, peer, tag, req); });
-  }
-  static bpl_status recv_any(bpl_plugin_comm* c, void* buf, int64_t count, bpl_dtype dtype, int32_t tag, int32_t* source,
-                             bpl_plugin_request** req) {
-    return run([&] { comm(c).recv_any(buf, elements(count), dtype, tag, source, req); });
   }
 
   /* ---- requests ---- */
@@ -253,6 +135,44 @@ struct CommEntries {
     return guarded([&] { return Request::free(std::unique_ptr<Request>(request(req))); });
   }
 };
+
+namespace detail {
+
+// An entry's C argument as the communicator's member takes it.
+template <typename Param, typename Arg, typename Comm>
+Param member_argument(Arg value, const Comm& comm) {
+  if constexpr (std::is_same_v<Param, CountsView>) {
+    return CountsView(value, static_cast<size_t>(comm.size()));
+  } else if constexpr (std::is_same_v<Param, size_t> && std::is_same_v<Arg, int64_t>) {
+    return static_cast<size_t>(value);  // a count, which the core checked is >= 0
+  } else {
+    return value;
+  }
+}
+
+// The table entry of type Entry that unwraps the communicator and calls Member with the rest.
+template <typename Traits, typename Entry, auto Member>
+struct OperationEntry;
+template <typename Traits, typename... Args, typename Comm, typename... Params, void (Comm::*Member)(Params...)>
+struct OperationEntry<Traits, bpl_status (*)(bpl_plugin_comm*, Args...), Member> {
+  static_assert(sizeof...(Args) == sizeof...(Params), "a member takes its table entry's arguments");
+  static bpl_status call(bpl_plugin_comm* c, Args... args) {
+    return CommEntries<Traits>::run([&] {
+      Comm& self = CommEntries<Traits>::comm(c);
+      (self.*Member)(member_argument<Params>(args, self)...);
+    });
+  }
+};
+
+#define BPL_DETAIL_HAS_MEMBER(entry)                                                         \
+  template <typename Comm, typename = void>                                                 \
+  struct HasMember_##entry : std::false_type {};                                            \
+  template <typename Comm>                                                                  \
+  struct HasMember_##entry<Comm, std::void_t<decltype(&Comm::entry)>> : std::true_type {};
+BPL_FOR_EACH_PLUGIN_OPERATION_ENTRY(BPL_DETAIL_HAS_MEMBER)
+#undef BPL_DETAIL_HAS_MEMBER
+
+}  // namespace detail
 
 // The table with the identity and every communicator, collective and request entry filled; runtime,
 // device, kernel and program entries are NULL for the plugin to set.
@@ -273,27 +193,13 @@ bpl_plugin_api comm_table() {
   api.comm_set_timeout = E::comm_set_timeout;
   if constexpr (detail::HasAbort<Comm>::value) api.comm_abort = E::comm_abort;
   if constexpr (detail::HasCreateFromStore<Traits>::value) api.comm_create_from_store = E::comm_create_from_store;
-  api.allreduce = E::allreduce;
-  api.broadcast = E::broadcast;
-  api.reduce = E::reduce;
-  api.allgather = E::allgather;
-  api.reduce_scatter = E::reduce_scatter;
-  if constexpr (detail::HasAlltoall<Comm>::value) api.alltoall = E::alltoall;
-  api.barrier = E::barrier;
-  if constexpr (detail::HasGatherScatter<Comm>::value) {
-    api.gather = E::gather;
-    api.scatter = E::scatter;
+#define BPL_DETAIL_SET_ENTRY(entry)                                                                  \
+  if constexpr (detail::HasMember_##entry<Comm>::value) {                                            \
+    api.entry = detail::OperationEntry<Traits, decltype(api.entry), &Comm::entry>::call;             \
   }
+  BPL_FOR_EACH_PLUGIN_OPERATION_ENTRY(BPL_DETAIL_SET_ENTRY)
+#undef BPL_DETAIL_SET_ENTRY
   if constexpr (detail::HasPathOf<Comm>::value) api.comm_path = E::comm_path;
-  if constexpr (detail::HasVariableCollectives<Comm>::value) {
-    api.allgatherv = E::allgatherv;
-    api.alltoallv = E::alltoallv;
-  }
-  if constexpr (detail::HasPointToPoint<Comm>::value) {
-    api.send = E::send;
-    api.recv = E::recv;
-  }
-  if constexpr (detail::HasRecvAny<Comm>::value) api.recv_any = E::recv_any;
   api.request_test = E::request_test;
   api.request_wait = E::request_wait;
   api.request_free = E::request_free;

@@ -107,16 +107,7 @@ SIGNATURES = {
     "bpl_comm_size": ([_P, ctypes.POINTER(ctypes.c_int32)], ctypes.c_int32),
     "bpl_comm_set_timeout": ([_P, ctypes.c_int64], ctypes.c_int32),
     "bpl_comm_abort": ([_P], ctypes.c_int32),
-    "bpl_allreduce": ([_P, _P, _P, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, _P], ctypes.c_int32),
-    "bpl_broadcast": ([_P, _P, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, _P], ctypes.c_int32),
-    "bpl_reduce": ([_P, _P, _P, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, _P], ctypes.c_int32),
-    "bpl_allgather": ([_P, _P, _P, ctypes.c_int64, ctypes.c_int32, _P], ctypes.c_int32),
-    "bpl_reduce_scatter": ([_P, _P, _P, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, _P], ctypes.c_int32),
-    "bpl_alltoall": ([_P, _P, _P, ctypes.c_int64, ctypes.c_int32, _P], ctypes.c_int32),
-    "bpl_barrier": ([_P, _P], ctypes.c_int32),
     "bpl_comm_get_timeout": ([_P, ctypes.POINTER(ctypes.c_int64)], ctypes.c_int32),
-    "bpl_send": ([_P, _P, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, _P], ctypes.c_int32),
-    "bpl_recv": ([_P, _P, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, _P], ctypes.c_int32),
     "bpl_request_test": ([_P, ctypes.POINTER(ctypes.c_int32)], ctypes.c_int32),
     "bpl_request_wait": ([_P, ctypes.c_int64], ctypes.c_int32),
     "bpl_request_free": ([_P], ctypes.c_int32),
@@ -137,22 +128,32 @@ SIGNATURES = {
                         ctypes.c_int32),
     "bpl_program_destroy": ([_P], ctypes.c_int32),
 }
-# ABI 1.3 and later: absent from an older library, whose Comm then raises saying so.
-OPTIONAL_SIGNATURES = {
-    "bpl_gather": ([_P, _P, _P, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, _P], ctypes.c_int32),
-    "bpl_scatter": ([_P, _P, _P, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, _P], ctypes.c_int32),
-    "bpl_allgatherv": ([_P, _P, ctypes.c_int64, _P, ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int64), ctypes.c_int32, _P], ctypes.c_int32),
-    "bpl_alltoallv": ([_P, _P, ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int64), _P, ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int64), ctypes.c_int32, _P], ctypes.c_int32),
-    "bpl_recv_any": ([_P, _P, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, ctypes.POINTER(ctypes.c_int32), _P], ctypes.c_int32),
-}
+# The operations' functions, each declared beside the Comm method that calls it (binds): the minor
+# version that added it, and its argument types (each returns a bpl_status).
+_OPERATIONS = {}
+
+
+def binds(name, argtypes, since_minor=0):
+    """Declares that the decorated method calls the C function `name`, added in ABI 1.since_minor."""
+    _OPERATIONS[name] = (since_minor, argtypes)
+    return lambda method: method
+
+
+def operation(name):
+    """The C function `name` (declared with binds), or BackplaneError BPL_ERR_UNSUPPORTED naming the ABI
+    version it needs when the loaded library is older."""
+    if not hasattr(_api(), name):
+        raise BackplaneError(3, "%s needs libbackplane ABI 1.%d; the loaded library is %d.%d"
+                             % ((name, _OPERATIONS[name][0]) + abi_version()))
+    return getattr(_api(), name)
 
 
 def _load():
     lib = ctypes.CDLL(_find_library())
     signatures = dict(SIGNATURES)
-    for name, signature in OPTIONAL_SIGNATURES.items():
-        if hasattr(lib, name):
-            signatures[name] = signature
+    for name, (since_minor, argtypes) in _OPERATIONS.items():
+        if since_minor == 0 or hasattr(lib, name):  # a newer operation is absent from an older library
+            signatures[name] = (argtypes, ctypes.c_int32)
     for name, (argtypes, restype) in signatures.items():
         function = getattr(lib, name)
         function.argtypes = argtypes

@@ -5,9 +5,12 @@ import ctypes
 from typing import Any, List, Optional, Sequence, Tuple
 
 from . import _abi
-from ._abi import _COLOR_UNDEFINED, _ERR_TIMEOUT, _TIMEOUT_DEFAULT, BackplaneError, _api, _check, abi_version
+from ._abi import _COLOR_UNDEFINED, _ERR_TIMEOUT, _TIMEOUT_DEFAULT, BackplaneError, _api, _check, binds, operation
 from ._buffers import BufferLike, _Buffer, _end_to_end, _extent, _int64_array, _of_send, _op
 from .device_memory import _Handle
+
+_P, _I32, _I64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64  # C arguments: pointers and handles, integers
+_COUNTS = ctypes.POINTER(ctypes.c_int64)  # one count per rank
 
 
 class Request:
@@ -108,6 +111,7 @@ class Comm(_Handle):
 
     # -- collectives: blocking, or a Request with async_op=True --
 
+    @binds("bpl_allreduce", [_P, _P, _P, _I64, _I32, _I32, _P])
     def allreduce(self, send: BufferLike, recv: Optional[BufferLike] = None, op: str = "sum",
                   dtype: Optional[str] = None, async_op: bool = False) -> Optional[Request]:
         """recv = op over ranks of send (in place when recv is None)."""
@@ -116,12 +120,14 @@ class Comm(_Handle):
         return self._start("allreduce", (s, r), lambda req: _api().bpl_allreduce(
             self._live(), s.address, r.address, s.count, s.dtype, _op(op), req), async_op)
 
+    @binds("bpl_broadcast", [_P, _P, _I64, _I32, _I32, _P])
     def broadcast(self, buf: BufferLike, root: int = 0, dtype: Optional[str] = None,
                   async_op: bool = False) -> Optional[Request]:
         b = _Buffer(buf, dtype, True, "buf")
         return self._start("broadcast", (b,), lambda req: _api().bpl_broadcast(
             self._live(), b.address, b.count, b.dtype, root, req), async_op)
 
+    @binds("bpl_reduce", [_P, _P, _P, _I64, _I32, _I32, _I32, _P])
     def reduce(self, send: BufferLike, recv: Optional[BufferLike] = None, root: int = 0, op: str = "sum",
                dtype: Optional[str] = None, async_op: bool = False) -> Optional[Request]:
         """recv on root = op over ranks of send (in place when recv is None); other ranks' recv unused."""
@@ -130,6 +136,7 @@ class Comm(_Handle):
         return self._start("reduce", (s, r), lambda req: _api().bpl_reduce(
             self._live(), s.address, r.address, s.count, s.dtype, _op(op), root, req), async_op)
 
+    @binds("bpl_allgather", [_P, _P, _P, _I64, _I32, _P])
     def allgather(self, send: BufferLike, recv: BufferLike, dtype: Optional[str] = None,
                   async_op: bool = False) -> Optional[Request]:
         """recv (size times send's elements) = every rank's send, in rank order."""
@@ -138,6 +145,7 @@ class Comm(_Handle):
         return self._start("allgather", (s, r), lambda req: _api().bpl_allgather(
             self._live(), s.address, r.address, s.count, s.dtype, req), async_op)
 
+    @binds("bpl_reduce_scatter", [_P, _P, _P, _I64, _I32, _I32, _P])
     def reduce_scatter(self, send: BufferLike, recv: BufferLike, op: str = "sum", dtype: Optional[str] = None,
                        async_op: bool = False) -> Optional[Request]:
         """recv = block `rank` of the reduction of send (size blocks of recv's elements)."""
@@ -148,6 +156,7 @@ class Comm(_Handle):
         return self._start("reduce_scatter", (s, r), lambda req: _api().bpl_reduce_scatter(
             self._live(), s.address, r.address, r.count, r.dtype, _op(op), req), async_op)
 
+    @binds("bpl_alltoall", [_P, _P, _P, _I64, _I32, _P])
     def alltoall(self, send: BufferLike, recv: BufferLike, dtype: Optional[str] = None,
                  async_op: bool = False) -> Optional[Request]:
         """recv block r = send block `rank` of rank r (size equal blocks each)."""
@@ -158,6 +167,7 @@ class Comm(_Handle):
         return self._start("alltoall", (s, r), lambda req: _api().bpl_alltoall(
             self._live(), s.address, r.address, s.count // self.size, s.dtype, req), async_op)
 
+    @binds("bpl_gather", [_P, _P, _P, _I64, _I32, _I32, _P], since_minor=3)
     def gather(self, send: BufferLike, recv: Optional[BufferLike] = None, root: int = 0, dtype: Optional[str] = None,
                async_op: bool = False) -> Optional[Request]:
         """recv on root (size times send's elements) = every rank's send, in rank order; recv is not
@@ -166,9 +176,10 @@ class Comm(_Handle):
         r = _of_send(s, recv, dtype, None, "") if recv is not None else None
         if self.rank == root and (r is None or r.count != s.count * self.size):
             raise ValueError("the root's recv must hold %d elements (size %d x %d)" % (s.count * self.size, self.size, s.count))
-        return self._start("gather", (s, r), lambda req: self._v13("bpl_gather")(
+        return self._start("gather", (s, r), lambda req: operation("bpl_gather")(
             self._live(), s.address, r.address if r else None, s.count, s.dtype, root, req), async_op)
 
+    @binds("bpl_scatter", [_P, _P, _P, _I64, _I32, _I32, _P], since_minor=3)
     def scatter(self, send: Optional[BufferLike], recv: BufferLike, root: int = 0, dtype: Optional[str] = None,
                 async_op: bool = False) -> Optional[Request]:
         """recv = block `rank` of send on root (size blocks of recv's elements); send is None elsewhere."""
@@ -178,9 +189,10 @@ class Comm(_Handle):
             raise ValueError("send holds %s elements and recv %s: both must hold one dtype" % (s.dtype_name, r.dtype_name))
         if self.rank == root and (s is None or s.count != r.count * self.size):
             raise ValueError("the root's send must hold %d elements (size %d x %d)" % (r.count * self.size, self.size, r.count))
-        return self._start("scatter", (s, r), lambda req: self._v13("bpl_scatter")(
+        return self._start("scatter", (s, r), lambda req: operation("bpl_scatter")(
             self._live(), s.address if s else None, r.address, r.count, r.dtype, root, req), async_op)
 
+    @binds("bpl_allgatherv", [_P, _P, _I64, _P, _COUNTS, _COUNTS, _I32, _P], since_minor=3)
     def allgatherv(self, send: BufferLike, recv: BufferLike, counts: Sequence[int],
                    displs: Optional[Sequence[int]] = None, dtype: Optional[str] = None,
                    async_op: bool = False) -> Optional[Request]:
@@ -191,9 +203,10 @@ class Comm(_Handle):
         c = _int64_array(counts, self.size, "counts")
         d = _int64_array(_end_to_end(counts) if displs is None else displs, self.size, "displs")
         _extent("recv", r, c, d)
-        return self._start("allgatherv", (s, r), lambda req: self._v13("bpl_allgatherv")(
+        return self._start("allgatherv", (s, r), lambda req: operation("bpl_allgatherv")(
             self._live(), s.address, s.count, r.address, c, d, s.dtype, req), async_op)
 
+    @binds("bpl_alltoallv", [_P, _P, _COUNTS, _COUNTS, _P, _COUNTS, _COUNTS, _I32, _P], since_minor=3)
     def alltoallv(self, send: BufferLike, sendcounts: Sequence[int], recv: BufferLike, recvcounts: Sequence[int],
                   sdispls: Optional[Sequence[int]] = None, rdispls: Optional[Sequence[int]] = None,
                   dtype: Optional[str] = None, async_op: bool = False) -> Optional[Request]:
@@ -206,9 +219,10 @@ class Comm(_Handle):
             (recvcounts, "recvcounts"), (_end_to_end(recvcounts) if rdispls is None else rdispls, "rdispls"))]
         _extent("send", s, arrays[0], arrays[1])
         _extent("recv", r, arrays[2], arrays[3])
-        return self._start("alltoallv", (s, r), lambda req: self._v13("bpl_alltoallv")(
+        return self._start("alltoallv", (s, r), lambda req: operation("bpl_alltoallv")(
             self._live(), s.address, arrays[0], arrays[1], r.address, arrays[2], arrays[3], s.dtype, req), async_op)
 
+    @binds("bpl_barrier", [_P, _P])
     def barrier(self, async_op: bool = False) -> Optional[Request]:
         return self._start("barrier", (), lambda req: _api().bpl_barrier(self._live(), req), async_op)
 
@@ -233,6 +247,7 @@ class Comm(_Handle):
 
     # -- point to point --
 
+    @binds("bpl_send", [_P, _P, _I64, _I32, _I32, _I32, _P])
     def send(self, buf: BufferLike, peer: int, tag: int = 0, dtype: Optional[str] = None,
              async_op: bool = False) -> Optional[Request]:
         """Sends buf to rank `peer`, matched by a recv of the same tag (>= 0), in order. A blocking send
@@ -241,6 +256,7 @@ class Comm(_Handle):
         return self._start("send", (b,), lambda req: _api().bpl_send(
             self._live(), b.address, b.count, b.dtype, peer, tag, req), async_op)
 
+    @binds("bpl_recv", [_P, _P, _I64, _I32, _I32, _I32, _P])
     def recv(self, buf: BufferLike, peer: int, tag: int = 0, dtype: Optional[str] = None,
              async_op: bool = False) -> Optional[Request]:
         """Receives into buf from rank `peer` the send of the same tag; the sizes must agree."""
@@ -248,21 +264,16 @@ class Comm(_Handle):
         return self._start("recv", (b,), lambda req: _api().bpl_recv(
             self._live(), b.address, b.count, b.dtype, peer, tag, req), async_op)
 
+    @binds("bpl_recv_any", [_P, _P, _I64, _I32, _I32, ctypes.POINTER(_I32), _P], since_minor=6)
     def recv_any(self, buf: BufferLike, tag: int = 0, dtype: Optional[str] = None) -> int:
         """Receives into buf the send of this tag from whichever rank sends first; returns that rank."""
         b = _Buffer(buf, dtype, True, "buf")
         source = ctypes.c_int32(-1)
-        self._start("recv_any", (b,), lambda req: self._v13("bpl_recv_any", "1.6")(
+        self._start("recv_any", (b,), lambda req: operation("bpl_recv_any")(
             self._live(), b.address, b.count, b.dtype, tag, ctypes.byref(source), req), False)
         return source.value
 
     # -- internals --
-
-    @staticmethod
-    def _v13(name: str, version: str = "1.3"):
-        if not hasattr(_api(), name):
-            raise BackplaneError(3, "%s needs libbackplane ABI %s; the loaded library is %d.%d" % ((name, version) + abi_version()))
-        return getattr(_api(), name)
 
     @staticmethod
     def _start(what: str, keep: Tuple[Any, ...], call, async_op: bool) -> Optional[Request]:

@@ -280,8 +280,12 @@ def every_kind_of_the_abi_is_a_method():
     for name in names:
         method = name[len("comm_"):] if name.startswith("comm_") else name
         expect(callable(getattr(backplane.Comm, method, None)), "Comm has no method %s (the kind %s)" % (method, name))
-        expect("bpl_" + name in _abi.SIGNATURES or "bpl_" + name in _abi.OPTIONAL_SIGNATURES,
+        expect("bpl_" + name in _abi.SIGNATURES or "bpl_" + name in _abi._OPERATIONS,
                "no C signature for bpl_%s" % name)
+    # An operation newer than the loaded library is refused naming the version it needs.
+    _abi.binds("bpl_from_a_later_abi", [], since_minor=99)
+    expect_error(lambda: _abi.operation("bpl_from_a_later_abi"), "BPL_ERR_UNSUPPORTED", "needs libbackplane ABI 1.99",
+                 "an operation the library lacks")
 
 
 def main():

@@ -206,6 +206,13 @@ typedef struct bpl_plugin_api {
                          int32_t* source, bpl_plugin_request** req);
 } bpl_plugin_api;
 
+/* The table's entries that start one operation on a communicator (each takes the communicator first and
+ * a request last), in table order: what a plugin written in C++ fills from its communicator's members
+ * of the same names (plugins/common/plugin_entry.h). A macro: no symbol, no layout. */
+#define BPL_FOR_EACH_PLUGIN_OPERATION_ENTRY(X) \
+  X(allreduce) X(broadcast) X(reduce) X(allgather) X(reduce_scatter) X(alltoall) X(barrier) X(send) X(recv) \
+  X(gather) X(scatter) X(allgatherv) X(alltoallv) X(recv_any)
+
 /* The one symbol a plugin exports. `host` stays valid while the plugin is loaded; *out must point to
  * storage that lives as long (a static table). Return BPL_OK, or an error after host->set_error (for
  * example BPL_ERR_UNAVAILABLE when the backend's runtime library is absent). */
