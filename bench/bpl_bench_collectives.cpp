@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "backplane/backplane.h"
+#include "benchmark_flags.h"
 #include "raw_library.h"
 
 namespace backplane::bench {
@@ -354,8 +355,8 @@ void register_copy(int64_t bytes, const Settings& settings) {
             benchmark::ClobberMemory();
           }
           state.counters["bytes"] = static_cast<double>(bytes);
-          for (const char* counter : {"algbw_GBps", "busbw_GBps"}) {
-            state.counters[counter] = benchmark::Counter(static_cast<double>(bytes) / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+          for (const char* counter : {"algbw", "busbw"}) {  // bytes per second, shown as G/s
+            state.counters[counter] = benchmark::Counter(static_cast<double>(bytes), benchmark::Counter::kIsIterationInvariantRate);
           }
         });
     configure(b, iterations_for(bytes, settings.max_iterations), settings);
@@ -374,9 +375,9 @@ void register_pair(const std::string& op, const std::string& dtype_name, int64_t
   auto set_counters = [=](benchmark::State& state) {
     if (!sized) return;
     state.counters["bytes"] = static_cast<double>(bytes);
-    state.counters["algbw_GBps"] = benchmark::Counter(moved / 1e9, benchmark::Counter::kIsIterationInvariantRate);
-    state.counters["busbw_GBps"] =
-        benchmark::Counter(moved * s.bus_factor / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+    // Bytes per second (Google Benchmark shows them as "2.43G/s"), nccl-tests' algbw and busbw.
+    state.counters["algbw"] = benchmark::Counter(moved, benchmark::Counter::kIsIterationInvariantRate);
+    state.counters["busbw"] = benchmark::Counter(moved * s.bus_factor, benchmark::Counter::kIsIterationInvariantRate);
   };
   const int64_t iterations = sized ? iterations_for(bytes, settings.max_iterations) : settings.max_iterations;
   // One repetition of one implementation. The ranks first meet: one that left the previous benchmark
@@ -484,8 +485,10 @@ int main(int argc, char** argv) {
     }
     argc = kept;
   }
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;
+  std::vector<char*> args = benchmark_arguments(argc, argv);
+  int count = static_cast<int>(args.size());
+  benchmark::Initialize(&count, args.data());
+  if (benchmark::ReportUnrecognizedArguments(count, args.data())) return 2;
   const std::string backend = info.backend;
   if (job.size < 2 && std::find(settings.ops.begin(), settings.ops.end(), "pingpong") != settings.ops.end() &&
       job.rank == 0) {

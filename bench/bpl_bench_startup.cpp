@@ -33,6 +33,8 @@
 #include <string>
 #include <vector>
 
+#include "benchmark_flags.h"
+
 namespace {
 
 constexpr int kRanks = 2;
@@ -48,6 +50,15 @@ std::string bin_dir() {
   const ssize_t n = ::readlink("/proc/self/exe", path, sizeof(path) - 1);
   std::string self(path, n > 0 ? static_cast<size_t>(n) : 0);
   return self.substr(0, self.rfind('/'));
+}
+
+// The launcher: beside this program in the build tree, in bin/ of an installed tree (this program is in
+// its libexec/backplane/), else on PATH.
+std::string bpl_run() {
+  for (const std::string& path : {bin_dir() + "/bpl-run", bin_dir() + "/../../bin/bpl-run"}) {
+    if (::access(path.c_str(), X_OK) == 0) return path;
+  }
+  return "bpl-run";
 }
 
 // A free TCP port of this host, for a job started without a launcher.
@@ -136,7 +147,7 @@ Reading run_once(const std::string& backend) {
   const std::string probe = bin_dir() + "/bpl-startup-probe";
   const long long started_ns = now_ns();
   if (backend == "gloo") {
-    return read_ranks(finish(start({bin_dir() + "/bpl-run", "--nproc-per-node", std::to_string(kRanks), probe},
+    return read_ranks(finish(start({bpl_run(), "--nproc-per-node", std::to_string(kRanks), probe},
                                    {{"BPL_BACKEND", "gloo"}})),
                       started_ns);
   }
@@ -195,17 +206,11 @@ int main(int argc, char** argv) {
         ->ComputeStatistics("max", max_of);
   }
   // Defaults of this benchmark, unless given: 10 repetitions, interleaved at random.
-  std::vector<char*> args(argv, argv + argc);
-  std::string repetitions = "--benchmark_repetitions=10", interleave = "--benchmark_enable_random_interleaving=true";
-  for (std::string* flag : {&repetitions, &interleave}) {
-    const std::string name = flag->substr(0, flag->find('='));
-    bool given = false;
-    for (char* a : args) given = given || std::strncmp(a, name.c_str(), name.size()) == 0;
-    if (!given) args.push_back(flag->data());
-  }
+  std::vector<char*> args = backplane::bench::benchmark_arguments(
+      argc, argv, {"--benchmark_repetitions=10", "--benchmark_enable_random_interleaving=true"});
   int count = static_cast<int>(args.size());
   benchmark::Initialize(&count, args.data());
-  if (benchmark::ReportUnrecognizedArguments(count, args.data())) return 1;
+  if (benchmark::ReportUnrecognizedArguments(count, args.data())) return 2;
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;

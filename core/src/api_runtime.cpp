@@ -2,6 +2,7 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <string>
 
 #include "backplane/backplane.h"
@@ -58,9 +59,31 @@ void place_in_native_world(bpl_runtime& runtime) {
   runtime.launch_c.local_world_size = launch.local_world_size;
 }
 
+// What an operator needs first, as NCCL's start-up line gives it: versions, host and process, placement,
+// the backend and why, and how it moves data (the plugin's own description).
+std::string start_up_line(const bpl_runtime& runtime) {
+  char host[256] = {};
+  if (::gethostname(host, sizeof(host) - 1) != 0) std::snprintf(host, sizeof(host), "unknown");
+  const bpl_plugin_api& api = runtime.api();
+  const LaunchInfo& launch = runtime.launch;
+  std::string line = std::string("backplane ") + BPL_VERSION + " (ABI " + std::to_string(BPL_ABI_MAJOR) + "." +
+                     std::to_string(BPL_ABI_MINOR) + "), host " + host + ", pid " + std::to_string(::getpid()) +
+                     ": rank " + std::to_string(launch.rank) + " of " + std::to_string(launch.world_size) + " (local " +
+                     std::to_string(launch.local_rank) + " of " + std::to_string(launch.local_world_size) +
+                     "), backend " + api.name + " " + api.version + " from " + runtime.plugin->path() + " (" +
+                     runtime.selection_reason + ")";
+  if (runtime.caps.details != nullptr && runtime.caps.details[0] != '\0') line += "; " + std::string(runtime.caps.details);
+  return line;
+}
+
 }  // namespace
 
 extern "C" {
+
+bpl_status bpl_set_log_callback(bpl_log_callback callback, void* user_data) {
+  set_log_callback(callback, user_data);
+  return BPL_OK;
+}
 
 bpl_status bpl_init(const bpl_init_options* options, bpl_runtime** out) {
   return guarded("bpl_init", [&] {
@@ -121,9 +144,7 @@ bpl_status bpl_init(const bpl_init_options* options, bpl_runtime** out) {
       api.runtime_destroy(runtime->impl);
       throw;
     }
-    log(BPL_LOG_INFO, "core", std::string("rank ") + std::to_string(launch.rank) + "/" +
-                                  std::to_string(launch.world_size) + " using backend " + api.name + " from " +
-                                  runtime->plugin->path() + " (" + runtime->selection_reason + ")");
+    if (log_level() >= BPL_LOG_INFO) log(BPL_LOG_INFO, "core", start_up_line(*runtime));
     *out = runtime.release();
     return BPL_OK;
   });

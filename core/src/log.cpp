@@ -28,13 +28,29 @@ int32_t log_level() {
   return level;
 }
 
+namespace {
+
+// Where lines go: stderr, or the embedder's callback (bpl_set_log_callback). Under one lock with the
+// writing, so that a line never reaches a callback that was just replaced, and lines never interleave.
+std::mutex log_mutex;
+bpl_log_callback log_callback = nullptr;
+void* log_user_data = nullptr;
+
+}  // namespace
+
 void log(int32_t level, const char* source, const std::string& message) {
   if (level > log_level()) return;
   static const char* const tags[] = {"ERROR", "WARN", "INFO", "DEBUG"};
-  static std::mutex mutex;
-  std::lock_guard<std::mutex> lock(mutex);
-  std::fprintf(stderr, "[backplane:%s] %s: %s\n", source != nullptr ? source : "core",
-               tags[level < 0 ? 0 : level > 3 ? 3 : level], message.c_str());
+  const char* from = source != nullptr ? source : "core";
+  std::lock_guard<std::mutex> lock(log_mutex);
+  if (log_callback != nullptr) return log_callback(level, from, message.c_str(), log_user_data);
+  std::fprintf(stderr, "[backplane:%s] %s: %s\n", from, tags[level < 0 ? 0 : level > 3 ? 3 : level], message.c_str());
+}
+
+void set_log_callback(bpl_log_callback callback, void* user_data) {
+  std::lock_guard<std::mutex> lock(log_mutex);
+  log_callback = callback;
+  log_user_data = callback != nullptr ? user_data : nullptr;
 }
 
 }  // namespace backplane

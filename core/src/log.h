@@ -11,5 +11,7 @@ namespace backplane {
 // BPL_LOG_LEVEL: error|warn|info|debug or 0..3; default warn. Read once per process.
 int32_t log_level();
 void log(int32_t level, const char* source, const std::string& message);
+// bpl_set_log_callback: lines to `callback` from now on; NULL: to stderr.
+void set_log_callback(bpl_log_callback callback, void* user_data);
 
 }  // namespace backplane

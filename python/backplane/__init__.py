@@ -7,8 +7,10 @@
         world.allreduce(grads)                    # in place; or world.allreduce(send, recv)
         req = world.allreduce(grads, async_op=True)
         req.wait(timeout_ms=500)                  # or req.test(); a wait that runs out leaves it in flight
-        with world.split(color=world.rank % 2) as group:
-            group.send(grads, peer=...)           # send/recv, gather, scatter, allgatherv, alltoallv, ...
+        with world.split(color=world.rank // 2) as pair:   # ranks 0 and 1, 2 and 3, ...
+            req = pair.send(grads, peer=(pair.rank + 1) % pair.size, async_op=True)
+            pair.recv(grads, peer=(pair.rank - 1) % pair.size)   # send/recv, gather, scatter, ...
+            req.wait()
 
 Device memory, kernels and programs are the Runtime's (on CPU backends the device is the host):
 
@@ -24,15 +26,19 @@ async_op=True, when it returns a Request; a failure raises BackplaneError carryi
 bpl_last_error()'s message. Communicators made by split are destroyed with destroy(), on leaving their
 `with` block, or, those still alive, when their Runtime closes (close(), or leaving its `with` block).
 
-The library is found through BPL_LIBRARY (a path to libbackplane.so), then beside this module as
-installed (<prefix>/lib/python3/dist-packages/backplane/ -> <prefix>/lib/libbackplane.so), then the
-loader's search path.
+backplane.set_log_callback(fn) sends backplane's log lines to fn(level, source, message) instead of
+stderr (None: back to stderr).
+
+The library is found through BPL_LIBRARY (a path to libbackplane.so), then where this package lies
+(an installed tree's <prefix>/lib, a build tree's lib/), then the loader's search path.
 """
 
 from ._abi import BackplaneError, abi_version
 from ._buffers import BufferLike, TensorLike
 from .comm import Comm, Request
 from .device_memory import DeviceMemory
+from .log import set_log_callback
 from .runtime import Program, Runtime
 
-__all__ = ["BackplaneError", "Runtime", "Comm", "Request", "DeviceMemory", "Program", "abi_version"]
+__all__ = ["BackplaneError", "Runtime", "Comm", "Request", "DeviceMemory", "Program", "abi_version",
+           "set_log_callback"]

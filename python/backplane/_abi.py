@@ -81,13 +81,18 @@ _MEMCPY_KIND = {(False, False): 1, (True, False): 2, (False, True): 3, (True, Tr
 
 
 def _find_library():
+    """BPL_LIBRARY, else libbackplane.so where this package lies in an installed tree
+    (<prefix>/lib/python3*/dist-packages/backplane/) or in a build tree (<build>/python/backplane/), else
+    the loader's search path."""
     explicit = os.environ.get("BPL_LIBRARY")
     if explicit:
         return explicit
     here = os.path.dirname(os.path.abspath(__file__))
-    beside = os.path.normpath(os.path.join(here, "..", "..", "..", "libbackplane.so"))
-    if os.path.exists(beside):
-        return beside
+    for beside in (os.path.join(here, "..", "..", "..", "libbackplane.so"),
+                   os.path.join(here, "..", "..", "lib", "libbackplane.so")):
+        beside = os.path.normpath(beside)  # by the path's names: the build's python/backplane is a link
+        if os.path.exists(beside):
+            return beside
     return ctypes.util.find_library("backplane") or "libbackplane.so.1"
 
 
@@ -149,7 +154,13 @@ def operation(name):
 
 
 def _load():
-    lib = ctypes.CDLL(_find_library())
+    path = _find_library()
+    try:
+        lib = ctypes.CDLL(path)
+    except OSError as error:
+        raise OSError("backplane: cannot load libbackplane (%s). Set BPL_LIBRARY to the library's path (such as "
+                      "build/lib/libbackplane.so), or import this package from an installed tree or a build's "
+                      "python/ folder, where it finds the library itself" % error) from None
     signatures = dict(SIGNATURES)
     for name, (since_minor, argtypes) in _OPERATIONS.items():
         if since_minor == 0 or hasattr(lib, name):  # a newer operation is absent from an older library

@@ -4,10 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <dlfcn.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "backplane/backplane.h"
 
@@ -261,3 +263,53 @@ TEST_F(SingleRank, WorldOfOneReducesLocally) {
 }
 
 }  // namespace
+
+// ABI 1.7: an embedder's callback receives backplane's log lines, the core's (the start-up line, with
+// what an operator needs first) and a plugin's, instead of stderr, until it is removed. Runs in a
+// process of its own (gtest_discover_tests), so that BPL_LOG_LEVEL is read here first.
+TEST(Log, ACallbackReceivesTheCoresAndThePluginsLinesInsteadOfStderr) {
+  ScopedEnv env = clean_env();
+  ScopedEnv info({{"BPL_LOG_LEVEL", "info"}});
+  struct Line {
+    int32_t level;
+    std::string source, text;
+  };
+  std::vector<Line> lines;
+  auto keep = [](int32_t level, const char* source, const char* message, void* user) {
+    static_cast<std::vector<Line>*>(user)->push_back({level, source, message});
+  };
+  ASSERT_EQ(bpl_set_log_callback(keep, &lines), BPL_OK);
+  ::testing::internal::CaptureStderr();
+  bpl_runtime* runtime = nullptr;
+  ASSERT_EQ(init_with("gloo", &runtime), BPL_OK) << bpl_last_error();
+  ASSERT_EQ(bpl_finalize(runtime), BPL_OK);
+  const std::string printed = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(printed.find("[backplane"), std::string::npos) << "a line reached stderr: " << printed;
+
+  char host[256] = {};
+  ASSERT_EQ(gethostname(host, sizeof(host) - 1), 0);
+  const std::string abi = "(ABI " + std::to_string(BPL_ABI_MAJOR) + "." + std::to_string(BPL_ABI_MINOR) + ")";
+  const Line* start_up = nullptr;
+  const Line* from_plugin = nullptr;
+  for (const Line& line : lines) {
+    if (line.source == "core" && line.text.rfind("backplane ", 0) == 0) start_up = &line;
+    if (line.source == "gloo") from_plugin = &line;
+  }
+  ASSERT_NE(start_up, nullptr) << "no start-up line among " << lines.size() << " line(s)";
+  EXPECT_EQ(start_up->level, BPL_LOG_INFO);
+  for (const std::string& part : {abi, std::string("host ") + host, "pid " + std::to_string(getpid()),
+                                  std::string("rank 0 of 1 (local 0 of 1)"), std::string("backend gloo "),
+                                  std::string("transport=")}) {
+    EXPECT_NE(start_up->text.find(part), std::string::npos) << "'" << part << "' not in: " << start_up->text;
+  }
+  ASSERT_NE(from_plugin, nullptr) << "no line of the gloo plugin reached the callback";
+
+  ASSERT_EQ(bpl_set_log_callback(nullptr, nullptr), BPL_OK);  // stderr again
+  const size_t received = lines.size();
+  ::testing::internal::CaptureStderr();
+  ASSERT_EQ(init_with("gloo", &runtime), BPL_OK) << bpl_last_error();
+  ASSERT_EQ(bpl_finalize(runtime), BPL_OK);
+  const std::string after = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(lines.size(), received);
+  EXPECT_NE(after.find("[backplane:core] INFO: backplane "), std::string::npos) << after;
+}

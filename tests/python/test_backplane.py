@@ -288,9 +288,34 @@ def every_kind_of_the_abi_is_a_method():
                  "an operation the library lacks")
 
 
+def a_library_that_does_not_load_says_what_to_set():
+    from backplane import _abi
+    saved = os.environ.get("BPL_LIBRARY")
+    os.environ["BPL_LIBRARY"] = "/nonexistent/libbackplane.so"
+    try:
+        _abi._load()
+        raise AssertionError("a library that does not exist loaded")
+    except OSError as e:
+        expect("BPL_LIBRARY" in str(e) and "/nonexistent/libbackplane.so" in str(e), "the load error: %s" % e)
+    finally:
+        if saved is None:
+            del os.environ["BPL_LIBRARY"]
+        else:
+            os.environ["BPL_LIBRARY"] = saved
+
+
 def main():
+    a_library_that_does_not_load_says_what_to_set()
     every_kind_of_the_abi_is_a_method()
+    # The log to a callable (ABI 1.7): the start-up line, at info, names this process. BPL_LOG_LEVEL is
+    # read at the first line, which is the start-up line of this Runtime.
+    os.environ["BPL_LOG_LEVEL"] = "info"
+    lines = []
+    backplane.set_log_callback(lambda level, source, message: lines.append((level, source, message)))
     rt = backplane.Runtime()
+    backplane.set_log_callback(None)
+    start_up = [m for level, source, m in lines if level == "info" and source == "core" and m.startswith("backplane ")]
+    expect(len(start_up) == 1 and "pid %d:" % os.getpid() in start_up[0], "the start-up line reached Python: %r" % lines)
     try:
         info = rt.describe()
         world = rt.world

@@ -18,6 +18,7 @@
 #include <cstring>
 #include <map>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,17 @@ struct ProcessResult {
   std::string output;    // stdout and stderr, interleaved
   double seconds = 0;
 };
+
+// The lines of a job's output as its ranks wrote them: bpl-run's rank prefix ("[rank3]:") removed.
+inline std::vector<std::string> rank_output_lines(const std::string& output) {
+  std::vector<std::string> lines;
+  std::istringstream stream(output);
+  for (std::string line; std::getline(stream, line);) {
+    if (line.rfind("[rank", 0) == 0 && line.find("]:") != std::string::npos) line.erase(0, line.find("]:") + 2);
+    lines.push_back(line);
+  }
+  return lines;
+}
 
 struct Process {
   pid_t pid = -1;

@@ -136,8 +136,10 @@ def interleaved(backend):
         expect(result.returncode == 0, f"--interleave run failed ({result.returncode}): {result.stdout}\n{result.stderr}")
         if result.returncode != 0:
             return
-        expect("allreduce/f32/64: backplane/raw = " in result.stdout and "(medians of 3 interleaved runs)" in result.stdout,
-               f"--interleave: the console gives the ratio of the medians: {result.stdout}")
+        with open(os.path.join(out, f"{backend}.log")) as f:
+            printed = f.read()
+        expect("allreduce/f32/64: backplane/raw = " in printed and "(medians of 3 interleaved runs)" in printed,
+               f"--interleave: the benchmark gives the ratio of the medians: {printed}")
         with open(os.path.join(out, f"{backend}.json")) as f:
             results = json.load(f)
         expect("alternating" in results["context"].get("repetitions", ""), "--interleave: the context says so")
@@ -165,7 +167,13 @@ def main():
         result = subprocess.run(command, capture_output=True, text=True, timeout=300)
         if result.returncode != 0:
             sys.exit(f"bpl-bench-compare failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
-        expect("backplane/raw = " in result.stdout, "the console shows backplane/raw ratios")
+        # The console: progress and the table, not the benchmark's own lines (those are in <backend>.log).
+        expect("backplane/raw = " not in result.stdout and "points measured" in result.stdout
+               and "| op | dtype | size |" in result.stdout, f"the console shows progress and the table:\n{result.stdout}")
+        expect(len(result.stdout.splitlines()) < 120, f"the console is short: {len(result.stdout.splitlines())} lines")
+        for backend in backends:
+            with open(os.path.join(out, f"{backend}.log")) as f:
+                expect("backplane/raw = " in f.read(), f"{backend}.log holds the benchmark's backplane/raw lines")
         for backend in backends:
             with open(os.path.join(out, f"{backend}.json")) as f:
                 results = json.load(f)
@@ -188,7 +196,7 @@ def main():
                         expect(len(runs.get(name, [])) == 2, f"{backend}: {name}: {len(runs.get(name, []))} runs, expected 2")
                         for run in runs.get(name, []):
                             expect(run["real_time"] > 0, f"{backend}: {name} has a time")
-                            expect(run.get("busbw_GBps", 0) > 0, f"{backend}: {name} has a busbw counter")
+                            expect(run.get("busbw", 0) > 0, f"{backend}: {name} has a busbw counter")
             expect("barrier/backplane" in runs and "barrier/raw" in runs, f"{backend}: barrier measured")
         with open(os.path.join(out, "collectives.md")) as f:
             table = f.read()
@@ -199,7 +207,13 @@ def main():
                 expect(row is not None, f"the table has a row for {op} {label}")
                 if row:
                     cells = [c.strip() for c in row.group(1).split("|")[:-1]]
-                    numbers = [c for c in cells if re.fullmatch(r"[0-9]+\.[0-9]+", c)]
+                    # a time is its median and the repetitions' range, "12.30 (11.90-14.10)", around it
+                    for cell in cells:
+                        spread = re.fullmatch(r"([0-9.]+) \(([0-9.]+)-([0-9.]+)\)", cell)
+                        if spread:
+                            low, median, high = float(spread.group(2)), float(spread.group(1)), float(spread.group(3))
+                            expect(low <= median <= high, f"row {op} {label}: {cell}: the median lies in its range")
+                    numbers = [m.group(0) for m in (re.match(r"[0-9]+\.[0-9]+", c) for c in cells) if m]
                     # time, busbw, raw time, ratio, and the time against the copy model; with both
                     # backends, gloo's time against raw Open MPI's (the mpi run's raw time)
                     both = len(backends) == 2

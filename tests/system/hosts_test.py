@@ -162,7 +162,8 @@ def examples_two_hosts(bin_dir):
             resumed = launch(hosts, bin_dir, 1, train + ["--steps", "12", "--resume"])
             for results, what in ((straight, "dp_train"), (first, "dp_train, saving"), (resumed, "dp_train --resume")):
                 expect_all_passed(results, what)
-            steps = lambda out: re.findall(r"^step \d+ loss .*$", out, re.M)  # noqa: E731
+            # rank 0's step lines (bpl-run prefixes each line with its rank)
+            steps = lambda out: re.findall(r"^(?:\[rank0\]:)?(step \d+ loss .*)$", out, re.M)  # noqa: E731
             expect(len(steps(straight[0][1])) == 12, "12 step lines from the straight run", straight)
             expect("resumed from step 8" in resumed[0][1], "the run resumed from step 8", resumed)
             expect(steps(straight[0][1])[8:] == steps(resumed[0][1]), "the resumed run repeats steps 9-12",

@@ -1,7 +1,8 @@
 #!/bin/sh
 # The installed tree works on its own, as embedders use it: install to a fresh prefix, then
-#  - run the installed C embedder on two ranks with the installed launcher (plugin from the prefix);
-#  - build examples/embed.c with nothing but pkg-config, and run it;
+#  - bin/ holds the tools alone (no examples, tests or benchmarks), each saying its version;
+#  - build examples/embed.c with nothing but pkg-config (no rpath or LD_LIBRARY_PATH of ours), and run
+#    it on two ranks with the installed launcher (plugin from the prefix);
 #  - build it (and a program on the LibTorch frontend, if installed) with nothing but find_package;
 #  - run the Python module from the prefix, finding libbackplane.so beside itself;
 #  - move the prefix and delete its gloo plugin: the library must say so, naming every folder it
@@ -16,14 +17,23 @@ work=$(mktemp -d /tmp/bpl-consumer-XXXXXX)
 trap 'rm -rf "$prefix" "$work"' EXIT
 cmake --install "$build_dir" --prefix "$prefix" > /dev/null
 unset BPL_PLUGIN_PATH BPL_BACKEND BPL_LIBRARY PYTHONPATH
+python_dir=lib/python$("$python" -c "import sys; print('%d.%d' % sys.version_info[:2])")/dist-packages
+version=$(sed -n 's/^Version: //p' "$prefix/lib/pkgconfig/backplane.pc")
 
 for path in lib/libbackplane.so include/backplane/backplane.h include/backplane/plugin.h \
             lib/backplane/plugins/libbackplane-gloo.so lib/backplane/plugins/libbpl-cpu-kernels.so \
-            lib/backplane/plugins/libbpl-torch-store.so bin/bpl-run bin/bpl-info bin/embed \
+            lib/backplane/plugins/libbpl-torch-store.so bin/bpl-run bin/bpl-info \
             lib/cmake/backplane/backplaneConfig.cmake lib/cmake/backplane/backplaneConfigVersion.cmake \
             lib/cmake/backplane/backplaneTargets.cmake lib/pkgconfig/backplane.pc \
-            lib/python3/dist-packages/backplane/__init__.py; do
+            "$python_dir/backplane/__init__.py"; do
   [ -e "$prefix/$path" ] || { echo "install is missing $path"; exit 1; }
+done
+# bin/ holds the tools, as a Debian package's would: no examples, tests or benchmarks.
+tools=$(ls "$prefix/bin" | tr '\n' ' ')
+[ "$tools" = "bpl-bench-compare bpl-bench-torch bpl-cache bpl-info bpl-run bpl-trace " ] \
+  || { echo "bin/ holds more than the tools: $tools"; exit 1; }
+for tool in "$prefix"/bin/*; do
+  "$tool" --version | grep -q "(backplane) $version" || { echo "$tool --version does not say $version"; exit 1; }
 done
 
 info=$("$prefix/bin/bpl-info")
@@ -37,12 +47,11 @@ run_two_ranks() {
   echo "$out"
   [ "$(echo "$out" | grep -c '  ok$')" -eq 2 ] || { echo "$1 did not print two correct ranks"; exit 1; }
 }
-run_two_ranks "$prefix/bin/embed"
 
 echo "--- pkg-config only"
 export PKG_CONFIG_PATH="$prefix/lib/pkgconfig"
 cc -std=c99 -Wall -Werror "$source_dir/examples/embed.c" -o "$work/embed_pkgconfig" \
-   $(pkg-config --cflags --libs backplane) -Wl,-rpath,"$(pkg-config --variable=libdir backplane)"
+   $(pkg-config --cflags --libs backplane)
 run_two_ranks "$work/embed_pkgconfig"
 
 echo "--- find_package only"
@@ -58,12 +67,12 @@ if [ $with_parallel = ON ]; then
 fi
 
 echo "--- Python from the prefix"
-PYTHONPATH="$prefix/lib/python3/dist-packages" NXD_CPU_MODE=1 \
+PYTHONPATH="$prefix/$python_dir" NXD_CPU_MODE=1 \
   "$prefix/bin/bpl-run" --nproc-per-node 2 "$python" "$source_dir/tests/python/test_backplane.py"
 # The torch.distributed backend, where this build has it: imported from the prefix alone.
-if ls "$prefix"/lib/python3/dist-packages/backplane_torch.*.so > /dev/null 2>&1; then
+if ls "$prefix/$python_dir"/backplane_torch.*.so > /dev/null 2>&1; then
   echo "--- torch.distributed backend from the prefix"
-  PYTHONPATH="$prefix/lib/python3/dist-packages" PYTHONWARNINGS=ignore \
+  PYTHONPATH="$prefix/$python_dir" PYTHONWARNINGS=ignore \
     "$prefix/bin/bpl-run" --nproc-per-node 2 "$python" "$source_dir/tests/torch_backend/test_process_group.py"
 fi
 echo "--- moved, then a plugin deleted"

@@ -108,8 +108,7 @@ int print_cpus() {
 // The CPUs each rank printed (print_cpus), by local rank.
 std::map<int, std::set<int>> cpus_of_ranks(const std::string& output) {
   std::map<int, std::set<int>> cpus;
-  std::istringstream lines(output);
-  for (std::string line; std::getline(lines, line);) {
+  for (const std::string& line : backplane::test::rank_output_lines(output)) {
     int rank = 0;
     int consumed = 0;
     if (std::sscanf(line.c_str(), "cpus LOCAL_RANK=%d:%n", &rank, &consumed) != 1) continue;
@@ -309,8 +308,7 @@ TEST(Embed, ARankThatNeverArrivesFailsTheRendezvousAtTheTimeout) {
 // The "step N loss … grad_norm …" lines of a dp_train run.
 std::vector<std::string> step_lines(const std::string& output) {
   std::vector<std::string> lines;
-  std::istringstream stream(output);
-  for (std::string line; std::getline(stream, line);) {
+  for (const std::string& line : backplane::test::rank_output_lines(output)) {
     if (line.rfind("step ", 0) == 0) lines.push_back(line);
   }
   return lines;
@@ -506,8 +504,7 @@ using backplane::test::mpirun;
 // The "rank N: …" lines, sorted: ranks print in order, but mpirun may forward them in any order.
 std::vector<std::string> rank_lines(const std::string& output) {
   std::vector<std::string> lines;
-  std::istringstream stream(output);
-  for (std::string line; std::getline(stream, line);) {
+  for (const std::string& line : backplane::test::rank_output_lines(output)) {
     if (line.rfind("rank ", 0) == 0) lines.push_back(line);
   }
   std::sort(lines.begin(), lines.end());

@@ -30,7 +30,7 @@ extern "C" {
 #endif
 
 #define BPL_ABI_MAJOR 1
-#define BPL_ABI_MINOR 6
+#define BPL_ABI_MINOR 7
 
 #if defined(__GNUC__)
 #define BPL_API __attribute__((visibility("default")))
@@ -297,6 +297,26 @@ typedef struct bpl_plugin_info {
 /* Loads the plugin `backend` (a name or a path), reads its identity, unloads it.
  * Errors: as bpl_init's loading step (NOT_FOUND, ABI_MISMATCH, INVALID_ARGUMENT). */
 BPL_API bpl_status bpl_plugin_probe(const char* backend, bpl_plugin_info* out);
+
+/* ------------------------------------------------------------------------------------------------ */
+/* The log.                                                                                         */
+
+/* Levels of backplane's log lines (the core's and its plugins'); BPL_LOG_LEVEL names the most verbose
+ * one written (error, warn, info, debug or 0-3; default warn). */
+#define BPL_LOG_ERROR 0
+#define BPL_LOG_WARN 1
+#define BPL_LOG_INFO 2
+#define BPL_LOG_DEBUG 3
+
+/* Receives one log line: its level, the part that wrote it ("core", "gloo", "mpi", ...) and its text,
+ * without a newline, both valid during the call. Called one line at a time, from whichever thread of
+ * backplane writes it; it must not call backplane. */
+typedef void (*bpl_log_callback)(int32_t level, const char* source, const char* message, void* user_data);
+
+/* ABI 1.7: from now on, for the whole process, backplane's log lines go to `callback` (with
+ * `user_data`) instead of stderr; NULL restores stderr. The lines are those BPL_LOG_LEVEL lets through.
+ * Returns BPL_OK. */
+BPL_API bpl_status bpl_set_log_callback(bpl_log_callback callback, void* user_data);
 
 #ifdef __cplusplus
 } /* extern "C" */

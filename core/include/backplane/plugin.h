@@ -31,10 +31,7 @@ typedef struct bpl_plugin_comm bpl_plugin_comm;
 typedef struct bpl_plugin_request bpl_plugin_request;
 typedef struct bpl_plugin_program bpl_plugin_program;
 
-#define BPL_LOG_ERROR 0
-#define BPL_LOG_WARN 1
-#define BPL_LOG_INFO 2
-#define BPL_LOG_DEBUG 3
+/* Log levels (BPL_LOG_ERROR ... BPL_LOG_DEBUG) are backplane.h's. */
 
 /* Where this process sits in the job, resolved by the core from options and the launch environment
  * (see bpl_init_options). Strings are owned by the core and valid until runtime_destroy returns. */
