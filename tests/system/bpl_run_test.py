@@ -1,0 +1,129 @@
+"""bpl-run accepts what torchrun accepts, and behaves as torchrun and mpirun do: a .py script runs with
+the Python that runs bpl-run, -m runs a module, --no-python runs the program as it is, one rank by
+default, a program in the current folder is found, --tee/--redirects write torchrun's log layout under
+--log-dir, every console line is whole and carries its rank's prefix, a failure's message counts the
+ranks it stops, and --help, --version and an unknown flag answer as other tools do.
+
+    bpl_run_test.py <bin dir>
+"""
+import os
+import re
+import stat
+import subprocess
+import sys
+import tempfile
+
+failures = []
+
+
+def expect(condition, what):
+    if not condition:
+        failures.append(what)
+        print("FAILED: " + what, flush=True)
+
+
+def run(bpl_run, args, cwd, timeout=60):
+    return subprocess.run([bpl_run] + args, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def write(folder, name, text, executable=False):
+    path = os.path.join(folder, name)
+    with open(path, "w") as f:
+        f.write(text)
+    if executable:
+        os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR)
+    return path
+
+
+def main():
+    bpl_run = os.path.join(os.path.abspath(sys.argv[1]), "bpl-run")
+    with open(bpl_run) as f:
+        launcher_python = f.readline()[2:].strip()  # the build tree's bpl-run runs on the project's Python
+    with tempfile.TemporaryDirectory() as folder:
+        write(folder, "who.py", "import os, sys\nprint('who', os.environ['RANK'], os.environ['WORLD_SIZE'], sys.executable)\n")
+        write(folder, "whomod.py", "import os\nprint('module', os.environ['RANK'])\n")
+        write(folder, "direct.py", "#!/bin/sh\necho direct $RANK\n", executable=True)
+        write(folder, "program", "#!/bin/sh\necho program $RANK\n", executable=True)
+        # Two ranks that each write 400 lines in pieces, flushing between the pieces: the console must get
+        # each line whole, under one prefix.
+        write(folder, "chatty.py", "import os, sys\nr = os.environ['RANK']\nfor i in range(400):\n"
+                                   "    sys.stdout.write('line %s-' % r); sys.stdout.flush()\n"
+                                   "    sys.stdout.write('%d end\\n' % i); sys.stdout.flush()\n"
+                                   "sys.stdout.write('last without newline %s' % r)\n")
+        write(folder, "fails.py", "import os, sys, time\nif os.environ['RANK'] == '1':\n    sys.exit(3)\n"
+                                  "time.sleep(30)\n")
+
+        one = run(bpl_run, ["who.py"], folder)
+        expect(one.returncode == 0, f"a script on one rank by default: {one}")
+        expect(re.fullmatch(r"who 0 1 (\S+)\n", one.stdout) is not None,
+               f"one rank, no prefix, the line as written: {one.stdout!r}")
+        used = one.stdout.split()[-1] if one.stdout else ""
+        expect(os.path.realpath(used) == os.path.realpath(launcher_python) or used == launcher_python,
+               f"the script ran with bpl-run's Python {launcher_python}, not {used}")
+
+        two = run(bpl_run, ["--nproc-per-node", "2", "who.py"], folder)
+        expect(sorted(two.stdout.splitlines()) == [f"[rank0]:who 0 2 {used}", f"[rank1]:who 1 2 {used}"],
+               f"two ranks, each line with its rank's prefix: {two.stdout!r}")
+
+        module = run(bpl_run, ["--nproc-per-node", "2", "-m", "whomod"], folder)
+        expect(sorted(module.stdout.splitlines()) == ["[rank0]:module 0", "[rank1]:module 1"],
+               f"-m runs a module: {module.stdout!r} {module.stderr!r}")
+
+        direct = run(bpl_run, ["--no-python", "./direct.py"], folder)
+        expect(direct.stdout == "direct 0\n", f"--no-python runs a .py as it is: {direct.stdout!r} {direct.stderr!r}")
+
+        here = run(bpl_run, ["--nproc-per-node", "2", "program"], folder)
+        expect(here.returncode == 0 and sorted(here.stdout.splitlines()) == ["[rank0]:program 0", "[rank1]:program 1"],
+               f"a program in the current folder is found, as mpirun finds it: {here}")
+
+        chatty = run(bpl_run, ["--nproc-per-node", "2", "chatty.py"], folder)
+        lines = chatty.stdout.splitlines()
+        whole = [line for line in lines if re.fullmatch(r"\[rank(\d)\]:line \1-\d+ end", line)]
+        last = sorted(line for line in lines if "last without newline" in line)
+        expect(len(whole) == 800 and len(lines) == 802, f"800 whole lines and 2 last ones: {len(whole)} of {len(lines)}")
+        expect(last == ["[rank0]:last without newline 0", "[rank1]:last without newline 1"],
+               f"a last line without its newline is still whole: {last}")
+
+        logs = os.path.join(folder, "logs")
+        teed = run(bpl_run, ["--nproc-per-node", "2", "--tee", "3", "--log-dir", logs, "who.py"], folder)
+        for rank in (0, 1):
+            path = os.path.join(logs, "none", "attempt_0", str(rank), "stdout.log")
+            try:
+                with open(path) as f:
+                    expect(f.read() == f"who {rank} 2 {used}\n", f"{path} holds rank {rank}'s stdout, unprefixed")
+            except OSError as error:
+                expect(False, f"--tee 3 --log-dir: {error}")
+            expect(os.path.exists(os.path.join(logs, "none", "attempt_0", str(rank), "stderr.log")),
+                   f"rank {rank}'s stderr.log")
+        expect(len(teed.stdout.splitlines()) == 2, f"--tee also writes to the console: {teed.stdout!r}")
+        quiet = run(bpl_run, ["--nproc-per-node", "2", "--redirects", "1", "--log-dir",
+                              os.path.join(folder, "quiet"), "who.py"], folder)
+        expect(quiet.returncode == 0 and quiet.stdout == "", f"--redirects 1 keeps stdout off the console: {quiet.stdout!r}")
+
+        failed = run(bpl_run, ["--nproc-per-node", "3", "--term-timeout", "2", "fails.py"], folder)
+        expect(failed.returncode == 3, f"the failed rank's exit status: {failed.returncode}")
+        expect("rank 1 (pid" in failed.stderr and "exited with code 3; stopping the 2 other ranks" in failed.stderr,
+               f"the failure names the rank and counts the others: {failed.stderr!r}")
+        write(folder, "fails_alone.py", "import sys\nsys.exit(4)\n")
+        alone = run(bpl_run, ["fails_alone.py"], folder)
+        expect(alone.returncode == 4 and "stopping" not in alone.stderr,
+               f"a job of one rank stops no other: {alone.stderr!r}")
+
+        for flag in ("--help", "--version"):
+            answered = run(bpl_run, [flag], folder)
+            expect(answered.returncode == 0 and answered.stdout and not answered.stderr,
+                   f"{flag}: exit 0 on stdout: {answered}")
+        version = run(bpl_run, ["--version"], folder)
+        expect(re.fullmatch(r"bpl-run \(backplane\) \d+\.\d+\.\d+\n", version.stdout) is not None,
+               f"--version: {version.stdout!r}")
+        unknown = run(bpl_run, ["--frobnicate", "who.py"], folder)
+        expect(unknown.returncode == 2 and "--frobnicate" in unknown.stderr, f"an unknown flag: {unknown}")
+        bad = run(bpl_run, ["--tee", "5", "who.py"], folder)
+        expect(bad.returncode == 2 and "'5'" in bad.stderr, f"a bad --tee value is named: {bad.stderr!r}")
+    if failures:
+        sys.exit("FAILED:\n  " + "\n  ".join(failures))
+    print("passed: bpl-run as torchrun")
+
+
+if __name__ == "__main__":
+    main()
