@@ -1,6 +1,7 @@
 // Google Benchmark's command line as every benchmark of backplane starts it.
 #pragma once
 
+#include <benchmark/benchmark.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -32,6 +33,18 @@ inline std::vector<char*> benchmark_arguments(int argc, char** argv, std::initia
     args.push_back(added.back().data());
   }
   return args;
+}
+
+// What a console reporter made by hand shows, from the arguments before Google Benchmark takes its own
+// out of them: --benchmark_color's choice, else colour only on a terminal.
+inline benchmark::ConsoleReporter::OutputOptions console_options(const std::vector<char*>& args) {
+  bool colour = ::isatty(STDOUT_FILENO) != 0;
+  for (const char* arg : args) {
+    if (std::strncmp(arg, "--benchmark_color=", 18) != 0) continue;
+    const std::string value = arg + 18;
+    colour = !(value == "false" || value == "no" || value == "0" || value == "never");
+  }
+  return colour ? benchmark::ConsoleReporter::OO_ColorTabular : benchmark::ConsoleReporter::OO_Tabular;
 }
 
 }  // namespace backplane::bench

@@ -427,7 +427,8 @@ double median(std::vector<double> values) {
 // aggregates), the ratio of the medians of each point's runs once its last raw run is in.
 class RatioReporter : public benchmark::ConsoleReporter {
  public:
-  explicit RatioReporter(int interleaved_runs) : interleaved_runs_(interleaved_runs) {}
+  RatioReporter(int interleaved_runs, OutputOptions options)
+      : ConsoleReporter(options), interleaved_runs_(interleaved_runs) {}
 
   void ReportRuns(const std::vector<Run>& runs) override {
     ConsoleReporter::ReportRuns(runs);
@@ -486,6 +487,7 @@ int main(int argc, char** argv) {
     argc = kept;
   }
   std::vector<char*> args = benchmark_arguments(argc, argv);
+  const benchmark::ConsoleReporter::OutputOptions console = console_options(args);
   int count = static_cast<int>(args.size());
   benchmark::Initialize(&count, args.data());
   if (benchmark::ReportUnrecognizedArguments(count, args.data())) return 2;
@@ -554,7 +556,7 @@ int main(int argc, char** argv) {
   }
 
   if (job.rank == 0) {
-    RatioReporter display(settings.interleave ? settings.repetitions : 0);
+    RatioReporter display(settings.interleave ? settings.repetitions : 0, console);
     benchmark::RunSpecifiedBenchmarks(&display);
   } else {
     NullReporter display;

@@ -173,7 +173,9 @@ def main():
         expect(len(result.stdout.splitlines()) < 120, f"the console is short: {len(result.stdout.splitlines())} lines")
         for backend in backends:
             with open(os.path.join(out, f"{backend}.log")) as f:
-                expect("backplane/raw = " in f.read(), f"{backend}.log holds the benchmark's backplane/raw lines")
+                printed = f.read()
+            expect("backplane/raw = " in printed, f"{backend}.log holds the benchmark's backplane/raw lines")
+            expect("\x1b[" not in printed, f"{backend}.log, written off a terminal, carries no colour codes")
         for backend in backends:
             with open(os.path.join(out, f"{backend}.json")) as f:
                 results = json.load(f)
