@@ -93,6 +93,12 @@ Job job;
   std::exit(1);
 }
 
+// A flag or value the command line should not have given: exit status 2, as for an unknown flag.
+[[noreturn]] void refuse(const std::string& message) {
+  std::fprintf(stderr, "bpl-bench-collectives: %s\n", message.c_str());
+  std::exit(2);
+}
+
 int64_t parse_bytes(const std::string& flag, const std::string& text) {
   size_t end = 0;
   int64_t value = 0;
@@ -103,7 +109,7 @@ int64_t parse_bytes(const std::string& flag, const std::string& text) {
   }
   std::string suffix = text.substr(end);
   int shift = suffix == "K" ? 10 : suffix == "M" ? 20 : suffix == "G" ? 30 : suffix.empty() ? 0 : -1;
-  if (end == 0 || shift < 0 || value < 1) fail(flag + "=" + text + ": expected a positive size such as 4, 64K or 64M");
+  if (end == 0 || shift < 0 || value < 1) refuse(flag + "=" + text + ": expected a positive size such as 4, 64K or 64M");
   return value << shift;
 }
 
@@ -165,16 +171,16 @@ Settings parse_settings(int& argc, char** argv) {
   settings.min_bytes = parse_bytes("--min-bytes", min_bytes);
   settings.max_bytes = parse_bytes("--max-bytes", max_bytes);
   settings.step_factor = parse_bytes("--step-factor", step_factor);
-  if (settings.step_factor < 2) fail("--step-factor must be >= 2");
+  if (settings.step_factor < 2) refuse("--step-factor must be >= 2");
   settings.dtypes = split_list(dtypes);
   for (const std::string& d : settings.dtypes) {
-    if (d != "f32" && d != "bf16") fail("--dtypes: '" + d + "' is not one of f32, bf16");
+    if (d != "f32" && d != "bf16") refuse("--dtypes: '" + d + "' is not one of f32, bf16");
   }
   if (!ops.empty()) {
     settings.ops = split_list(ops);
     const std::vector<std::string> known = all_operations();
     for (const std::string& op : settings.ops) {
-      if (std::find(known.begin(), known.end(), op) == known.end()) fail("--ops: unknown operation '" + op + "'");
+      if (std::find(known.begin(), known.end(), op) == known.end()) refuse("--ops: unknown operation '" + op + "' (--list-operations lists them)");
     }
   }
   return settings;
@@ -469,7 +475,7 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     // Each rank would shuffle differently and the ranks would run different collectives.
     if (std::strncmp(argv[i], "--benchmark_enable_random_interleaving", 38) == 0) {
-      fail("--benchmark_enable_random_interleaving cannot be used: every rank must run the benchmarks in the same order");
+      refuse("--benchmark_enable_random_interleaving cannot be used: every rank must run the benchmarks in the same order");
     }
   }
   if (bpl_init(nullptr, &job.runtime) != BPL_OK) fail(std::string("bpl_init: ") + bpl_last_error());

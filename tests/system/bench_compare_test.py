@@ -67,6 +67,13 @@ def under_load():
         unknown = subprocess.run([os.path.join(bin_dir, "bpl-bench-compare"), "--backends", "foo", "--out", out],
                                  capture_output=True, text=True)
     expect(unknown.returncode == 2 and "'foo'" in unknown.stderr, f"--backends foo is refused naming it: {unknown}")
+    for argv, named in ((["--nproc", "0"], "--nproc 0"), (["--load", "-1"], "--load -1")):
+        refused = subprocess.run([os.path.join(bin_dir, "bpl-bench-compare")] + argv, capture_output=True, text=True)
+        expect(refused.returncode == 2 and named in refused.stderr, f"bpl-bench-compare refuses {named}: {refused}")
+    for flag, named in (("--dtypes=f16", "'f16'"), ("--max-bytes=abc", "--max-bytes=abc"), ("--ops=frob", "'frob'")):
+        refused = subprocess.run([os.path.join(bin_dir, "bpl-bench-collectives"), flag, "--no-raw"], capture_output=True,
+                                 text=True, env=dict(os.environ, NXD_CPU_MODE="1"))
+        expect(refused.returncode == 2 and named in refused.stderr, f"bpl-bench-collectives refuses {flag}: {refused}")
     for tool in ("bpl-bench-dispatch", "bpl-bench-kernels"):
         refused = subprocess.run([os.path.join(bin_dir, tool), "--frobnicate"], capture_output=True, text=True)
         expect(refused.returncode == 2 and "--frobnicate" in refused.stderr, f"{tool} refuses an unknown flag: {refused}")

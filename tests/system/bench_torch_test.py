@@ -27,6 +27,9 @@ def main():
     if os.path.exists(os.path.join(bin_dir, "..", "lib", "backplane", "plugins", "libbackplane-mpi.so")):
         configs.append("mpi")
     with tempfile.TemporaryDirectory() as out:
+        refused = subprocess.run([os.path.join(bin_dir, "bpl-bench-torch"), "--out", out, "--configs", "gloo,foo"],
+                                 capture_output=True, text=True, timeout=60)
+        expect(refused.returncode == 2 and "'foo'" in refused.stderr, f"--configs foo is refused naming it: {refused}")
         command = [os.path.join(bin_dir, "bpl-bench-torch"), "--out", out, "--configs", ",".join(configs),
                    "--max-bytes", "1K", "--step", "16", "--repetitions", "2", "--min-seconds", "0.001",
                    "--max-iterations", "5", "--ddp-widths", "32,64", "--runs", "2"]
