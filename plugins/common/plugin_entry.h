@@ -18,7 +18,8 @@
 //
 // Comm has rank(), size(), set_timeout(ms), split(color, key) returning std::unique_ptr<Comm> (null for
 // BPL_COLOR_UNDEFINED), and a member for each entry of BPL_FOR_EACH_PLUGIN_OPERATION_ENTRY (plugin.h) it
-// provides, of the entry's name, taking the entry's arguments after the communicator: a count as size_t
+// provides, of the entry's name (one, not overloaded: an overloaded name is not found, and the entry
+// stays NULL), taking the entry's arguments after the communicator: a count as size_t
 // (the core checked it is >= 0), a per-rank array (one count per rank, in elements) as a CountsView of
 // the caller's array, valid during the call (a communicator keeps copies of what it keeps), anything
 // else as the entry has it; the last is `bpl_plugin_request** req` (NULL: complete before returning):
