@@ -38,7 +38,6 @@
 #include <vector>
 
 #include "backplane/backplane.h"
-#include "benchmark_flags.h"
 #include "raw_library.h"
 
 namespace backplane::bench {
@@ -429,15 +428,18 @@ double median(std::vector<double> values) {
   return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
 }
 
-// Google Benchmark's console output, plus "backplane/raw" after each raw median; interleaved (no
-// aggregates), the ratio of the medians of each point's runs once its last raw run is in.
-class RatioReporter : public benchmark::ConsoleReporter {
+// Google Benchmark's own display (its --benchmark_format and --benchmark_color: no colour off a
+// terminal), plus "backplane/raw" after each raw median; interleaved (no aggregates), the ratio of the
+// medians of each point's runs once its last raw run is in.
+class RatioReporter : public benchmark::BenchmarkReporter {
  public:
-  RatioReporter(int interleaved_runs, OutputOptions options)
-      : ConsoleReporter(options), interleaved_runs_(interleaved_runs) {}
+  explicit RatioReporter(int interleaved_runs) : interleaved_runs_(interleaved_runs) {}
+
+  bool ReportContext(const Context& context) override { return display_->ReportContext(context); }
+  void Finalize() override { display_->Finalize(); }
 
   void ReportRuns(const std::vector<Run>& runs) override {
-    ConsoleReporter::ReportRuns(runs);
+    display_->ReportRuns(runs);
     for (const Run& run : runs) {
       const bool one_run = interleaved_runs_ > 0 && run.aggregate_name.empty();
       if (run.aggregate_name != "median" && !one_run) continue;
@@ -449,13 +451,16 @@ class RatioReporter : public benchmark::ConsoleReporter {
       times.push_back(run.GetAdjustedRealTime());
       const size_t complete = one_run ? static_cast<size_t>(interleaved_runs_) : 1;
       if (impl == "raw" && times.size() == complete && backplane_[key].size() == complete) {
-        GetOutputStream() << "  " << key << ": backplane/raw = " << median(backplane_[key]) / median(times)
-                          << (one_run ? " (medians of " + std::to_string(complete) + " interleaved runs)" : "") << "\n";
+        display_->GetOutputStream() << "  " << key << ": backplane/raw = " << median(backplane_[key]) / median(times)
+                                    << (one_run ? " (medians of " + std::to_string(complete) + " interleaved runs)" : "")
+                                    << "\n";
       }
     }
   }
 
  private:
+  // The library's own, made from its flags; it owns it (a static), so it is never deleted here.
+  benchmark::BenchmarkReporter* display_ = benchmark::CreateDefaultDisplayReporter();
   int interleaved_runs_;  // runs per benchmark when interleaved, else 0
   std::map<std::string, std::vector<double>> backplane_, raw_;
 };
@@ -492,11 +497,8 @@ int main(int argc, char** argv) {
     }
     argc = kept;
   }
-  std::vector<char*> args = benchmark_arguments(argc, argv);
-  const benchmark::ConsoleReporter::OutputOptions console = console_options(args);
-  int count = static_cast<int>(args.size());
-  benchmark::Initialize(&count, args.data());
-  if (benchmark::ReportUnrecognizedArguments(count, args.data())) return 2;
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;
   const std::string backend = info.backend;
   if (job.size < 2 && std::find(settings.ops.begin(), settings.ops.end(), "pingpong") != settings.ops.end() &&
       job.rank == 0) {
@@ -562,7 +564,7 @@ int main(int argc, char** argv) {
   }
 
   if (job.rank == 0) {
-    RatioReporter display(settings.interleave ? settings.repetitions : 0, console);
+    RatioReporter display(settings.interleave ? settings.repetitions : 0);
     benchmark::RunSpecifiedBenchmarks(&display);
   } else {
     NullReporter display;

@@ -8,7 +8,6 @@
 
 #include "backplane/backplane.h"
 #include "bench_runtime.h"
-#include "benchmark_flags.h"
 
 namespace {
 
@@ -47,10 +46,8 @@ BENCHMARK(BM_RejectedCall);
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::vector<char*> args = backplane::bench::benchmark_arguments(argc, argv);
-  int count = static_cast<int>(args.size());
-  benchmark::Initialize(&count, args.data());
-  if (benchmark::ReportUnrecognizedArguments(count, args.data())) return 2;  // an unknown flag is refused, naming it
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;  // an unknown flag is refused, naming it
   runtime = backplane::bench::start_world_of_one();
   bpl_comm_world(runtime, &world);
   benchmark::AddCustomContext("backend", "gloo (world of 1)");

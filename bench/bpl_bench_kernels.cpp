@@ -12,7 +12,6 @@
 
 #include "backplane/backplane.h"
 #include "bench_runtime.h"
-#include "benchmark_flags.h"
 
 namespace {
 
@@ -148,10 +147,8 @@ BENCHMARK_TEMPLATE(BM_ElementwiseAten, Elementwise::Cast)->Apply(lengths);
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::vector<char*> args = backplane::bench::benchmark_arguments(argc, argv);
-  int count = static_cast<int>(args.size());
-  benchmark::Initialize(&count, args.data());
-  if (benchmark::ReportUnrecognizedArguments(count, args.data())) return 2;  // an unknown flag is refused, naming it
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;  // an unknown flag is refused, naming it
   runtime = backplane::bench::start_world_of_one();
   benchmark::AddCustomContext("backend", "gloo (LibTorch CPU kernels)");
   benchmark::AddCustomContext("torch_threads", std::to_string(at::get_num_threads()));

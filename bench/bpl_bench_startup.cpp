@@ -33,8 +33,6 @@
 #include <string>
 #include <vector>
 
-#include "benchmark_flags.h"
-
 namespace {
 
 constexpr int kRanks = 2;
@@ -206,8 +204,14 @@ int main(int argc, char** argv) {
         ->ComputeStatistics("max", max_of);
   }
   // Defaults of this benchmark, unless given: 10 repetitions, interleaved at random.
-  std::vector<char*> args = backplane::bench::benchmark_arguments(
-      argc, argv, {"--benchmark_repetitions=10", "--benchmark_enable_random_interleaving=true"});
+  std::vector<char*> args(argv, argv + argc);
+  std::string repetitions = "--benchmark_repetitions=10", interleave = "--benchmark_enable_random_interleaving=true";
+  for (std::string* flag : {&repetitions, &interleave}) {
+    const std::string name = flag->substr(0, flag->find('='));
+    bool given = false;
+    for (char* a : args) given = given || std::strncmp(a, name.c_str(), name.size()) == 0;
+    if (!given) args.push_back(flag->data());
+  }
   int count = static_cast<int>(args.size());
   benchmark::Initialize(&count, args.data());
   if (benchmark::ReportUnrecognizedArguments(count, args.data())) return 2;

@@ -20,6 +20,7 @@ language fails the page: a new block either runs or says why it does not.
 """
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -146,21 +147,16 @@ def command_of(block, folder, build):
         build_it = ["cc", "-std=c99", "-Wall", "-Werror", "-I", os.path.join(folder, "core", "include"),
                     program + ".c", "-o", program, "-L", os.path.join(build, "lib"), "-lbackplane",
                     "-Wl,-rpath," + os.path.join(build, "lib")]
-        return ["bash", "-e", "-c", "%s && NXD_CPU_MODE=1 %s %s" % (
-            " ".join(map(quote, build_it)), " ".join(map(quote, launcher)), quote(program))]
+        run_it = ["env", "NXD_CPU_MODE=1", *launcher, program]
+        return ["bash", "-e", "-c", shlex.join(build_it) + " && " + shlex.join(run_it)]
     if block.language == "python":
         program = os.path.join(folder, "doc-block-%d.py" % block.line)
         with open(program, "w") as f:
             f.write(block.body)
         python = os.environ.get("BPL_PYTHON", sys.executable)
         path = os.pathsep.join([os.path.join(build, "python"), os.path.join(folder, "python")])
-        return ["bash", "-e", "-c", "NXD_CPU_MODE=1 PYTHONPATH=%s %s %s %s" % (
-            quote(path), " ".join(map(quote, launcher)), quote(python), quote(program))]
+        return ["env", "NXD_CPU_MODE=1", "PYTHONPATH=" + path, *launcher, python, program]
     return None
-
-
-def quote(text):
-    return "'" + text.replace("'", "'\\''") + "'"
 
 
 def main():

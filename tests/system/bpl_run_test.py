@@ -109,6 +109,19 @@ def main():
         expect(alone.returncode == 4 and "stopping" not in alone.stderr,
                f"a job of one rank stops no other: {alone.stderr!r}")
 
+        # A rank that leaves a process of its own holding its output: bpl-run carries what came, then
+        # ends within --term-timeout, saying so, instead of waiting for that process.
+        marker = "sleep 60.%d" % os.getpid()  # a command line of its own, to find the process afterwards
+        write(folder, "holder", f"#!/bin/sh\necho started\n{marker} &\n", executable=True)
+        try:
+            held = run(bpl_run, ["--term-timeout", "2", "holder"], folder, timeout=30)
+            expect(held.returncode == 0 and held.stdout == "started\n", f"a held output's lines are carried: {held}")
+            expect("rank(s) 0 is still open" in held.stderr, f"bpl-run says it stops waiting: {held.stderr!r}")
+        except subprocess.TimeoutExpired:
+            expect(False, "bpl-run waited without a deadline for an output a rank's process held open")
+        finally:
+            subprocess.run(["pkill", "-f", marker], check=False)
+
         for flag in ("--help", "--version"):
             answered = run(bpl_run, [flag], folder)
             expect(answered.returncode == 0 and answered.stdout and not answered.stderr,
