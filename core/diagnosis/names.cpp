@@ -18,6 +18,7 @@ const char* bpl_status_name(bpl_status status) {
     case BPL_ERR_IO: return "BPL_ERR_IO";
     case BPL_ERR_INTERNAL: return "BPL_ERR_INTERNAL";
     case BPL_ERR_ABORTED: return "BPL_ERR_ABORTED";
+    case BPL_ERR_REVOKED: return "BPL_ERR_REVOKED";
     default: return "BPL_ERR_UNKNOWN";
   }
 }

@@ -1,5 +1,8 @@
-// The C API of communicators: the world, splits, ranks, timeouts and abort.
+// The C API of communicators: the world, splits, ranks, timeouts, abort, and going on after a failure
+// (revoke, agree, shrink).
+#include <algorithm>
 #include <string>
+#include <vector>
 
 #include "backplane/backplane.h"
 #include "backplane/plugin.h"
@@ -184,5 +187,85 @@ bpl_status bpl_comm_abort(bpl_comm* comm) {
   });
 }
 
+
+}  // extern "C"
+
+
+/* ---- going on after a failure (ABI 1.8) ---- */
+
+namespace {
+
+// The plugin's fault-tolerance entry `field`, or UNSUPPORTED naming the backend and what it lacks.
+template <typename Fn>
+Fn require_fault_tolerance(const bpl_runtime* rt, Fn bpl_plugin_api::*field, const char* function) {
+  Fn fn = rt->plugin->optional(field);
+  if (fn == nullptr) {
+    throw Error(BPL_ERR_UNSUPPORTED, std::string(function) + ": backend '" + rt->backend() + "' (plugin ABI " +
+                                         std::to_string(rt->api().abi_major) + "." + std::to_string(rt->api().abi_minor) +
+                                         ") cannot revoke, agree or shrink (docs/faults.md says which backends can)");
+  }
+  return fn;
+}
+
+// The failed ranks a plugin found, into the caller's optional outputs.
+void hand_out_failed(const std::vector<int32_t>& found, int32_t count, int32_t* failed, int32_t* num_failed) {
+  if (failed != nullptr) std::copy(found.begin(), found.begin() + count, failed);
+  if (num_failed != nullptr) *num_failed = count;
+}
+
+}  // namespace
+
+extern "C" {
+
+bpl_status bpl_comm_revoke(bpl_comm* comm) {
+  return guarded("bpl_comm_revoke", [&] {
+    bpl_comm* c = check_comm(comm);
+    bpl_runtime* rt = c->runtime;
+    auto fn = require_fault_tolerance(rt, &bpl_plugin_api::comm_revoke, "bpl_comm_revoke");
+    if (!c->state.revoke(c->rank)) return BPL_OK;
+    log(BPL_LOG_INFO, "core", "communicator " + c->label + " revoked by this rank");
+    clear_last_error();
+    return forward("bpl_comm_revoke", rt, fn(c->impl));
+  });
+}
+
+bpl_status bpl_comm_agree(bpl_comm* comm, int32_t* flags, int32_t* failed, int32_t* num_failed) {
+  return guarded("bpl_comm_agree", [&] {
+    bpl_comm* c = check_comm(comm);
+    REQUIRE(flags != nullptr, "flags is NULL");
+    bpl_runtime* rt = c->runtime;
+    auto fn = require_fault_tolerance(rt, &bpl_plugin_api::comm_agree, "bpl_comm_agree");
+    std::vector<int32_t> found(static_cast<size_t>(c->size), -1);
+    int32_t count = 0;
+    clear_last_error();
+    const bpl_status status = fn(c->impl, flags, found.data(), &count);
+    if (status != BPL_OK) return forward(("bpl_comm_agree on " + c->label).c_str(), rt, status);
+    hand_out_failed(found, count, failed, num_failed);
+    return BPL_OK;
+  });
+}
+
+bpl_status bpl_comm_shrink(bpl_comm* comm, int32_t* failed, int32_t* num_failed, bpl_comm** out) {
+  return guarded("bpl_comm_shrink", [&] {
+    bpl_comm* c = check_comm(comm);
+    REQUIRE(out != nullptr, "out is NULL");
+    *out = nullptr;
+    bpl_runtime* rt = c->runtime;
+    auto fn = require_fault_tolerance(rt, &bpl_plugin_api::comm_shrink, "bpl_comm_shrink");
+    std::vector<int32_t> found(static_cast<size_t>(c->size), -1);
+    int32_t count = 0;
+    bpl_plugin_comm* impl = nullptr;
+    clear_last_error();
+    const bpl_status status = fn(c->impl, found.data(), &count, &impl);
+    // Every survivor shrinks in the same order: the number names the new communicator alike on each.
+    const uint32_t shrink_number = c->shrinks.fetch_add(1, std::memory_order_relaxed);
+    if (status != BPL_OK) return forward(("bpl_comm_shrink on " + c->label).c_str(), rt, status);
+    // A communicator made through a caller's store shrinks through it too: it must outlive both.
+    *out = adopt_comm(rt, impl, c->name + "/shrink" + std::to_string(shrink_number), c->state.timeout_ms(),
+                      c->store ? std::make_unique<bpl_store>(*c->store) : nullptr);
+    hand_out_failed(found, count, failed, num_failed);
+    return BPL_OK;
+  });
+}
 
 }  // extern "C"

@@ -54,6 +54,15 @@ class CommState {
     return true;
   }
 
+  // Marks the communicator revoked by this rank (bpl_comm_revoke): failed with REVOKED, unless it had
+  // failed already. False if it already was revoked here.
+  bool revoke(int32_t rank) {
+    if (revoked_.exchange(true, std::memory_order_acq_rel)) return false;
+    fail(BPL_ERR_REVOKED, "the communicator was revoked (bpl_comm_revoke) by rank " + std::to_string(rank) +
+                              ", this rank");
+    return true;
+  }
+
   // Whether a failure with `status` leaves the group in an unknown state. Argument errors and
   // unsupported operations are found before anything is sent: the group is still in step.
   static bool poisons(bpl_status status) {
@@ -65,6 +74,7 @@ class CommState {
   std::atomic<uint64_t> sequence_{0};
   std::atomic<bool> failed_{false};
   std::atomic<bool> aborted_{false};
+  std::atomic<bool> revoked_{false};
   mutable std::mutex mutex_;
   bpl_status status_ = BPL_OK;
   std::string cause_;

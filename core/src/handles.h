@@ -55,6 +55,7 @@ struct bpl_comm {
   std::string label;                      // name and this rank's place, for messages
   backplane::CommState state;             // timeout, operation numbers, failure
   std::atomic<uint32_t> splits{0};        // splits made of it so far: names its children
+  std::atomic<uint32_t> shrinks{0};       // shrinks made of it so far: names their communicators
   std::unique_ptr<bpl_store> store;       // the store it was made through (bpl_comm_create_from_store)
   std::atomic<int64_t> live_requests{0};  // a communicator outlives its requests
 };

@@ -25,8 +25,9 @@
 // else as the entry has it; the last is `bpl_plugin_request** req` (NULL: complete before returning):
 //   void allreduce(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_reduce_op op,
 //                  bpl_plugin_request** req);
-// Optional: abort(), and path_of(collective, bytes) (const), how it moves such an operation, for
-// BPL_TRACE. An entry the communicator has no member for stays NULL in the table, which the core
+// Optional: abort(); path_of(collective, bytes) (const), how it moves such an operation, for
+// BPL_TRACE; and revoke(), agree(int32_t* flags, int32_t* failed, int32_t* num_failed) and
+// shrink(int32_t* failed, int32_t* num_failed) returning std::unique_ptr<Comm>, as the ABI's (all three). An entry the communicator has no member for stays NULL in the table, which the core
 // reports as unsupported: a new operation of the ABI is a line in plugin.h's list and a member of each
 // plugin's communicator.
 #pragma once
@@ -58,6 +59,16 @@ template <typename Comm, typename = void>
 struct HasAbort : std::false_type {};
 template <typename Comm>
 struct HasAbort<Comm, std::void_t<decltype(std::declval<Comm&>().abort())>> : std::true_type {};
+
+// Going on after a failure (ABI 1.8): revoke(), agree(flags, failed, num_failed) and
+// shrink(failed, num_failed) returning std::unique_ptr<Comm>, all three or none.
+template <typename Comm, typename = void>
+struct HasFaultTolerance : std::false_type {};
+template <typename Comm>
+struct HasFaultTolerance<Comm, std::void_t<decltype(std::declval<Comm&>().revoke()),
+                                           decltype(std::declval<Comm&>().agree(nullptr, nullptr, nullptr)),
+                                           decltype(std::declval<Comm&>().shrink(nullptr, nullptr).release())>>
+    : std::true_type {};
 
 template <typename Traits, typename = void>
 struct HasCreateFromStore : std::false_type {};
@@ -118,6 +129,16 @@ struct CommEntries {
   }
   static bpl_status comm_abort(bpl_plugin_comm* c) {
     return run([&] { comm(c).abort(); });
+  }
+
+  static bpl_status comm_revoke(bpl_plugin_comm* c) {
+    return run([&] { comm(c).revoke(); });
+  }
+  static bpl_status comm_agree(bpl_plugin_comm* c, int32_t* flags, int32_t* failed, int32_t* num_failed) {
+    return run([&] { comm(c).agree(flags, failed, num_failed); });
+  }
+  static bpl_status comm_shrink(bpl_plugin_comm* c, int32_t* failed, int32_t* num_failed, bpl_plugin_comm** out) {
+    return run([&] { *out = handle(comm(c).shrink(failed, num_failed).release()); });
   }
 
   static bpl_status comm_path(bpl_plugin_comm* c, bpl_collective op, uint64_t bytes, const char** path) {
@@ -194,6 +215,11 @@ bpl_plugin_api comm_table() {
   api.comm_set_timeout = E::comm_set_timeout;
   if constexpr (detail::HasAbort<Comm>::value) api.comm_abort = E::comm_abort;
   if constexpr (detail::HasCreateFromStore<Traits>::value) api.comm_create_from_store = E::comm_create_from_store;
+  if constexpr (detail::HasFaultTolerance<Comm>::value) {
+    api.comm_revoke = E::comm_revoke;
+    api.comm_agree = E::comm_agree;
+    api.comm_shrink = E::comm_shrink;
+  }
 #define BPL_DETAIL_SET_ENTRY(entry)                                                                  \
   if constexpr (detail::HasMember_##entry<Comm>::value) {                                            \
     api.entry = detail::OperationEntry<Traits, decltype(api.entry), &Comm::entry>::call;             \

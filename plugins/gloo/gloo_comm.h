@@ -27,6 +27,7 @@
 #include "backplane/plugin.h"
 #include "collective_paths.h"
 #include "connection_watch.h"
+#include "kv_store.h"
 #include "fingerprint.h"
 #include "op_queue.h"
 #include "plugin_support.h"
@@ -57,6 +58,10 @@ struct Shared {
   std::shared_ptr<ConnectionWatch> watch;  // null for a world of one
   int store_host_rank = -1;  // the world rank whose process hosts the store (and every failure record); -1: none
   std::shared_ptr<TcpStoreServer> server;  // the store this process serves for its peers (rank 0), or null
+  // The job's store itself, whose calls fail when it cannot be reached (the agreements of
+  // gloo_fault_tolerance.cpp go through it), and its keys' prefix; null for a world of one.
+  std::shared_ptr<KvStore> kv;
+  std::string prefix;
 };
 
 using plugin::Error;
@@ -86,6 +91,15 @@ class GlooComm {
   // the peers' with a connection error naming this rank (which it first records as the communicator's
   // first failure, within the store's short bound).
   void abort();
+  // Going on after a failure (ULFM's semantics; gloo_fault_tolerance.cpp). Revoke: this rank's and
+  // every member's operations end with REVOKED naming this rank (recorded in the store, then every
+  // connection and the shared memory failed), and so do their later ones.
+  void revoke();
+  // The members alive agree, through the job's store, on the AND of their flags and on who failed (in
+  // ascending order): the store's first decision stands for everyone.
+  void agree(int32_t* flags, int32_t* failed, int32_t* num_failed);
+  // The survivors of an agreement, as a communicator numbered in their order here.
+  std::unique_ptr<GlooComm> shrink(int32_t* failed, int32_t* num_failed);
   // Whether an operation of this communicator has failed (or it was aborted): it meets no peer again.
   bool has_failed() const { return failed_.load(); }
   // Leaving the world after it failed, when no barrier can gather the ranks: where a rank hosts the
@@ -279,6 +293,14 @@ class GlooComm {
   // How long a failure waits, before it records itself, for a rank of another machine to record the
   // cause (see the definition).
   std::chrono::milliseconds record_defer(bpl_status status, const std::string& peers_note) const;
+  struct Agreement {
+    int32_t flags;
+    std::vector<int32_t> failed;  // ascending
+  };
+  // One agreement (numbered by agreements_, alike on every member): see agree.
+  Agreement run_agreement(int32_t flags);
+  // The rank of the member that revoked this communicator, when one did (read from the store), or -1.
+  int revoked_by() const;
   // Records a REMOTE, TIMEOUT or MISMATCH failure as the communicator's first unless one was recorded
   // before (or, with `defer`, is recorded by another rank within that long), shuts the connections
   // down, and returns the first failure; a MISMATCH, which names every rank's call, is returned as
@@ -312,6 +334,8 @@ class GlooComm {
   Fingerprint current_;          // the collective running now
   uint64_t collectives_ = 0;     // collectives begun so far
   std::atomic<bool> aborted_{false};
+  std::atomic<bool> revoked_{false};  // by this rank
+  uint32_t agreements_ = 0;           // agreements (and shrinks) run so far: numbers the next
   // Set on this rank's first failure or abort: the communicator then does not leave normally.
   std::atomic<bool> failed_{false};
   uint32_t splits_ = 0;

@@ -209,7 +209,21 @@ Error GlooComm::failure(const std::exception& e) {
     return Error(BPL_ERR_ABORTED, "the communicator was aborted (bpl_comm_abort) on this rank (" +
                                       std::string(e.what()) + ")");
   }
+  if (revoked_.load()) {
+    return Error(BPL_ERR_REVOKED, "the communicator was revoked (bpl_comm_revoke) on this rank (" +
+                                      std::string(e.what()) + ")");
+  }
   const bpl_status status = classify_exception(e);
+  // A member revoked it: what ended this operation is that (ULFM's MPI_ERR_REVOKED), whatever Gloo saw.
+  if (status == BPL_ERR_REMOTE || status == BPL_ERR_TIMEOUT) {
+    const int by = revoked_by();
+    if (by >= 0) {
+      failed_ = true;
+      shut_down_connections();
+      return Error(BPL_ERR_REVOKED, "the communicator was revoked (bpl_comm_revoke) by rank " + std::to_string(by) +
+                                        " of this communicator (here: " + e.what() + ")");
+    }
+  }
   // A stall is explained by what the ranks called; so is a connection that ended because a peer's own
   // stall timed out (Gloo closes the pair it waited on), which this rank then only reads, not waits for.
   if (status == BPL_ERR_TIMEOUT || status == BPL_ERR_REMOTE) {

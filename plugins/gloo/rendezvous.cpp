@@ -162,6 +162,8 @@ Rendezvous meet(std::shared_ptr<KvStore> store, std::shared_ptr<KvStore> board_s
                 int32_t rank, int32_t size, std::chrono::milliseconds timeout) {
   check_arrivals(*store, prefix + "/arrival/", rank, size, timeout);
   Rendezvous result;
+  result.kv = store;
+  result.prefix = prefix;
   result.store = std::make_shared<GlooKvStore>(std::move(store), prefix, timeout);
   result.board = make_store_board(std::move(board_store), prefix);
   return result;
@@ -237,11 +239,14 @@ Rendezvous rendezvous(const bpl_launch_info& launch) {
   }
   if (caller != nullptr) return meet_through(*caller, launch.rank, launch.world_size, timeout, device, transport);
 
-  // A torchrun agent hosts the store itself and tells its workers so; otherwise rank 0 hosts it.
+  // A torchrun agent hosts the store itself and tells its workers so; bpl-run hosts backplane's own in a
+  // process beside the ranks (bpl-store) and says BPL_LAUNCHER_STORE=1; otherwise rank 0 hosts it.
   const char* agent_store = env("TORCHELASTIC_USE_AGENT_STORE");
   const bool agent_hosts = agent_store != nullptr && std::string(agent_store) == "True";
-  const bool serves = launch.rank == 0 && !agent_hosts;
-  const std::string store_host = agent_hosts ? "the torchrun agent" : "rank 0";
+  const char* launcher_store = env("BPL_LAUNCHER_STORE");
+  const bool launcher_hosts = !agent_hosts && launcher_store != nullptr && std::string(launcher_store) == "1";
+  const bool serves = launch.rank == 0 && !agent_hosts && !launcher_hosts;
+  const std::string store_host = agent_hosts ? "the torchrun agent" : launcher_hosts ? "the launcher's bpl-store" : "rank 0";
   const std::string where = addr + ":" + std::to_string(launch.master_port);
   const std::string as_rank = "rendezvous at " + where + " as rank " + std::to_string(launch.rank);
   // A restarted torchrun job reuses the agent's store: keep each attempt's keys apart.
@@ -266,10 +271,12 @@ Rendezvous rendezvous(const bpl_launch_info& launch) {
   if (server != nullptr) server->stop_listening();
   result.server = std::move(server);
   result.device = device;
-  result.store_host_rank = agent_hosts ? -1 : 0;
+  result.store_host_rank = agent_hosts || launcher_hosts ? -1 : 0;
   result.description = "store=" + where +
-                       (serves ? " (server)" : agent_hosts ? " (torchrun agent's, through " + torch_store_module_path() + ")"
-                                                           : " (client)") +
+                       (serves         ? " (server)"
+                        : agent_hosts  ? " (torchrun agent's, through " + torch_store_module_path() + ")"
+                        : launcher_hosts ? " (the launcher's bpl-store)"
+                                       : " (client)") +
                        "; transport=" + transport;
   return result;
 }

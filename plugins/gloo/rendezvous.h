@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "backplane/plugin.h"
+#include "kv_store.h"
 
 namespace backplane::gloo_plugin {
 
@@ -44,6 +45,8 @@ struct Rendezvous {
   std::string description;                             // "store=host:port (server|client); transport=tcp iface"
   std::shared_ptr<FailureBoard> board;                 // on the same store, under the same prefix
   int store_host_rank = -1;  // the rank whose process hosts the store (it ends with it); -1: no rank's
+  std::shared_ptr<KvStore> kv;  // the store itself (null for a world of one), every key under `prefix`
+  std::string prefix;
 };
 
 // Joins through the launch's store (bpl_init_options.store) when it has one, else at

@@ -10,6 +10,7 @@ _STATUS_NAMES = {
     4: "BPL_ERR_UNAVAILABLE", 5: "BPL_ERR_ABI_MISMATCH", 6: "BPL_ERR_TIMEOUT", 7: "BPL_ERR_REMOTE",
     8: "BPL_ERR_MISMATCH", 9: "BPL_ERR_OUT_OF_MEMORY", 10: "BPL_ERR_IO", 11: "BPL_ERR_INTERNAL",
     12: "BPL_ERR_ABORTED",
+    13: "BPL_ERR_REVOKED",
 }
 _DTYPES = {"f32": 1, "f64": 2, "f16": 3, "bf16": 4, "i8": 5, "u8": 6, "i32": 7, "i64": 8}
 _SIZES = {1: 4, 2: 8, 3: 2, 4: 2, 5: 1, 6: 1, 7: 4, 8: 8}

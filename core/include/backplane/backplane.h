@@ -1,5 +1,5 @@
 /*
- * backplane.h — the embedder's C API of backplane (ABI 1.6; what each minor version added is in
+ * backplane.h — the embedder's C API of backplane (ABI 1.8; what each minor version added is in
  * core/ABI_CHANGELOG.md).
  *
  * One program written against this header runs on any backend plugin (Gloo CPU mode, MPI, Neuron);
@@ -30,7 +30,7 @@ extern "C" {
 #endif
 
 #define BPL_ABI_MAJOR 1
-#define BPL_ABI_MINOR 7
+#define BPL_ABI_MINOR 8
 
 #if defined(__GNUC__)
 #define BPL_API __attribute__((visibility("default")))
@@ -55,6 +55,7 @@ typedef int32_t bpl_status;
 #define BPL_ERR_IO 10 /* a file or socket operation failed */
 #define BPL_ERR_INTERNAL 11
 #define BPL_ERR_ABORTED 12 /* ABI 1.1: the communicator was aborted (bpl_comm_abort) */
+#define BPL_ERR_REVOKED 13 /* ABI 1.8: a member revoked the communicator (bpl_comm_revoke) */
 
 /* The message for the last failure on the calling thread ("" if none). Owned by the library; valid
  * until the next backplane call on this thread. Never NULL. */

@@ -71,6 +71,39 @@ BPL_API bpl_status bpl_comm_get_timeout(const bpl_comm* comm, int64_t* timeout_m
  * for the world, end with bpl_finalize. Errors: INVALID_ARGUMENT (NULL or destroyed comm). */
 BPL_API bpl_status bpl_comm_abort(bpl_comm* comm);
 
+/* ABI 1.8: going on after a member fails, with ULFM's semantics (MPI's MPIX_Comm_revoke, _agree and
+ * _shrink; NCCL's ncclCommRevoke and ncclCommShrink). A backend that cannot (mpi on an MPI without
+ * ULFM, neuron) answers UNSUPPORTED. The agreement goes through the job's store: a member that cannot
+ * reach it fails with BPL_ERR_REMOTE saying it is cut off, so that in a network partition only the side
+ * that reaches the store goes on (docs/faults.md). */
+
+/* Revokes `comm` for every member: its operations in flight, on every member, end at once with
+ * BPL_ERR_REVOKED naming the rank that revoked it (a member blocked in one is released), and every later
+ * operation on it fails so at once, but bpl_comm_agree and bpl_comm_shrink, which are what a revoked
+ * communicator is for. The members learn of it without calling anything. Returns without waiting for
+ * them. A second revoke, or one of a communicator another member revoked, is BPL_OK.
+ * Errors: INVALID_ARGUMENT (NULL or destroyed comm), UNSUPPORTED. */
+BPL_API bpl_status bpl_comm_revoke(bpl_comm* comm);
+
+/* Agreement among the members of `comm` that are alive, whether it failed, was revoked or neither: each
+ * passes *flags; every member that returns BPL_OK returns the same *flags, the bitwise AND of the flags of
+ * the members that took part, and the same failed members, *num_failed of them in ascending order in
+ * failed[0 .. *num_failed) (`failed` holds comm's size; it and num_failed may be NULL). A member counts as
+ * failed when its process ended, or when it did not take part within the communicator's timeout (a
+ * stopped one); the outcome stands when a member fails during the call. The members call bpl_comm_agree
+ * and bpl_comm_shrink in the same order.
+ * Errors: REMOTE (the others counted this member as failed, as it came after their timeout; or the job's
+ * store cannot be reached: this rank is cut off from the job), INVALID_ARGUMENT, UNSUPPORTED. */
+BPL_API bpl_status bpl_comm_agree(bpl_comm* comm, int32_t* flags, int32_t* failed, int32_t* num_failed);
+
+/* The members of `comm` that are alive agree, as bpl_comm_agree does, on which failed, and make a
+ * communicator of themselves in *out, numbered in their order in `comm`. `failed` and `num_failed` are
+ * as bpl_comm_agree's. `comm` is left as it is (destroy it, or for the world, end with bpl_finalize).
+ * *out is owned by the caller, released with bpl_comm_destroy, and starts with comm's timeout.
+ * Errors: as bpl_comm_agree's; TIMEOUT (a survivor failed while the new communicator connected: shrink
+ * again). */
+BPL_API bpl_status bpl_comm_shrink(bpl_comm* comm, int32_t* failed, int32_t* num_failed, bpl_comm** out);
+
 /* Common rules of the operations below:
  *  - counts are elements of `dtype` and must be >= 0; count * element size must fit in memory;
  *  - buffers may be NULL only when their count is 0; they must stay valid until the operation ends;
@@ -81,11 +114,12 @@ BPL_API bpl_status bpl_comm_abort(bpl_comm* comm);
  *    arguments;
  *  - errors: INVALID_ARGUMENT (names the parameter and value), UNSUPPORTED (dtype/op/operation not
  *    provided by the backend, see bpl_runtime_info), TIMEOUT, REMOTE (a peer failed), MISMATCH (ranks
- *    called different collectives, seen with BPL_DEBUG=detail), ABORTED (bpl_comm_abort);
+ *    called different collectives, seen with BPL_DEBUG=detail), ABORTED (bpl_comm_abort), REVOKED
+ *    (bpl_comm_revoke on a member);
  *  - messages name the operation and its sequence number on the communicator ("bpl_allreduce #17 on
  *    world (rank 0 of 4)"), the backend and, where the backend knows it, the peer rank and host:port;
  *  - a communicator whose operation failed with TIMEOUT, REMOTE, MISMATCH, IO, INTERNAL or
- *    OUT_OF_MEMORY, or that was aborted, is failed for good on this rank: every later operation on it
+ *    OUT_OF_MEMORY, or that was aborted or revoked, is failed for good on this rank: every later operation on it
  *    fails at once with the first failure's status and message, touching no network. (INVALID_ARGUMENT
  *    and UNSUPPORTED are found before anything is sent and leave it usable.) Other communicators are
  *    unaffected: a split that excludes a dead rank keeps working. */

@@ -1,5 +1,5 @@
 /*
- * plugin.h — the plugin ABI of backplane (ABI 1.6; what each minor added: core/ABI_CHANGELOG.md):
+ * plugin.h — the plugin ABI of backplane (ABI 1.8; what each minor added: core/ABI_CHANGELOG.md):
  * what a backend plugin exports and what the core passes in. A plugin includes only this header (and
  * backplane.h, which it includes).
  *
@@ -201,6 +201,16 @@ typedef struct bpl_plugin_api {
    * its request. */
   bpl_status (*recv_any)(bpl_plugin_comm* comm, void* buf, int64_t count, bpl_dtype dtype, int32_t tag,
                          int32_t* source, bpl_plugin_request** req);
+
+  /* --- ABI 1.8 (optional, as above): fault tolerance. Each runs on a communicator that failed, was
+   *     aborted or revoked too. --- */
+  /* The core has marked `comm` revoked here: end its operations in flight on every member with
+   * BPL_ERR_REVOKED naming this rank, and make the members' later ones fail so. Must not block. */
+  bpl_status (*comm_revoke)(bpl_plugin_comm* comm);
+  /* As bpl_comm_agree; `failed` (never NULL) holds the communicator's size; bounded by its timeout. */
+  bpl_status (*comm_agree)(bpl_plugin_comm* comm, int32_t* flags, int32_t* failed, int32_t* num_failed);
+  /* As bpl_comm_shrink (`failed` as above); *out owned by the core until comm_destroy. */
+  bpl_status (*comm_shrink)(bpl_plugin_comm* comm, int32_t* failed, int32_t* num_failed, bpl_plugin_comm** out);
 } bpl_plugin_api;
 
 /* The table's entries that start one operation on a communicator (each takes the communicator first and
