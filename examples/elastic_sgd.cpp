@@ -12,8 +12,9 @@
 // end are those of an uninterrupted run (up to the order of floating-point sums).
 //
 // --fail-rank R --fail-at S make rank R fail in step S, to see it happen: --fail-how kill (SIGKILL,
-// as the step starts) or stop (SIGSTOP: found at the communicator's timeout, BPL_TIMEOUT_MS). Each rank
-// prints what it went through, one line per event, and its parameters at the end.
+// as the step starts) or stop (SIGSTOP: found at the communicator's timeout, BPL_TIMEOUT_MS);
+// --fail-also R2 kills rank R2 while the survivors shrink. Each rank prints what it went through, one
+// line per event, and its parameters at the end.
 #include <CLI/CLI.hpp>
 #include <signal.h>
 #include <unistd.h>
@@ -22,6 +23,7 @@
 #include <ctime>
 #include <cstdio>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "backplane/backplane.h"
@@ -83,13 +85,14 @@ void fail_here(const std::string& how, int64_t timeout_ms) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int steps = 40, fail_rank = -1, fail_at = 10;
+  int steps = 40, fail_rank = -1, fail_at = 10, fail_also = -1;
   std::string fail_how = "kill";
   CLI::App app{"Data-parallel training that survives the loss of ranks (revoke, shrink, redo the step)", "elastic_sgd"};
   app.add_option("--steps", steps, "steps to train")->check(CLI::PositiveNumber);
   app.add_option("--fail-rank", fail_rank, "the rank that fails (default: none)");
   app.add_option("--fail-at", fail_at, "the step it fails in")->check(CLI::NonNegativeNumber);
   app.add_option("--fail-how", fail_how, "kill or stop")->check(CLI::IsMember({"kill", "stop"}));
+  app.add_option("--fail-also", fail_also, "a rank killed a moment after it starts to shrink (a second failure)");
   CLI11_PARSE(app, argc, argv);
 
   bpl_runtime* runtime = nullptr;
@@ -138,13 +141,20 @@ int main(int argc, char** argv) {
     bpl_comm* survivors = nullptr;
     std::vector<int32_t> failed(static_cast<size_t>(size));
     int32_t num_failed = 0;
+    if (world_rank == fail_also) {
+      std::thread([] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        raise(SIGKILL);
+      }).detach();
+    }
     bpl_status shrunk = bpl_comm_shrink(comm, failed.data(), &num_failed, &survivors);
     if (shrunk != BPL_OK) {
-      // TIMEOUT: a survivor failed while the new communicator connected; shrink again from the same one.
-      std::printf("rank %d: shrink: %s: %s\n", world_rank, bpl_status_name(shrunk), bpl_last_error());
-      if (shrunk == BPL_ERR_TIMEOUT) continue;  // the next allreduce on the revoked comm fails at once
+      // The others counted this rank out (it came too late), or it cannot reach the job's store (it is
+      // cut off from the job): it stops, and the others go on.
+      std::printf("rank %d: left the job: %s: %s\n", world_rank, bpl_status_name(shrunk), bpl_last_error());
+      std::fflush(stdout);
       bpl_finalize(runtime);
-      return 1;
+      return 3;
     }
     std::string names;
     for (int32_t i = 0; i < num_failed; ++i) names += (i ? ", " : "") + std::to_string(failed[static_cast<size_t>(i)]);

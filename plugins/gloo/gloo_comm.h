@@ -62,6 +62,7 @@ struct Shared {
   // gloo_fault_tolerance.cpp go through it), and its keys' prefix; null for a world of one.
   std::shared_ptr<KvStore> kv;
   std::string prefix;
+  std::shared_ptr<KvStore> liveness;  // see Rendezvous::liveness; null where the store cannot tell
 };
 
 using plugin::Error;
@@ -297,8 +298,11 @@ class GlooComm {
     int32_t flags;
     std::vector<int32_t> failed;  // ascending
   };
-  // One agreement (numbered by agreements_, alike on every member): see agree.
-  Agreement run_agreement(int32_t flags);
+  // One agreement (numbered by agreements_, alike on every member), counting as failed a member that
+  // has not taken part after `patience`: see agree.
+  Agreement run_agreement(int32_t flags, std::chrono::milliseconds patience);
+  // Whether member `member`'s process is known to have ended (gloo_fault_tolerance.cpp).
+  bool has_ended(int member) const;
   // The rank of the member that revoked this communicator, when one did (read from the store), or -1.
   int revoked_by() const;
   // Records a REMOTE, TIMEOUT or MISMATCH failure as the communicator's first unless one was recorded
@@ -315,6 +319,7 @@ class GlooComm {
   // A peer's connection end or announced address, as Gloo writes them → its rank.
   std::map<std::string, int> peer_of_address_;
   std::vector<pid_t> local_pid_of_peer_;  // by rank; 0 for this rank and for peers on other machines
+  std::vector<std::string> process_of_rank_;  // process_key of each rank ("" unknown)
   std::vector<int> machine_of_rank_;      // machines numbered in order of their lowest rank
   std::unique_ptr<ShmGroup> shm_;  // set when every rank runs on this machine: collectives go through it
   // The hierarchical path (ranks span machines, some share one): this machine's ranks' segment (none

@@ -1,7 +1,7 @@
 // What the gloo communicator's files share (gloo_comm.cpp, gloo_collectives.cpp,
 // gloo_point_to_point.cpp, gloo_failures.cpp): its requests, a collective queued to the communicator's
 // OpQueue (QueuedRequest) and a send or recv posted to Gloo at once (PointToPointRequest); `classify`,
-// what an operation threw as its status and message; a socket's address; the machine's partition.
+// what an operation threw as its status and message; a socket's address.
 #pragma once
 
 #include <gloo/common/error.h>
@@ -107,13 +107,6 @@ inline std::string address_of(int fd, bool local) {
                         : ::getpeername(fd, reinterpret_cast<sockaddr*>(&address), &length);
   if (got != 0 || (address.ss_family != AF_INET && address.ss_family != AF_INET6)) return "";
   return ::gloo::transport::tcp::Address(address).str();
-}
-
-// BPL_GLOO_HOST_ID: ranks of one machine with different values are treated as on different machines
-// (as NCCL_HOSTID does), to run the hierarchical path on one machine. It can only split a machine.
-inline std::string machine_partition() {
-  const char* value = plugin::env("BPL_GLOO_HOST_ID");
-  return value == nullptr ? "" : std::string(" host id ") + value;
 }
 
 }  // namespace backplane::gloo_plugin

@@ -71,6 +71,8 @@ void GlooComm::learn_peers(::gloo::rendezvous::Store& store) {
   for (int r = 0; r < size(); ++r) mine += (r == rank() ? "" : context_->getPair(r)->address().str()) + "\n";
   store.set("peers/" + std::to_string(rank()), std::vector<char>(mine.begin(), mine.end()));
   local_pid_of_peer_.assign(static_cast<size_t>(size()), 0);
+  process_of_rank_.assign(static_cast<size_t>(size()), "");
+  process_of_rank_[static_cast<size_t>(rank())] = process_key(my_process_space, std::to_string(::getpid()));
   std::vector<std::string> process_space_of_rank(static_cast<size_t>(size()));
   for (int r = 0; r < size(); ++r) {
     if (r == rank()) {
@@ -83,6 +85,7 @@ void GlooComm::learn_peers(::gloo::rendezvous::Store& store) {
       continue;
     }
     process_space_of_rank[static_cast<size_t>(r)] = theirs[0];
+    process_of_rank_[static_cast<size_t>(r)] = process_key(theirs[0], theirs[1]);
     if (theirs[0] == my_process_space) local_pid_of_peer_[static_cast<size_t>(r)] = std::atoi(theirs[1].c_str());
     peer_of_address_[theirs[2 + static_cast<size_t>(rank())]] = r;
   }

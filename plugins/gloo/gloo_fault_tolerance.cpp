@@ -3,7 +3,8 @@
 // The job's store is the one arbiter. A revoke is recorded there before the connections are failed, so
 // that every member whose operation then fails reads who revoked it. An agreement is a round of keys:
 // each member leaves its flags, then waits until every other member has left its own or is known to
-// have failed (its process on this machine ended), or until the communicator's timeout (a stopped or
+// have failed (its process ended: seen here for one on this machine, else said by backplane's own store,
+// which sees the process's connection end), or until the communicator's timeout (a stopped or
 // unreachable member); it then proposes what it saw, and the first proposal recorded is the outcome
 // every member returns, whatever each saw itself. A member that cannot reach the store cannot take part
 // in any outcome: it fails, saying it is cut off, so that of a partitioned job only the side that
@@ -64,7 +65,14 @@ int GlooComm::revoked_by() const {
   return by ? std::atoi(by->c_str()) : -1;
 }
 
-GlooComm::Agreement GlooComm::run_agreement(int32_t flags) {
+bool GlooComm::has_ended(int member) const {
+  const pid_t pid = local_pid_of_peer_.empty() ? 0 : local_pid_of_peer_[static_cast<size_t>(member)];
+  if (pid != 0) return plugin::process_state(pid) == plugin::ProcessState::kEnded;
+  const std::string& process = process_of_rank_.empty() ? std::string() : process_of_rank_[static_cast<size_t>(member)];
+  return shared_->liveness != nullptr && !process.empty() && shared_->kv->check(shared_->prefix + "/" + gone_key(process));
+}
+
+GlooComm::Agreement GlooComm::run_agreement(int32_t flags, std::chrono::milliseconds patience) {
   const uint32_t number = agreements_++;
   if (size() == 1) return {flags, {}};
   KvStore& store = *shared_->kv;
@@ -76,7 +84,7 @@ GlooComm::Agreement GlooComm::run_agreement(int32_t flags) {
     store.set(round + "flags/" + std::to_string(rank()), bytes_of(std::to_string(flags)));
     std::vector<std::optional<int32_t>> heard(static_cast<size_t>(size()));
     heard[static_cast<size_t>(rank())] = flags;
-    const auto deadline = plugin::deadline_after(timeout());
+    const auto deadline = plugin::deadline_after(patience);
     while (!store.check(outcome_key)) {
       bool everyone_known = true;
       for (int r = 0; r < size(); ++r) {
@@ -86,8 +94,7 @@ GlooComm::Agreement GlooComm::run_agreement(int32_t flags) {
           heard[static_cast<size_t>(r)] = static_cast<int32_t>(std::stol(text_of(store.get(key, timeout()))));
           continue;
         }
-        const pid_t pid = local_pid_of_peer_.empty() ? 0 : local_pid_of_peer_[static_cast<size_t>(r)];
-        if (pid == 0 || plugin::process_state(pid) != plugin::ProcessState::kEnded) everyone_known = false;
+        if (!has_ended(r)) everyone_known = false;
       }
       if (everyone_known || std::chrono::steady_clock::now() >= deadline) {
         int32_t agreed = ~0;
@@ -113,42 +120,58 @@ GlooComm::Agreement GlooComm::run_agreement(int32_t flags) {
   auto [agreed, failed] = outcome_of_text(outcome);
   if (std::binary_search(failed.begin(), failed.end(), rank())) {
     throw Error(BPL_ERR_REMOTE, what + ": the other members counted rank " + std::to_string(rank()) +
-                                    " as failed (it did not take part within their timeout of " +
-                                    std::to_string(timeout().count()) + " ms), so it is no longer one of them");
+                                    " as failed (it did not take part within " + std::to_string(patience.count()) +
+                                    " ms), so it is no longer one of them");
   }
   return {agreed, std::move(failed)};
 }
 
 void GlooComm::agree(int32_t* flags, int32_t* failed, int32_t* num_failed) {
-  Agreement agreed = run_agreement(*flags);
+  Agreement agreed = run_agreement(*flags, timeout());
   *flags = agreed.flags;
   std::copy(agreed.failed.begin(), agreed.failed.end(), failed);
   *num_failed = static_cast<int32_t>(agreed.failed.size());
 }
 
+// Two agreements per attempt: who is alive, then, once the survivors have connected among themselves,
+// whether every one of them could. A member may fail while they connect, and some may have connected
+// (it failed after their part) while others could not: only when all of them say they connected, and
+// no member failed meanwhile, do they keep the new communicator; otherwise all of them drop it and try
+// again without the members found failed. So every survivor leaves with the same communicator, never
+// some with one and some with another (two groups training apart).
 std::unique_ptr<GlooComm> GlooComm::shrink(int32_t* failed, int32_t* num_failed) {
-  const uint32_t number = agreements_;  // the agreement's, which names the new communicator alike everywhere
-  Agreement agreed = run_agreement(~0);
-  std::vector<int> survivors;
-  for (int r = 0; r < size(); ++r) {
-    if (!std::binary_search(agreed.failed.begin(), agreed.failed.end(), r)) survivors.push_back(r);
+  for (int attempt = 0; attempt < size(); ++attempt) {
+    const uint32_t number = agreements_;  // names the new communicator alike on every survivor
+    const Agreement alive = run_agreement(~0, timeout());
+    std::vector<int> survivors;
+    for (int r = 0; r < size(); ++r) {
+      if (!std::binary_search(alive.failed.begin(), alive.failed.end(), r)) survivors.push_back(r);
+    }
+    const int new_rank = static_cast<int>(std::find(survivors.begin(), survivors.end(), rank()) - survivors.begin());
+    std::unique_ptr<GlooComm> shrunk;
+    std::string why_not;
+    try {
+      shrunk = std::make_unique<GlooComm>(shared_, uid_ + "/shrink/" + std::to_string(number), new_rank,
+                                          static_cast<int>(survivors.size()), timeout());
+    } catch (const std::exception& e) {
+      why_not = e.what();
+    }
+    // A member still connecting is waited for: Gloo's connecting of a mesh whose member died midway ends
+    // only after several of its timeouts (its pairs wait for that member one after another), and a
+    // member counted out while it still connects would leave a live rank out of the job.
+    constexpr int kConnectingTimeouts = 6;
+    const Agreement connected = run_agreement(shrunk ? 1 : 0, kConnectingTimeouts * timeout());
+    if (connected.flags == 1 && connected.failed == alive.failed) {
+      std::copy(alive.failed.begin(), alive.failed.end(), failed);
+      *num_failed = static_cast<int32_t>(alive.failed.size());
+      return shrunk;
+    }
+    plugin::log(BPL_LOG_INFO, "gloo",
+                "shrink: a survivor failed while the " + std::to_string(survivors.size()) +
+                    " survivors connected; trying again" + (why_not.empty() ? "" : " (here: " + why_not + ")"));
   }
-  const int new_rank = static_cast<int>(std::find(survivors.begin(), survivors.end(), rank()) - survivors.begin());
-  std::unique_ptr<GlooComm> shrunk;
-  try {
-    shrunk = std::make_unique<GlooComm>(shared_, uid_ + "/shrink/" + std::to_string(number), new_rank,
-                                        static_cast<int>(survivors.size()), timeout());
-  } catch (const Error& e) {
-    throw Error(e.status(), "connecting the " + std::to_string(survivors.size()) +
-                                " survivors after they agreed (a survivor failed meanwhile: shrink again): " + e.what());
-  } catch (const std::exception& e) {
-    throw Error(classify_exception(e), "connecting the " + std::to_string(survivors.size()) +
-                                           " survivors after they agreed (a survivor failed meanwhile: shrink again): " +
-                                           e.what());
-  }
-  std::copy(agreed.failed.begin(), agreed.failed.end(), failed);
-  *num_failed = static_cast<int32_t>(agreed.failed.size());
-  return shrunk;
+  throw Error(BPL_ERR_REMOTE, "shrink: members kept failing while the survivors connected, " + std::to_string(size()) +
+                                  " times");
 }
 
 }  // namespace backplane::gloo_plugin

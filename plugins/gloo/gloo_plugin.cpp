@@ -59,7 +59,7 @@ bpl_status runtime_create(const bpl_launch_info* launch, bpl_plugin_runtime** ou
     runtime->shared = std::make_shared<Shared>(
         Shared{joined.store, joined.device, std::chrono::milliseconds(launch->timeout_ms), joined.board,
                launch->world_size > 1 ? std::make_shared<ConnectionWatch>() : nullptr, joined.store_host_rank,
-               joined.server, joined.kv, joined.prefix});
+               joined.server, joined.kv, joined.prefix, joined.liveness});
     runtime->world = std::make_unique<GlooComm>(runtime->shared, "world", launch->rank, launch->world_size,
                                                 std::chrono::milliseconds(launch->timeout_ms));
     // Waits in shared memory yield while they spin only where this machine's ranks outnumber its cores
@@ -110,7 +110,7 @@ struct Traits {
     std::shared_ptr<ConnectionWatch> watch = rt->shared->watch;
     if (watch == nullptr && size > 1) watch = std::make_shared<ConnectionWatch>();
     auto shared = std::make_shared<Shared>(
-        Shared{joined.store, joined.device, timeout, joined.board, watch, -1, nullptr, joined.kv, joined.prefix});
+        Shared{joined.store, joined.device, timeout, joined.board, watch, -1, nullptr, joined.kv, joined.prefix, nullptr});
     return std::make_unique<GlooComm>(shared, "comm", rank, size, timeout);
   }
 };

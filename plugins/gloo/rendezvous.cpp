@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "kv_store.h"
+#include "local_process.h"
 #include "plugin_support.h"
 #include "store_views.h"
 #include "tcp_store.h"
@@ -127,6 +128,17 @@ void resolve_master_addr(const std::string& addr, std::chrono::milliseconds time
 }
 
 }  // namespace
+
+std::string machine_partition() {
+  const char* value = plugin::env("BPL_GLOO_HOST_ID");
+  return value == nullptr ? "" : std::string(" host id ") + value;
+}
+
+std::string process_key(const std::string& process_space, const std::string& pid) { return process_space + "/" + pid; }
+
+std::string this_process_key() {
+  return process_key(plugin::process_space_identity() + machine_partition(), std::to_string(::getpid()));
+}
 
 namespace {
 
@@ -257,7 +269,14 @@ Rendezvous rendezvous(const bpl_launch_info& launch) {
   try {
     if (serves) server = std::make_shared<TcpStoreServer>(static_cast<uint16_t>(launch.master_port));
     auto [store, board_store] = connect_to_store(addr, launch.master_port, agent_hosts, timeout, store_host);
+    std::shared_ptr<TcpStoreClient> liveness;
+    if (!agent_hosts) {
+      liveness = std::make_shared<TcpStoreClient>(addr, static_cast<uint16_t>(launch.master_port), timeout, timeout,
+                                                  store_host);
+      liveness->set_when_closed(prefix + "/" + gone_key(this_process_key()), bytes_of("1"));
+    }
     result = meet(std::move(store), std::move(board_store), prefix, launch.rank, launch.world_size, timeout);
+    result.liveness = std::move(liveness);
   } catch (const Error& e) {
     // The store ends with this process: give the other ranks a moment to read the failure from it.
     if (server != nullptr) std::this_thread::sleep_for(std::chrono::milliseconds(300));

@@ -38,6 +38,16 @@ class FailureBoard {
 
 class TcpStoreServer;
 
+// BPL_GLOO_HOST_ID: ranks of one machine with different values are treated as on different machines
+// (as NCCL_HOSTID does), to run the hierarchical path on one machine. It can only split a machine.
+std::string machine_partition();
+
+// A process of the job, named alike by every rank: its process space (machine_partition included)
+// and pid. `gone_key` is where the job's store says it ended (Rendezvous::liveness).
+std::string process_key(const std::string& process_space, const std::string& pid);
+std::string this_process_key();
+inline std::string gone_key(const std::string& process) { return "gone/" + process; }
+
 struct Rendezvous {
   std::shared_ptr<TcpStoreServer> server;              // the store this process serves (rank 0), or null
   std::shared_ptr<::gloo::rendezvous::Store> store;    // every key under this job's prefix
@@ -47,6 +57,9 @@ struct Rendezvous {
   int store_host_rank = -1;  // the rank whose process hosts the store (it ends with it); -1: no rank's
   std::shared_ptr<KvStore> kv;  // the store itself (null for a world of one), every key under `prefix`
   std::string prefix;
+  // backplane's own store only: a connection that does nothing but end with this process, when the
+  // store sets gone_key(this_process_key()) under `prefix`, so that the others know at once.
+  std::shared_ptr<KvStore> liveness;
 };
 
 // Joins through the launch's store (bpl_init_options.store) when it has one, else at

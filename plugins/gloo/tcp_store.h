@@ -76,6 +76,9 @@ class TcpStoreClient : public KvStore {
   bool wait_for(const std::string& key, std::chrono::milliseconds within) override;
   int64_t add(const std::string& key, int64_t delta) override;
   bool check(const std::string& key) override;
+  // Has the server set `key` to `value` once this connection ends: when this process ends, however it
+  // ends (the kernel closes its connections), the others learn of it at once.
+  void set_when_closed(const std::string& key, const std::vector<uint8_t>& value);
 
  private:
   // Sends `request` and returns the answer, which the server may hold for `server_holds` (a get's

@@ -205,6 +205,13 @@ void TcpStoreClient::set(const std::string& key, const std::vector<uint8_t>& val
   call("set", request, std::chrono::milliseconds(0));
 }
 
+void TcpStoreClient::set_when_closed(const std::string& key, const std::vector<uint8_t>& value) {
+  std::vector<uint8_t> request{wire::kSetWhenClosed};
+  wire::put_string(request, key);
+  request.insert(request.end(), value.begin(), value.end());
+  call("set when closed", request, std::chrono::milliseconds(0));
+}
+
 std::optional<std::vector<uint8_t>> TcpStoreClient::get_within(const std::string& key, std::chrono::milliseconds timeout) {
   std::vector<uint8_t> request{wire::kGet};
   wire::put_i64(request, timeout.count());

@@ -33,6 +33,8 @@ class TcpStoreServer::State {
     std::vector<uint8_t> out;
     std::optional<std::string> waiting_key;  // a get whose key is not set yet
     Clock::time_point waiting_until;
+    // Set once the connection ends: how the job learns that the process behind it ended, at once.
+    std::vector<std::pair<std::string, std::vector<uint8_t>>> when_closed;
   };
 
   std::list<Connection> connections;
@@ -105,13 +107,19 @@ class TcpStoreServer::State {
   }
 
   void drop_closed() {
+    std::vector<std::pair<std::string, std::vector<uint8_t>>> now_set;
     for (auto c = connections.begin(); c != connections.end();) {
       if (c->closed) {
         ::close(c->fd);
+        now_set.insert(now_set.end(), c->when_closed.begin(), c->when_closed.end());
         c = connections.erase(c);
       } else {
         ++c;
       }
+    }
+    for (auto& [key, value] : now_set) {
+      values[key] = std::move(value);
+      wake_waiting(key);
     }
   }
 
@@ -185,6 +193,13 @@ class TcpStoreServer::State {
         wire::put_i64(payload, sum);
         answer(c, payload);
         wake_waiting(key);
+        return true;
+      }
+      case wire::kSetWhenClosed: {
+        const std::string key = r.string();
+        if (!r.good()) return false;
+        c.when_closed.emplace_back(key, r.rest());
+        answer(c, {0});
         return true;
       }
       case wire::kCheck: {

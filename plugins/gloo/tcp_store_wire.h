@@ -5,9 +5,10 @@
 //   frame      u32 length, then that many bytes
 //   request    u8 operation, then:   set: key, the value's bytes to the frame's end
 //                                    get: i64 timeout_ms, key   add: key, i64 delta   check: key
+//                                    set when closed: key, the value's bytes to the frame's end
 //              (a key: u32 length, then the bytes)
 //   answer     set: u8 0   get: u8 0 and the value's bytes, or u8 1 (timed out)   add: i64 sum
-//              check: u8 0 or 1
+//              check: u8 0 or 1   set when closed: u8 0 (the key is set once this connection ends)
 #pragma once
 
 #include <cstddef>
@@ -25,7 +26,7 @@ constexpr size_t kGreetingSize = sizeof(kGreeting) - 1;
 // larger length takes its peer for something that does not speak this protocol.
 constexpr uint32_t kMaxFrame = 64u << 20;
 
-enum Operation : uint8_t { kSet = 1, kGet = 2, kAdd = 3, kCheck = 4 };
+enum Operation : uint8_t { kSet = 1, kGet = 2, kAdd = 3, kCheck = 4, kSetWhenClosed = 5 };
 enum GetAnswer : uint8_t { kFound = 0, kTimedOut = 1 };
 
 inline void put_u32(std::vector<uint8_t>& out, uint32_t v) {

@@ -100,8 +100,8 @@ BPL_API bpl_status bpl_comm_agree(bpl_comm* comm, int32_t* flags, int32_t* faile
  * communicator of themselves in *out, numbered in their order in `comm`. `failed` and `num_failed` are
  * as bpl_comm_agree's. `comm` is left as it is (destroy it, or for the world, end with bpl_finalize).
  * *out is owned by the caller, released with bpl_comm_destroy, and starts with comm's timeout.
- * Errors: as bpl_comm_agree's; TIMEOUT (a survivor failed while the new communicator connected: shrink
- * again). */
+ * A member that fails during the call is survived: the survivors then agree again without it, until
+ * every one of them has the same new communicator. Errors: as bpl_comm_agree's. */
 BPL_API bpl_status bpl_comm_shrink(bpl_comm* comm, int32_t* failed, int32_t* num_failed, bpl_comm** out);
 
 /* Common rules of the operations below:
