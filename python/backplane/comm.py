@@ -109,6 +109,28 @@ class Comm(_Handle):
         a wait in another thread returns with it."""
         _check(_api().bpl_comm_abort(self._live()))
 
+    # -- going on after a failure (ABI 1.8; ULFM's revoke, agree and shrink) --
+
+    @binds("bpl_comm_revoke", [_P], since_minor=8)
+    def revoke(self) -> None:
+        """Revokes the communicator for every member: their operations on it, in flight and later, raise
+        BPL_ERR_REVOKED naming this rank; agree() and shrink() still work on it."""
+        _check(operation("bpl_comm_revoke")(self._live()))
+
+    @binds("bpl_comm_agree", [_P, ctypes.POINTER(_I32), ctypes.POINTER(_I32), ctypes.POINTER(_I32)], since_minor=8)
+    def agree(self, flags: int = ~0) -> Tuple[int, List[int]]:
+        """The members alive agree: every one gets the same (AND of the members' flags, failed ranks)."""
+        value, failed, count = _I32(flags), (_I32 * self.size)(), _I32()
+        _check(operation("bpl_comm_agree")(self._live(), ctypes.byref(value), failed, ctypes.byref(count)))
+        return value.value, list(failed[:count.value])
+
+    @binds("bpl_comm_shrink", [_P, ctypes.POINTER(_I32), ctypes.POINTER(_I32), ctypes.POINTER(_P)], since_minor=8)
+    def shrink(self) -> Tuple["Comm", List[int]]:
+        """The survivors' communicator (destroyed as a split's is), and the ranks here that failed."""
+        out, failed, count = _P(), (_I32 * self.size)(), _I32()
+        _check(operation("bpl_comm_shrink")(self._live(), failed, ctypes.byref(count), ctypes.byref(out)))
+        return self._runtime._adopt(Comm(out.value, owned=True, runtime=self._runtime)), list(failed[:count.value])
+
     # -- collectives: blocking, or a Request with async_op=True --
 
     @binds("bpl_allreduce", [_P, _P, _P, _I64, _I32, _I32, _P])

@@ -213,7 +213,7 @@ TEST(AbiLayout, bpl_plugin_caps) {
 
 TEST(AbiLayout, bpl_plugin_api) {
   EXPECT_EQ(offsetof(bpl_plugin_api, struct_size), 0u);
-  EXPECT_EQ(sizeof(bpl_plugin_api), 376u);
+  EXPECT_EQ(sizeof(bpl_plugin_api), 400u);
   EXPECT_EQ(offsetof(bpl_plugin_api, abi_major), 8u);
   EXPECT_EQ(offsetof(bpl_plugin_api, abi_minor), 12u);
   EXPECT_EQ(offsetof(bpl_plugin_api, name), 16u);
@@ -264,7 +264,11 @@ TEST(AbiLayout, bpl_plugin_api) {
   EXPECT_EQ(offsetof(bpl_plugin_api, alltoallv), 352u);
   EXPECT_EQ(offsetof(bpl_plugin_api, comm_path), 360u);
   EXPECT_EQ(offsetof(bpl_plugin_api, recv_any), 368u);  // 1.6
-  EXPECT_NO_TRAILING_PADDING(bpl_plugin_api, recv_any);
+  // ABI 1.8
+  EXPECT_EQ(offsetof(bpl_plugin_api, comm_revoke), 376u);
+  EXPECT_EQ(offsetof(bpl_plugin_api, comm_agree), 384u);
+  EXPECT_EQ(offsetof(bpl_plugin_api, comm_shrink), 392u);
+  EXPECT_NO_TRAILING_PADDING(bpl_plugin_api, comm_shrink);
 }
 
 TEST(AbiLayout, FixedNumericValues) {
@@ -272,8 +276,9 @@ TEST(AbiLayout, FixedNumericValues) {
   EXPECT_EQ(BPL_OK, 0);
   const bpl_status statuses[] = {BPL_ERR_INVALID_ARGUMENT, BPL_ERR_NOT_FOUND,   BPL_ERR_UNSUPPORTED, BPL_ERR_UNAVAILABLE,
                                  BPL_ERR_ABI_MISMATCH,     BPL_ERR_TIMEOUT,     BPL_ERR_REMOTE,      BPL_ERR_MISMATCH,
-                                 BPL_ERR_OUT_OF_MEMORY,    BPL_ERR_IO,          BPL_ERR_INTERNAL,    BPL_ERR_ABORTED};
-  for (int i = 0; i < 12; ++i) EXPECT_EQ(statuses[i], i + 1);
+                                 BPL_ERR_OUT_OF_MEMORY,    BPL_ERR_IO,          BPL_ERR_INTERNAL,    BPL_ERR_ABORTED,
+                                 BPL_ERR_REVOKED};
+  for (int i = 0; i < 13; ++i) EXPECT_EQ(statuses[i], i + 1);
   const bpl_dtype dtypes[] = {BPL_DTYPE_F32, BPL_DTYPE_F64, BPL_DTYPE_F16, BPL_DTYPE_BF16,
                               BPL_DTYPE_I8,  BPL_DTYPE_U8,  BPL_DTYPE_I32, BPL_DTYPE_I64};
   for (int i = 0; i < 8; ++i) EXPECT_EQ(dtypes[i], i + 1);

@@ -265,6 +265,30 @@ def timeouts_and_abort(world):
         expect("destroyed" in str(e), str(e))
 
 
+def revoke_agree_and_shrink(world):
+    """ABI 1.8: rank 0 revokes a group, whose other members' next operation says so; then every member
+    agrees on the AND of their flags (none failed), and shrinks to a communicator that works. (A rank
+    killed or stopped: tests/system/survive_test.cpp.) On mpi (no ULFM) each is UNSUPPORTED."""
+    group = world.split(color=0, key=world.rank)
+    if os.environ.get("BPL_BACKEND") == "mpi":
+        expect_error(group.revoke, "BPL_ERR_UNSUPPORTED", "cannot revoke", "revoke on mpi")
+        group.destroy()
+        return
+    if world.rank == 0:
+        group.revoke()
+    expect_error(lambda: group.allreduce(bytearray(4)), "BPL_ERR_REVOKED", "by rank 0", "an operation after a revoke")
+    flags, failed = group.agree(1 | (2 << world.rank))
+    expect((flags, failed) == (1, []) if world.size > 1 else (flags, failed) == (3, []),
+           "agree: %r, %r" % (flags, failed))
+    survivors, failed = group.shrink()
+    expect(failed == [] and (survivors.rank, survivors.size) == (world.rank, world.size), "shrink: %r" % failed)
+    one = array.array("i", [1])
+    survivors.allreduce(one)
+    expect(one[0] == world.size, "allreduce after shrink: %d" % one[0])
+    survivors.destroy()
+    group.destroy()
+
+
 def every_kind_of_the_abi_is_a_method():
     """Each kind of the ABI's list (bpl_collective_name over its codes, from 1 until "unknown") is a Comm
     method of its name ("comm_" dropped: split) with a C signature: a kind added without them fails here."""
@@ -399,6 +423,7 @@ def main():
         variable_collectives(world)
         devices_kernels_and_programs(rt, world)
         timeouts_and_abort(world)
+        revoke_agree_and_shrink(world)
         world.barrier()
         # A split the program never destroys is the Runtime's to destroy: closing says nothing about it.
         left_alive = world.split(color=0)
