@@ -16,6 +16,8 @@
 // reported beside the mean.
 #include <benchmark/benchmark.h>
 
+#include "bench_jobs.h"
+
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -35,80 +37,14 @@
 
 namespace {
 
+using namespace backplane::bench;
+
 constexpr int kRanks = 2;
 
 long long now_ns() {
   timespec t{};
   clock_gettime(CLOCK_REALTIME, &t);
   return static_cast<long long>(t.tv_sec) * 1000000000LL + t.tv_nsec;
-}
-
-std::string bin_dir() {
-  char path[4096] = {};
-  const ssize_t n = ::readlink("/proc/self/exe", path, sizeof(path) - 1);
-  std::string self(path, n > 0 ? static_cast<size_t>(n) : 0);
-  return self.substr(0, self.rfind('/'));
-}
-
-// The launcher: beside this program in the build tree, in bin/ of an installed tree (this program is in
-// its libexec/backplane/), else on PATH.
-std::string bpl_run() {
-  for (const std::string& path : {bin_dir() + "/bpl-run", bin_dir() + "/../../bin/bpl-run"}) {
-    if (::access(path.c_str(), X_OK) == 0) return path;
-  }
-  return "bpl-run";
-}
-
-// A free TCP port of this host, for a job started without a launcher.
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(address);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
-  ::close(fd);
-  return ntohs(address.sin_port);
-}
-
-struct Started {
-  pid_t pid;
-  int out;  // the read end of its stdout and stderr
-};
-
-Started start(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env) {
-  int pipe_fds[2];
-  if (::pipe2(pipe_fds, O_CLOEXEC) != 0) throw std::runtime_error("pipe failed");
-  std::vector<char*> args;
-  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::dup2(pipe_fds[1], 1);
-    ::dup2(pipe_fds[1], 2);
-    for (const auto& [name, value] : env) ::setenv(name.c_str(), value.c_str(), 1);
-    ::execvp(args[0], args.data());
-    std::fprintf(stderr, "cannot run %s: %s\n", args[0], std::strerror(errno));
-    ::_exit(127);
-  }
-  ::close(pipe_fds[1]);
-  return {pid, pipe_fds[0]};
-}
-
-// Reads what the process wrote until it ends; throws when it failed.
-std::string finish(const Started& process) {
-  std::string output;
-  char chunk[4096];
-  ssize_t n;
-  while ((n = ::read(process.out, chunk, sizeof(chunk))) > 0 || (n < 0 && errno == EINTR)) {
-    if (n > 0) output.append(chunk, static_cast<size_t>(n));
-  }
-  ::close(process.out);
-  int status = 0;
-  ::waitpid(process.pid, &status, 0);
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) throw std::runtime_error("the job failed:\n" + output);
-  return output;
 }
 
 struct Reading {
@@ -184,9 +120,6 @@ void BM_Startup(benchmark::State& state, const std::string& backend) {
   }
 }
 
-double min_of(const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); }
-double max_of(const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); }
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -204,14 +137,8 @@ int main(int argc, char** argv) {
         ->ComputeStatistics("max", max_of);
   }
   // Defaults of this benchmark, unless given: 10 repetitions, interleaved at random.
-  std::vector<char*> args(argv, argv + argc);
-  std::string repetitions = "--benchmark_repetitions=10", interleave = "--benchmark_enable_random_interleaving=true";
-  for (std::string* flag : {&repetitions, &interleave}) {
-    const std::string name = flag->substr(0, flag->find('='));
-    bool given = false;
-    for (char* a : args) given = given || std::strncmp(a, name.c_str(), name.size()) == 0;
-    if (!given) args.push_back(flag->data());
-  }
+  std::vector<char*> args = with_defaults(argc, argv, {"--benchmark_repetitions=10",
+                                                       "--benchmark_enable_random_interleaving=true"});
   int count = static_cast<int>(args.size());
   benchmark::Initialize(&count, args.data());
   if (benchmark::ReportUnrecognizedArguments(count, args.data())) return 2;

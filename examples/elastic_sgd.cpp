@@ -63,6 +63,14 @@ void apply_update(std::vector<double>& w, const std::vector<double>& summed) {
   for (int d = 0; d < kDim; ++d) w[d] -= kLearningRate * summed[d] / kGlobalBatch;
 }
 
+// Milliseconds of the machine's monotonic clock, which every process reads alike: when a rank failed
+// and when the others went on (bpl-bench-recovery times the recovery by them).
+double monotonic_ms() {
+  timespec now{};
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  return static_cast<double>(now.tv_sec) * 1e3 + static_cast<double>(now.tv_nsec) / 1e6;
+}
+
 long long ms_since(Clock::time_point start) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
 }
@@ -114,6 +122,9 @@ int main(int argc, char** argv) {
   bool recovering = false;
   while (done < steps) {
     if (world_rank == fail_rank && done == fail_at) {
+      std::printf("rank %d: failing in step %lld (%s) at %.3f ms of the monotonic clock\n", world_rank,
+                  static_cast<long long>(done), fail_how.c_str(), monotonic_ms());
+      std::fflush(stdout);
       int64_t timeout_ms = 0;
       bpl_comm_get_timeout(comm, &timeout_ms);
       fail_here(fail_how, timeout_ms);
@@ -125,8 +136,8 @@ int main(int argc, char** argv) {
       apply_update(w, summed);
       ++done;
       if (recovering) {
-        std::printf("rank %d: resumed: step %lld done %lld ms after the failure\n", world_rank,
-                    static_cast<long long>(done - 1), ms_since(failed_at));
+        std::printf("rank %d: resumed: step %lld done %lld ms after the failure, at %.3f ms of the monotonic clock\n",
+                    world_rank, static_cast<long long>(done - 1), ms_since(failed_at), monotonic_ms());
         recovering = false;
       }
       continue;

@@ -299,8 +299,10 @@ class GlooComm {
     std::vector<int32_t> failed;  // ascending
   };
   // One agreement (numbered by agreements_, alike on every member), counting as failed a member that
-  // has not taken part after `patience`: see agree.
-  Agreement run_agreement(int32_t flags, std::chrono::milliseconds patience);
+  // has not taken part after `patience`, and without waiting the members `counted_out` (ascending) by an
+  // agreement before: see agree.
+  Agreement run_agreement(int32_t flags, std::chrono::milliseconds patience,
+                          const std::vector<int32_t>& counted_out = {});
   // Whether member `member`'s process is known to have ended (gloo_fault_tolerance.cpp).
   bool has_ended(int member) const;
   // The rank of the member that revoked this communicator, when one did (read from the store), or -1.

@@ -72,7 +72,8 @@ bool GlooComm::has_ended(int member) const {
   return shared_->liveness != nullptr && !process.empty() && shared_->kv->check(shared_->prefix + "/" + gone_key(process));
 }
 
-GlooComm::Agreement GlooComm::run_agreement(int32_t flags, std::chrono::milliseconds patience) {
+GlooComm::Agreement GlooComm::run_agreement(int32_t flags, std::chrono::milliseconds patience,
+                                            const std::vector<int32_t>& counted_out) {
   const uint32_t number = agreements_++;
   if (size() == 1) return {flags, {}};
   KvStore& store = *shared_->kv;
@@ -88,7 +89,7 @@ GlooComm::Agreement GlooComm::run_agreement(int32_t flags, std::chrono::millisec
     while (!store.check(outcome_key)) {
       bool everyone_known = true;
       for (int r = 0; r < size(); ++r) {
-        if (heard[static_cast<size_t>(r)]) continue;
+        if (heard[static_cast<size_t>(r)] || std::binary_search(counted_out.begin(), counted_out.end(), r)) continue;
         const std::string key = round + "flags/" + std::to_string(r);
         if (store.check(key)) {
           heard[static_cast<size_t>(r)] = static_cast<int32_t>(std::stol(text_of(store.get(key, timeout()))));
@@ -160,7 +161,7 @@ std::unique_ptr<GlooComm> GlooComm::shrink(int32_t* failed, int32_t* num_failed)
     // only after several of its timeouts (its pairs wait for that member one after another), and a
     // member counted out while it still connects would leave a live rank out of the job.
     constexpr int kConnectingTimeouts = 6;
-    const Agreement connected = run_agreement(shrunk ? 1 : 0, kConnectingTimeouts * timeout());
+    const Agreement connected = run_agreement(shrunk ? 1 : 0, kConnectingTimeouts * timeout(), alive.failed);
     if (connected.flags == 1 && connected.failed == alive.failed) {
       std::copy(alive.failed.begin(), alive.failed.end(), failed);
       *num_failed = static_cast<int32_t>(alive.failed.size());

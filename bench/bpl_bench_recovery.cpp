@@ -1,0 +1,105 @@
+// bpl-bench-recovery: how fast a data-parallel training goes on after it loses a rank. Each repetition
+// runs examples/elastic_sgd as a job under bpl-run --keep-going; one rank fails in step 5 and the
+// survivors revoke, shrink (bpl_comm_shrink) and redo that step. Its time is from the failure (the
+// failing rank's last word, on the machine's monotonic clock) to the last survivor's next completed step:
+//
+//   kill/<ranks>ranks/<path>   the rank is SIGKILLed: its peers see its connections end at once
+//   stop/<ranks>ranks/<path>   the rank is SIGSTOPped: found at the communicator's timeout, then counted
+//                              out by the survivors' agreement at the next (BPL_TIMEOUT_MS=1000 here)
+//
+// <path> is shm (every rank on this machine: shared memory) or tcp (BPL_GLOO_SHM=0: Gloo's TCP pairs).
+// Counters: steps_redone (the target is 1: only the step in flight), ranks_left. Repetitions of the
+// cases are interleaved at random, and the median, min and max are reported beside the mean.
+#include <benchmark/benchmark.h>
+
+#include <signal.h>
+
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "bench_jobs.h"
+
+namespace {
+
+using namespace backplane::bench;
+
+constexpr int kFailAt = 5;
+constexpr int kStoppedTimeoutMs = 1000;
+
+struct Recovery {
+  double seconds = 0;
+  double steps_redone = 0;
+  double ranks_left = 0;
+};
+
+Recovery run_once(const std::string& how, int ranks, const std::string& path) {
+  std::map<std::string, std::string> env{{"BPL_BACKEND", "gloo"}};
+  if (path == "tcp") env["BPL_GLOO_SHM"] = "0";
+  if (how == "stop") env["BPL_TIMEOUT_MS"] = std::to_string(kStoppedTimeoutMs);
+  const std::string output =
+      finish(start({bpl_run(), "--nproc-per-node", std::to_string(ranks), "--keep-going", bin_dir() + "/elastic_sgd",
+                    "--steps", "12", "--fail-rank", std::to_string(ranks - 1), "--fail-at", std::to_string(kFailAt),
+                    "--fail-how", how},
+                   env));
+  static const std::regex failing(R"(failing in step \d+ \(\w+\) at ([\d.]+) ms of the monotonic clock)");
+  static const std::regex resumed(R"(resumed: step \d+ done \d+ ms after the failure, at ([\d.]+) ms)");
+  static const std::regex done(R"(done: \d+ steps, \d+ failure\(s\) survived, (\d+) step\(s\) redone, (\d+) rank)");
+  std::smatch m;
+  if (!std::regex_search(output, m, failing)) throw std::runtime_error("no rank failed:\n" + output);
+  const double failed_ms = std::stod(m[1]);
+  double last_resumed_ms = 0;
+  int survivors = 0;
+  Recovery r;
+  for (std::sregex_iterator it(output.begin(), output.end(), resumed), end; it != end; ++it, ++survivors) {
+    last_resumed_ms = std::max(last_resumed_ms, std::stod((*it)[1]));
+  }
+  for (std::sregex_iterator it(output.begin(), output.end(), done), end; it != end; ++it) {
+    r.steps_redone = std::max(r.steps_redone, std::stod((*it)[1]));
+    r.ranks_left = std::stod((*it)[2]);
+  }
+  if (survivors != ranks - 1) throw std::runtime_error("not every survivor went on:\n" + output);
+  r.seconds = (last_resumed_ms - failed_ms) / 1e3;
+  return r;
+}
+
+void BM_Recovery(benchmark::State& state, const std::string& how, int ranks, const std::string& path) {
+  for (auto _ : state) {
+    try {
+      const Recovery r = run_once(how, ranks, path);
+      state.SetIterationTime(r.seconds);
+      state.counters["steps_redone"] = r.steps_redone;
+      state.counters["ranks_left"] = r.ranks_left;
+    } catch (const std::exception& e) {
+      state.SkipWithError(e.what());
+      break;
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ::signal(SIGPIPE, SIG_IGN);
+  for (const std::string how : {"kill", "stop"}) {
+    for (int ranks : {2, 3, 4}) {
+      for (const std::string path : {"shm", "tcp"}) {
+        benchmark::RegisterBenchmark((how + "/" + std::to_string(ranks) + "ranks/" + path).c_str(), BM_Recovery, how,
+                                     ranks, path)
+            ->Iterations(1)
+            ->UseManualTime()
+            ->Unit(benchmark::kMillisecond)
+            ->ComputeStatistics("min", min_of)
+            ->ComputeStatistics("max", max_of);
+      }
+    }
+  }
+  std::vector<char*> args = with_defaults(argc, argv, {"--benchmark_repetitions=5",
+                                                       "--benchmark_enable_random_interleaving=true"});
+  int count = static_cast<int>(args.size());
+  benchmark::Initialize(&count, args.data());
+  if (benchmark::ReportUnrecognizedArguments(count, args.data())) return 2;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
