@@ -101,6 +101,20 @@ void require_interface(const std::string& name) {
                                             known + ")");
 }
 
+// BPL_STORE_PORT: the port at MASTER_ADDR where the launcher serves backplane's store (bpl-run's
+// bpl-store), or -1 when it is not set.
+int store_port_of_launcher() {
+  using backplane::plugin::Error;
+  const char* value = env("BPL_STORE_PORT");
+  if (value == nullptr || *value == '\0') return -1;
+  char* end = nullptr;
+  const long port = std::strtol(value, &end, 10);
+  if (*end != '\0' || port < 1 || port > 65535) {
+    throw Error(BPL_ERR_INVALID_ARGUMENT, std::string("BPL_STORE_PORT='") + value + "': expected a TCP port, 1..65535");
+  }
+  return static_cast<int>(port);
+}
+
 // MASTER_ADDR must name a host before anything waits for it there: a name that does not resolve is
 // said to be one, at once, rather than found out at the timeout as a store that never answered. A
 // temporary failure (the name service unreachable) is retried until the timeout.
@@ -251,15 +265,18 @@ Rendezvous rendezvous(const bpl_launch_info& launch) {
   }
   if (caller != nullptr) return meet_through(*caller, launch.rank, launch.world_size, timeout, device, transport);
 
-  // A torchrun agent hosts the store itself and tells its workers so; bpl-run hosts backplane's own in a
-  // process beside the ranks (bpl-store) and says BPL_LAUNCHER_STORE=1; otherwise rank 0 hosts it.
+  // A torchrun agent hosts the store itself at MASTER_PORT and tells its workers so; bpl-run hosts
+  // backplane's own in a process beside the ranks (bpl-store) at MASTER_ADDR:BPL_STORE_PORT (a port of
+  // its own: a program's torch.distributed may serve its TCPStore at MASTER_PORT); otherwise rank 0
+  // hosts it at MASTER_PORT.
   const char* agent_store = env("TORCHELASTIC_USE_AGENT_STORE");
   const bool agent_hosts = agent_store != nullptr && std::string(agent_store) == "True";
-  const char* launcher_store = env("BPL_LAUNCHER_STORE");
-  const bool launcher_hosts = !agent_hosts && launcher_store != nullptr && std::string(launcher_store) == "1";
+  const int launcher_port = agent_hosts ? -1 : store_port_of_launcher();
+  const bool launcher_hosts = launcher_port > 0;
   const bool serves = launch.rank == 0 && !agent_hosts && !launcher_hosts;
   const std::string store_host = agent_hosts ? "the torchrun agent" : launcher_hosts ? "the launcher's bpl-store" : "rank 0";
-  const std::string where = addr + ":" + std::to_string(launch.master_port);
+  const int port = launcher_hosts ? launcher_port : launch.master_port;
+  const std::string where = addr + ":" + std::to_string(port);
   const std::string as_rank = "rendezvous at " + where + " as rank " + std::to_string(launch.rank);
   // A restarted torchrun job reuses the agent's store: keep each attempt's keys apart.
   const char* restart = env("TORCHELASTIC_RESTART_COUNT");
@@ -267,12 +284,11 @@ Rendezvous rendezvous(const bpl_launch_info& launch) {
   std::shared_ptr<TcpStoreServer> server;
   Rendezvous result;
   try {
-    if (serves) server = std::make_shared<TcpStoreServer>(static_cast<uint16_t>(launch.master_port));
-    auto [store, board_store] = connect_to_store(addr, launch.master_port, agent_hosts, timeout, store_host);
+    if (serves) server = std::make_shared<TcpStoreServer>(static_cast<uint16_t>(port));
+    auto [store, board_store] = connect_to_store(addr, port, agent_hosts, timeout, store_host);
     std::shared_ptr<TcpStoreClient> liveness;
     if (!agent_hosts) {
-      liveness = std::make_shared<TcpStoreClient>(addr, static_cast<uint16_t>(launch.master_port), timeout, timeout,
-                                                  store_host);
+      liveness = std::make_shared<TcpStoreClient>(addr, static_cast<uint16_t>(port), timeout, timeout, store_host);
       liveness->set_when_closed(prefix + "/" + gone_key(this_process_key()), bytes_of("1"));
     }
     result = meet(std::move(store), std::move(board_store), prefix, launch.rank, launch.world_size, timeout);

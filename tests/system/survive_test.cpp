@@ -149,13 +149,14 @@ StoreJob run_with_own_store(const std::string& variant, int ranks, const std::ve
                             const std::string& token, std::map<std::string, std::string> env,
                             bool kill_store_in_scenario = false) {
   StoreJob result;
-  const int port = free_port();
+  const int port = free_port(), store_port = free_port();
   env["BPL_TEST_JOB"] = token;
-  Process store = start_process({bin_dir() + "/bpl-store", "--port", std::to_string(port)}, {{"BPL_TEST_JOB", token}});
+  Process store =
+      start_process({bin_dir() + "/bpl-store", "--port", std::to_string(store_port)}, {{"BPL_TEST_JOB", token}});
   std::string said;
   EXPECT_TRUE(wait_for_output(store, said, "listening", std::chrono::seconds(10))) << said;
   env["BPL_BACKEND"] = "gloo";
-  env["BPL_LAUNCHER_STORE"] = "1";
+  env["BPL_STORE_PORT"] = std::to_string(store_port);
   if (variant == "gloo_tcp") env["BPL_GLOO_SHM"] = "0";
   if (env.count("BPL_TIMEOUT_MS") == 0) env["BPL_TIMEOUT_MS"] = std::to_string(kTimeoutMs);
   if (kill_store_in_scenario) env["BPL_TEST_STORE_PID"] = std::to_string(store.pid);
