@@ -59,9 +59,10 @@ int size_of(bpl_comm* comm) {
 
 BackendBackplane::BackendBackplane(std::shared_ptr<Runtime> runtime, bpl_comm* comm, bool owns_comm,
                                    c10::intrusive_ptr<c10d::Store> group_store, std::unique_ptr<StoreCallbacks> store,
-                                   std::chrono::milliseconds timeout)
+                                   std::chrono::milliseconds timeout, std::shared_ptr<Communicator> parent)
     : c10d::Backend(rank_of(comm), size_of(comm)),
-      communicator_(std::make_shared<Communicator>(std::move(runtime), comm, owns_comm, std::move(store))),
+      communicator_(std::make_shared<Communicator>(std::move(runtime), comm, owns_comm, std::move(store),
+                                                   std::move(parent))),
       completions_(std::make_shared<CompletionQueue>()),
       scratch_(std::make_unique<ScratchBuffers>()),
       comm_(comm),
@@ -109,6 +110,31 @@ c10::intrusive_ptr<c10d::Backend> BackendBackplane::split(const c10::intrusive_p
   if (me == ranks.end()) return nullptr;  // not a member: no backend here
   return create(store, static_cast<int>(me - ranks.begin()), static_cast<int>(ranks.size()),
                 opts ? opts->timeout : timeout_);
+}
+
+c10::intrusive_ptr<c10d::Backend> BackendBackplane::shrink(const std::vector<int64_t>& ranks_to_exclude, int shrink_flags,
+                                                           const c10::intrusive_ptr<Options>& opts_override) {
+  constexpr int kShrinkAbort = 0x01;  // torch.distributed.SHRINK_ABORT
+  if ((shrink_flags & kShrinkAbort) != 0) check(bpl_comm_revoke(comm_), "bpl_comm_revoke");
+  std::vector<int32_t> failed(static_cast<size_t>(getSize()));
+  int32_t num_failed = 0;
+  bpl_comm* survivors = nullptr;
+  check(bpl_comm_shrink(comm_, failed.data(), &num_failed, &survivors), "bpl_comm_shrink");
+  std::vector<int64_t> asked = ranks_to_exclude;
+  std::sort(asked.begin(), asked.end());
+  const std::vector<int64_t> agreed(failed.begin(), failed.begin() + num_failed);
+  if (agreed != asked) {
+    bpl_comm_destroy(survivors);
+    auto listed = [](const std::vector<int64_t>& ranks) {
+      std::string text;
+      for (int64_t r : ranks) text += (text.empty() ? "" : ", ") + std::to_string(r);
+      return "[" + text + "]";
+    };
+    TORCH_CHECK(false, "backplane: shrink_group was asked to exclude ranks ", listed(asked),
+                " but the group's members that are alive agree that ranks ", listed(agreed), " failed");
+  }
+  return c10::make_intrusive<BackendBackplane>(communicator_->shared_runtime(), survivors, true, store_, nullptr,
+                                               opts_override ? opts_override->timeout : timeout_, communicator_);
 }
 
 c10::intrusive_ptr<c10d::Work> BackendBackplane::post(c10d::OpType type, const char* name,

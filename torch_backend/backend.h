@@ -37,9 +37,10 @@ class BackendBackplane : public c10d::Backend {
 
   // `group_store`: the store torch gave the group; `store`, the same as backplane's bpl_store where
   // the communicator was made through it (kept while the communicator lives).
+  // `parent`: the communicator a shrunk group's was made from (kept while it lives).
   BackendBackplane(std::shared_ptr<Runtime> runtime, bpl_comm* comm, bool owns_comm,
                    c10::intrusive_ptr<c10d::Store> group_store, std::unique_ptr<StoreCallbacks> store,
-                   std::chrono::milliseconds timeout);
+                   std::chrono::milliseconds timeout, std::shared_ptr<Communicator> parent = nullptr);
   ~BackendBackplane() override;
 
   const std::string getBackendName() const override { return "backplane"; }
@@ -54,6 +55,12 @@ class BackendBackplane : public c10d::Backend {
   c10::intrusive_ptr<Options> getBackendOptions() override { return c10::make_intrusive<Options>("backplane", timeout_); }
   c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks,
                                           const c10::intrusive_ptr<Options>& opts) override;
+  // torch.distributed.shrink_group: the members alive agree on who failed (bpl_comm_shrink), which must
+  // be `ranks_to_exclude` (excluded ranks still running are counted out at the group's timeout); with
+  // SHRINK_ABORT the group is revoked first, which releases every member still in an operation.
+  bool supportsShrinking() const override { return true; }
+  c10::intrusive_ptr<c10d::Backend> shrink(const std::vector<int64_t>& ranks_to_exclude, int shrink_flags,
+                                           const c10::intrusive_ptr<Options>& opts_override) override;
   // What backplane chose for this process: backend, why, and its details (bpl_runtime_describe).
   std::string describe() const;
   // The group's communicator (for benchmarks that call the C ABI beside the group).

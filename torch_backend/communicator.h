@@ -45,13 +45,18 @@ class Runtime {
 // destroyed with the last of the group and its works, so that no request outlives its communicator.
 class Communicator {
  public:
-  Communicator(std::shared_ptr<Runtime> runtime, bpl_comm* comm, bool owns_comm, std::unique_ptr<StoreCallbacks> store)
-      : runtime_(std::move(runtime)), comm_(comm), owns_comm_(owns_comm), store_(std::move(store)) {}
+  // `parent`: the group's communicator this one was shrunk from, which holds the store both met
+  // through, kept while this one lives.
+  Communicator(std::shared_ptr<Runtime> runtime, bpl_comm* comm, bool owns_comm, std::unique_ptr<StoreCallbacks> store,
+               std::shared_ptr<Communicator> parent = nullptr)
+      : runtime_(std::move(runtime)), comm_(comm), owns_comm_(owns_comm), store_(std::move(store)),
+        parent_(std::move(parent)) {}
   ~Communicator() {
     if (owns_comm_) bpl_comm_destroy(comm_);
   }
   bpl_comm* get() const { return comm_; }
   bpl_runtime* runtime() const { return runtime_->handle(); }
+  const std::shared_ptr<Runtime>& shared_runtime() const { return runtime_; }
   // The status of the first operation of the group that failed (BPL_OK while none has): getError.
   void record_failure(bpl_status status) {
     int none = BPL_OK;
@@ -65,6 +70,7 @@ class Communicator {
   bpl_comm* comm_;
   bool owns_comm_;
   std::unique_ptr<StoreCallbacks> store_;  // the store this group met through, while it lives
+  std::shared_ptr<Communicator> parent_;
 };
 
 }  // namespace backplane::torch_backend

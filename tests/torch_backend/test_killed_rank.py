@@ -1,11 +1,12 @@
 """A rank killed (or stopped) in the middle of training: every survivor gets a RuntimeError naming it,
 within the timeout given to init_process_group, and never hangs.
 
-    python3 test_killed_rank.py WORLD kill|stop [store-host]   # the driver: starts WORLD ranks of itself
+    python3 test_killed_rank.py WORLD kill|stop [store-host] [shrink]   # the driver: starts WORLD ranks of itself
 
 By default rank 1 is the victim and the ranks meet through torch's FileStore. With `store-host`, the
 victim is rank 0 and it hosts the ranks' store, a TCPStore (as under env:// rendezvous): a stopped store
-host answers no store call, and the survivors must still fail in time, naming it.
+host answers no store call, and the survivors must still fail in time, naming it. With `shrink`, the
+survivors then go on without the victim (torch.distributed.shrink_group) and all_reduce among themselves.
 """
 import datetime
 import os
@@ -41,7 +42,28 @@ def tcp_store_hosted_by_rank_0(rank, world, meeting_file):
         return dist.TCPStore("127.0.0.1", int(f.read()), world, False, timeout)
 
 
-def rank_main(fault, store_host):
+def go_on_without(victim, world, rank):
+    """torch 2's shrink_group (bpl_comm_shrink underneath): the survivors make a default group of
+    themselves, ranks in their old order, and all_reduce in it."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.distributed_c10d import SHRINK_ABORT
+    try:
+        dist.shrink_group([victim], shrink_flags=SHRINK_ABORT)
+    except RuntimeError as e:
+        print(f"rank {rank}: shrink_group raised: {e}", flush=True)
+        return False
+    expected_rank = rank - (1 if rank > victim else 0)
+    t = torch.full((8,), float(rank))
+    dist.all_reduce(t)
+    total = float(sum(r for r in range(world) if r != victim))
+    ok = dist.get_world_size() == world - 1 and dist.get_rank() == expected_rank and bool((t == total).all())
+    print(f"rank {rank}: after shrink_group, rank {dist.get_rank()} of {dist.get_world_size()}, all_reduce "
+          f"{t[0].item()} (expected {total}): {'went on' if ok else 'FAILED'}", flush=True)
+    return ok
+
+
+def rank_main(fault, store_host, shrink):
     import torch
     import torch.distributed as dist
     import backplane_torch  # noqa: F401
@@ -81,13 +103,15 @@ def rank_main(fault, store_host):
         expected = (kinds.REMOTE_ERROR,) if fault == "kill" else (kinds.TIMEOUT, kinds.REMOTE_ERROR)
         kept = error in expected
         print(f"rank {rank}: get_error() is {error}", flush=True)
-        print(f"rank {rank}: survivor {'OK' if named and in_time and kept else 'FAILED'}", flush=True)
-        os._exit(0 if named and in_time and kept else 1)
+        went_on = not shrink or go_on_without(victim, world, rank)
+        ok = named and in_time and kept and went_on
+        print(f"rank {rank}: survivor {'OK' if ok else 'FAILED'}", flush=True)
+        os._exit(0 if ok else 1)
     print(f"rank {rank}: no error although rank {victim} was killed", flush=True)
     os._exit(1)
 
 
-def driver(world, fault, store_host):
+def driver(world, fault, store_host, shrink):
     victim = victim_of(store_host)
     folder = tempfile.TemporaryDirectory()
     init_file = os.path.join(folder.name, "init")
@@ -97,7 +121,8 @@ def driver(world, fault, store_host):
         env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(world),
                    MASTER_ADDR="127.0.0.1", TEST_INIT_FILE=init_file)
         env.pop("MASTER_PORT", None)
-        ranks.append(subprocess.Popen([sys.executable, "-W", "ignore", __file__, "--rank", fault] + (["store-host"] if store_host else []), env=env,
+        options = (["store-host"] if store_host else []) + (["shrink"] if shrink else [])
+        ranks.append(subprocess.Popen([sys.executable, "-W", "ignore", __file__, "--rank", fault] + options, env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     failed = False
     for r, process in sorted(enumerate(ranks), key=lambda rp: rp[0] == victim):  # the victim last
@@ -116,13 +141,14 @@ def driver(world, fault, store_host):
             failed |= process.returncode != -signal.SIGKILL
         else:
             failed |= process.returncode != 0 or "survivor OK" not in output
-    print("FAILED" if failed else "every survivor named the killed rank in time")  # killed or stopped
+    # killed or stopped
+    print("FAILED" if failed else "every survivor named the killed rank in time" + (" and went on" if shrink else ""))
     return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    store_host = sys.argv[-1] == "store-host"
+    store_host, shrink = "store-host" in sys.argv[3:], "shrink" in sys.argv[3:]
     if sys.argv[1] == "--rank":
-        rank_main(sys.argv[2], store_host)
+        rank_main(sys.argv[2], store_host, shrink)
     else:
-        sys.exit(driver(int(sys.argv[1]), sys.argv[2], store_host))
+        sys.exit(driver(int(sys.argv[1]), sys.argv[2], store_host, shrink))
