@@ -93,7 +93,7 @@ void fail_here(const std::string& how, int64_t timeout_ms) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int steps = 40, fail_rank = -1, fail_at = 10, fail_also = -1;
+  int steps = 40, fail_rank = -1, fail_at = 10, fail_also = -1, pause_ms = 0;
   std::string fail_how = "kill";
   CLI::App app{"Data-parallel training that survives the loss of ranks (revoke, shrink, redo the step)", "elastic_sgd"};
   app.add_option("--steps", steps, "steps to train")->check(CLI::PositiveNumber);
@@ -101,6 +101,8 @@ int main(int argc, char** argv) {
   app.add_option("--fail-at", fail_at, "the step it fails in")->check(CLI::NonNegativeNumber);
   app.add_option("--fail-how", fail_how, "kill or stop")->check(CLI::IsMember({"kill", "stop"}));
   app.add_option("--fail-also", fail_also, "a rank killed a moment after it starts to shrink (a second failure)");
+  app.add_option("--pause-ms", pause_ms, "a pause after each step, to watch the job or fail a rank by hand")
+      ->check(CLI::NonNegativeNumber);
   CLI11_PARSE(app, argc, argv);
 
   bpl_runtime* runtime = nullptr;
@@ -135,6 +137,7 @@ int main(int argc, char** argv) {
       before_last_step = w;
       apply_update(w, summed);
       ++done;
+      if (pause_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
       if (recovering) {
         std::printf("rank %d: resumed: step %lld done %lld ms after the failure, at %.3f ms of the monotonic clock\n",
                     world_rank, static_cast<long long>(done - 1), ms_since(failed_at), monotonic_ms());

@@ -186,7 +186,7 @@ std::vector<uint8_t> TcpStoreClient::call(const char* operation, const std::vect
   if (io == Io::kTimedOut) {
     fail(BPL_ERR_TIMEOUT, "the store at " + where_ + " did not answer (" + operation + ") within " +
                               std::to_string(operation_timeout_.count()) + " ms: its host, " + host_name_ +
-                              ", is stopped or stuck");
+                              ", is stopped or stuck, or the network to it is cut");
   }
   fail(BPL_ERR_REMOTE, "the connection to the store at " + where_ + " failed (" + operation + "): " +
                            (io == Io::kClosed ? std::string("closed") : std::string(std::strerror(errno))) +

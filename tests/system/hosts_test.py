@@ -23,6 +23,9 @@ Scenarios:
   fault_link_down_master   the same with the link of host 0 (rank 0's, the store's) taken down
   fault_link_down_two_ranks  the same with 2 hosts of 2 ranks (the hierarchical path)
   fault_host_stopped       one of 3 hosts' processes stopped, its network up: TIMEOUT that calls no one unreachable
+  elastic_link_down        examples/elastic_sgd over 3 hosts under bpl-run --keep-going, host 2's link taken down
+                           mid-training (a partition): hosts 0 and 1 shrink and end with the parameters of an
+                           uninterrupted run; host 2's rank, cut off from the job's store, stops and trains no further
   fault_link_returns       a link down for 2 s, then up again, within the timeout: the allreduce completes
   fault_mpi_host_killed    mpirun over 2 hosts, one's processes SIGKILLed: the job ends at once naming the host
   fault_mpi_link_down      mpirun over 2 hosts, one's link down: rank 0's TIMEOUT, the job ends naming the host
@@ -428,6 +431,44 @@ def fault_host_stopped(bin_dir):
           "unreachable; rank 2 failed once continued; nothing left behind")
 
 
+def elastic_link_down(bin_dir):
+    """No split brain: of a partitioned job, only the side that reaches the job's store (bpl-store, served
+    by host 0's bpl-run) goes on."""
+    timeout_s, steps = 3, 150
+    reference = subprocess.run([os.path.join(bin_dir, "elastic_sgd"), "--steps", str(steps)], capture_output=True,
+                               text=True, env=dict(os.environ, BPL_BACKEND="gloo", RANK="0", WORLD_SIZE="1"))
+    expect(reference.returncode == 0, "the uninterrupted run on one rank", [(reference.returncode, reference.stdout)])
+    final = re.search(r"w = (.*)", reference.stdout).group(1).split()
+    with TestHosts(3) as hosts:
+        env = dict(os.environ, NXD_CPU_MODE="1", BPL_TIMEOUT_MS=str(timeout_s * 1000))
+        procs = [hosts.start(i, [os.path.join(bin_dir, "bpl-run"), "--nnodes", "3", "--node-rank", str(i),
+                                 "--master-addr", hosts.address(0), "--master-port", MASTER_PORT, "--keep-going",
+                                 os.path.join(bin_dir, "elastic_sgd"), "--steps", str(steps), "--pause-ms", "20"],
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(3)]
+        time.sleep(1.5)  # the ranks have met and train
+        hosts.set_link(2, up=False)
+        results = outputs(hosts, procs)
+        for i in range(3):
+            job_left = hosts.processes(i)
+            expect(not job_left, f"nothing left in host {i}: {job_left}", results)
+    survivors = [out for _, out in results[:2]]
+    expect(all(code == 0 for code, _ in results[:2]), "hosts 0 and 1 go on and end well", results)
+    expect(all("ranks [2] of the communicator failed" in out for out in survivors), "both agree that rank 2 failed",
+           results)
+    for out in survivors:
+        got = re.search(r"done: .* w = (.*)", out)
+        expect(got is not None, "each survivor finishes", results)
+        expect(all(abs(float(a) - float(b)) <= 1e-12 * (1 + abs(float(b))) for a, b in zip(got.group(1).split(), final)),
+               "the survivors end with the parameters of the uninterrupted run", results)
+    code, cut_off = results[2]
+    expect(code != 0 and "done:" not in cut_off, "the cut-off rank does not train on", results)
+    expect("left the job" in cut_off and ("cut off from the job" in cut_off or "counted rank 2 as failed" in cut_off),
+           "the cut-off rank says why it stops", results)
+    print(next(line for line in cut_off.splitlines() if "left the job" in line))
+    print("passed: host 2 cut off mid-training: hosts 0 and 1 shrank and ended with the uninterrupted run's "
+          "parameters; host 2's rank stopped, trained no further; nothing left behind")
+
+
 def fault_mpi_host_killed(bin_dir):
     """mpirun over 2 hosts in a loop of allreduces on the mpi backend; every process of host 1 SIGKILLed:
     Open MPI's promise, the job ends at once naming the lost host, and nothing is left in host 0."""
@@ -554,7 +595,7 @@ SCENARIOS = {f.__name__: f for f in (gloo_two_hosts, gloo_two_hosts_two_ranks, g
                                      fault_host_killed, fault_link_down, fault_link_down_master, fault_link_down_two_ranks,
                                      fault_host_stopped, fault_link_returns, fault_mpi_host_killed, bench_two_hosts,
                                      fault_mpi_link_down, fault_host_never_joins,
-                                     fault_master_unreachable)}
+                                     fault_master_unreachable, elastic_link_down)}
 
 
 def main(argv):
