@@ -6,6 +6,9 @@
 //   kill/<ranks>ranks/<path>   the rank is SIGKILLed: its peers see its connections end at once
 //   stop/<ranks>ranks/<path>   the rank is SIGSTOPped: found at the communicator's timeout, then counted
 //                              out by the survivors' agreement at the next (BPL_TIMEOUT_MS=1000 here)
+//   replace/<ranks>ranks/<path> killed, and bpl-run --replace starts a newcomer in its place: the survivors
+//                              shrink, then grow back and hand it the state; the time is to the first
+//                              step done at full size again (a process started, bpl_init, join)
 //
 // <path> is shm (every rank on this machine: shared memory) or tcp (BPL_GLOO_SHM=0: Gloo's TCP pairs).
 // Counters: steps_redone (the target is 1: only the step in flight), ranks_left. Repetitions of the
@@ -37,11 +40,12 @@ Recovery run_once(const std::string& how, int ranks, const std::string& path) {
   std::map<std::string, std::string> env{{"BPL_BACKEND", "gloo"}};
   if (path == "tcp") env["BPL_GLOO_SHM"] = "0";
   if (how == "stop") env["BPL_TIMEOUT_MS"] = std::to_string(kStoppedTimeoutMs);
-  const std::string output =
-      finish(start({bpl_run(), "--nproc-per-node", std::to_string(ranks), "--keep-going", bin_dir() + "/elastic_sgd",
-                    "--steps", "12", "--fail-rank", std::to_string(ranks - 1), "--fail-at", std::to_string(kFailAt),
-                    "--fail-how", how},
-                   env));
+  const bool replace = how == "replace";
+  std::vector<std::string> argv{bpl_run(), "--nproc-per-node", std::to_string(ranks), replace ? "--replace" : "--keep-going",
+                                bin_dir() + "/elastic_sgd", "--steps", "12", "--fail-rank", std::to_string(ranks - 1),
+                                "--fail-at", std::to_string(kFailAt), "--fail-how", replace ? "kill" : how};
+  if (replace) argv.push_back("--replace");
+  const std::string output = finish(start(argv, env));
   static const std::regex failing(R"(failing in step \d+ \(\w+\) at ([\d.]+) ms of the monotonic clock)");
   static const std::regex resumed(R"(resumed: step \d+ done \d+ ms after the failure, at ([\d.]+) ms)");
   static const std::regex done(R"(done: \d+ steps, \d+ failure\(s\) survived, (\d+) step\(s\) redone, (\d+) rank)");
@@ -59,6 +63,7 @@ Recovery run_once(const std::string& how, int ranks, const std::string& path) {
     r.ranks_left = std::stod((*it)[2]);
   }
   if (survivors != ranks - 1) throw std::runtime_error("not every survivor went on:\n" + output);
+  if (replace && r.ranks_left != ranks) throw std::runtime_error("the job did not end at full size:\n" + output);
   r.seconds = (last_resumed_ms - failed_ms) / 1e3;
   return r;
 }
@@ -81,7 +86,7 @@ void BM_Recovery(benchmark::State& state, const std::string& how, int ranks, con
 
 int main(int argc, char** argv) {
   ::signal(SIGPIPE, SIG_IGN);
-  for (const std::string how : {"kill", "stop"}) {
+  for (const std::string how : {"kill", "stop", "replace"}) {
     for (int ranks : {2, 3, 4}) {
       for (const std::string path : {"shm", "tcp"}) {
         benchmark::RegisterBenchmark((how + "/" + std::to_string(ranks) + "ranks/" + path).c_str(), BM_Recovery, how,

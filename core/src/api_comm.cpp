@@ -202,7 +202,7 @@ Fn require_fault_tolerance(const bpl_runtime* rt, Fn bpl_plugin_api::*field, con
   if (fn == nullptr) {
     throw Error(BPL_ERR_UNSUPPORTED, std::string(function) + ": backend '" + rt->backend() + "' (plugin ABI " +
                                          std::to_string(rt->api().abi_major) + "." + std::to_string(rt->api().abi_minor) +
-                                         ") cannot revoke, agree or shrink (docs/faults.md says which backends can)");
+                                         ") cannot revoke, agree, shrink or grow (docs/faults.md says which backends can)");
   }
   return fn;
 }
@@ -264,6 +264,42 @@ bpl_status bpl_comm_shrink(bpl_comm* comm, int32_t* failed, int32_t* num_failed,
     *out = adopt_comm(rt, impl, c->name + "/shrink" + std::to_string(shrink_number), c->state.timeout_ms(),
                       c->store ? std::make_unique<bpl_store>(*c->store) : nullptr);
     hand_out_failed(found, count, failed, num_failed);
+    return BPL_OK;
+  });
+}
+
+bpl_status bpl_comm_grow(bpl_comm* comm, int32_t joiners, bpl_comm** out) {
+  return guarded("bpl_comm_grow", [&] {
+    bpl_comm* c = check_comm(comm);
+    REQUIRE(out != nullptr, "out is NULL");
+    *out = nullptr;
+    REQUIRE(joiners >= 1, "joiners = " + std::to_string(joiners) + ": expected at least 1");
+    bpl_runtime* rt = c->runtime;
+    auto fn = require_fault_tolerance(rt, &bpl_plugin_api::comm_grow, "bpl_comm_grow");
+    bpl_plugin_comm* impl = nullptr;
+    clear_last_error();
+    const bpl_status status = fn(c->impl, joiners, &impl);
+    const uint32_t grow_number = c->grows.fetch_add(1, std::memory_order_relaxed);
+    if (status != BPL_OK) return forward(("bpl_comm_grow on " + c->label).c_str(), rt, status);
+    *out = adopt_comm(rt, impl, c->name + "/grow" + std::to_string(grow_number), c->state.timeout_ms(),
+                      c->store ? std::make_unique<bpl_store>(*c->store) : nullptr);
+    return BPL_OK;
+  });
+}
+
+bpl_status bpl_comm_join(bpl_runtime* runtime, bpl_comm** out) {
+  return guarded("bpl_comm_join", [&] {
+    bpl_runtime* rt = check_runtime(runtime);
+    REQUIRE(out != nullptr, "out is NULL");
+    *out = nullptr;
+    auto fn = require_fault_tolerance(rt, &bpl_plugin_api::comm_join, "bpl_comm_join");
+    const int64_t timeout_ms = rt->world->state.timeout_ms();
+    bpl_plugin_comm* impl = nullptr;
+    clear_last_error();
+    const bpl_status status = fn(rt->impl, timeout_ms, &impl);
+    if (status != BPL_OK) return forward("bpl_comm_join", rt, status);
+    // The members name it by how it was grown, which a newcomer does not know.
+    *out = adopt_comm(rt, impl, "joined", timeout_ms, nullptr);
     return BPL_OK;
   });
 }

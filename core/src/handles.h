@@ -56,6 +56,7 @@ struct bpl_comm {
   backplane::CommState state;             // timeout, operation numbers, failure
   std::atomic<uint32_t> splits{0};        // splits made of it so far: names its children
   std::atomic<uint32_t> shrinks{0};       // shrinks made of it so far: names their communicators
+  std::atomic<uint32_t> grows{0};         // likewise, grows
   std::unique_ptr<bpl_store> store;       // the store it was made through (bpl_comm_create_from_store)
   std::atomic<int64_t> live_requests{0};  // a communicator outlives its requests
 };

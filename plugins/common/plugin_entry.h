@@ -26,8 +26,9 @@
 //   void allreduce(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_reduce_op op,
 //                  bpl_plugin_request** req);
 // Optional: abort(); path_of(collective, bytes) (const), how it moves such an operation, for
-// BPL_TRACE; and revoke(), agree(int32_t* flags, int32_t* failed, int32_t* num_failed) and
-// shrink(int32_t* failed, int32_t* num_failed) returning std::unique_ptr<Comm>, as the ABI's (all three). An entry the communicator has no member for stays NULL in the table, which the core
+// BPL_TRACE; and revoke(), agree(int32_t* flags, int32_t* failed, int32_t* num_failed),
+// shrink(int32_t* failed, int32_t* num_failed) and grow(int32_t joiners) returning std::unique_ptr<Comm>,
+// as the ABI's (all four), with Traits::join(rt, timeout) for a newcomer. An entry the communicator has no member for stays NULL in the table, which the core
 // reports as unsupported: a new operation of the ABI is a line in plugin.h's list and a member of each
 // plugin's communicator.
 #pragma once
@@ -60,14 +61,22 @@ struct HasAbort : std::false_type {};
 template <typename Comm>
 struct HasAbort<Comm, std::void_t<decltype(std::declval<Comm&>().abort())>> : std::true_type {};
 
-// Going on after a failure (ABI 1.8): revoke(), agree(flags, failed, num_failed) and
-// shrink(failed, num_failed) returning std::unique_ptr<Comm>, all three or none.
+// Going on after a failure (ABI 1.8): revoke(), agree(flags, failed, num_failed), and
+// shrink(failed, num_failed) and grow(joiners) returning std::unique_ptr<Comm>, all four or none; and
+// Traits::join(rt, timeout), a newcomer's.
 template <typename Comm, typename = void>
 struct HasFaultTolerance : std::false_type {};
 template <typename Comm>
 struct HasFaultTolerance<Comm, std::void_t<decltype(std::declval<Comm&>().revoke()),
                                            decltype(std::declval<Comm&>().agree(nullptr, nullptr, nullptr)),
-                                           decltype(std::declval<Comm&>().shrink(nullptr, nullptr).release())>>
+                                           decltype(std::declval<Comm&>().shrink(nullptr, nullptr).release()),
+                                           decltype(std::declval<Comm&>().grow(int32_t{}).release())>>
+    : std::true_type {};
+
+template <typename Traits, typename = void>
+struct HasJoin : std::false_type {};
+template <typename Traits>
+struct HasJoin<Traits, std::void_t<decltype(Traits::join(nullptr, std::chrono::milliseconds{}).release())>>
     : std::true_type {};
 
 template <typename Traits, typename = void>
@@ -139,6 +148,12 @@ struct CommEntries {
   }
   static bpl_status comm_shrink(bpl_plugin_comm* c, int32_t* failed, int32_t* num_failed, bpl_plugin_comm** out) {
     return run([&] { *out = handle(comm(c).shrink(failed, num_failed).release()); });
+  }
+  static bpl_status comm_grow(bpl_plugin_comm* c, int32_t joiners, bpl_plugin_comm** out) {
+    return run([&] { *out = handle(comm(c).grow(joiners).release()); });
+  }
+  static bpl_status comm_join(bpl_plugin_runtime* rt, int64_t timeout_ms, bpl_plugin_comm** out) {
+    return run([&] { *out = handle(Traits::join(rt, std::chrono::milliseconds(timeout_ms)).release()); });
   }
 
   static bpl_status comm_path(bpl_plugin_comm* c, bpl_collective op, uint64_t bytes, const char** path) {
@@ -219,7 +234,9 @@ bpl_plugin_api comm_table() {
     api.comm_revoke = E::comm_revoke;
     api.comm_agree = E::comm_agree;
     api.comm_shrink = E::comm_shrink;
+    api.comm_grow = E::comm_grow;
   }
+  if constexpr (detail::HasJoin<Traits>::value) api.comm_join = E::comm_join;
 #define BPL_DETAIL_SET_ENTRY(entry)                                                                  \
   if constexpr (detail::HasMember_##entry<Comm>::value) {                                            \
     api.entry = detail::OperationEntry<Traits, decltype(api.entry), &Comm::entry>::call;             \

@@ -101,6 +101,11 @@ class GlooComm {
   void agree(int32_t* flags, int32_t* failed, int32_t* num_failed);
   // The survivors of an agreement, as a communicator numbered in their order here.
   std::unique_ptr<GlooComm> shrink(int32_t* failed, int32_t* num_failed);
+  // The members and `joiners` newcomers (join), met through the job's lobby in the store: the members
+  // keep their ranks, the newcomers follow in the order they came.
+  std::unique_ptr<GlooComm> grow(int32_t joiners);
+  // A newcomer: takes a place in the job's lobby and waits, up to `timeout`, for a grow to admit it.
+  static std::unique_ptr<GlooComm> join(std::shared_ptr<Shared> job, std::chrono::milliseconds timeout);
   // Whether an operation of this communicator has failed (or it was aborted): it meets no peer again.
   bool has_failed() const { return failed_.load(); }
   // Leaving the world after it failed, when no barrier can gather the ranks: where a rank hosts the
@@ -343,6 +348,7 @@ class GlooComm {
   std::atomic<bool> aborted_{false};
   std::atomic<bool> revoked_{false};  // by this rank
   uint32_t agreements_ = 0;           // agreements (and shrinks) run so far: numbers the next
+  uint32_t grows_ = 0;                // grows run so far: numbers the next
   // Set on this rank's first failure or abort: the communicator then does not leave normally.
   std::atomic<bool> failed_{false};
   uint32_t splits_ = 0;

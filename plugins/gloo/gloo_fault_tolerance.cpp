@@ -15,6 +15,7 @@
 
 #include "gloo_comm.h"
 #include "local_process.h"
+#include "rendezvous.h"
 #include "plugin_support.h"
 
 namespace backplane::gloo_plugin {
@@ -173,6 +174,78 @@ std::unique_ptr<GlooComm> GlooComm::shrink(int32_t* failed, int32_t* num_failed)
   }
   throw Error(BPL_ERR_REMOTE, "shrink: members kept failing while the survivors connected, " + std::to_string(size()) +
                                   " times");
+}
+
+// The lobby, every key under the job's prefix: a newcomer takes ticket t (lobby/arrived counts them)
+// and says so (lobby/<t>/process); a grow takes the next `joiners` tickets not yet admitted (from
+// lobby/next, read by the first member to claim the grow), waits for each to be taken, and tells each
+// newcomer its place (lobby/<t>/admitted: "uid|rank|size"), the same words from every member. Only a
+// grow that admitted them all moves lobby/next on: after one that timed out, the next admits the same
+// newcomers. One grow at a time in a job.
+namespace {
+
+std::string lobby(const Shared& job, const std::string& key) { return job.prefix + "/lobby/" + key; }
+
+}  // namespace
+
+std::unique_ptr<GlooComm> GlooComm::grow(int32_t joiners) {
+  if (!shared_->kv) throw Error(BPL_ERR_UNSUPPORTED, "grow: a world of one, started without a job's store, has no lobby");
+  KvStore& store = *shared_->kv;
+  const uint32_t number = grows_++;
+  const std::string grow_key = shared_->prefix + "/" + uid_ + "/grow/" + std::to_string(number);
+  const std::string uid = uid_ + "/grow/" + std::to_string(number);
+  const int new_size = size() + joiners;
+  int64_t first_ticket = 0;
+  try {
+    const bool claimer = store.add(grow_key + "/claimed", 1) == 1;
+    if (claimer) {
+      const std::string next = lobby(*shared_, "next");
+      first_ticket = store.check(next) ? std::stoll(text_of(store.get(next, timeout()))) : 1;
+      store.set(grow_key + "/first_ticket", bytes_of(std::to_string(first_ticket)));
+    } else {
+      first_ticket = std::stoll(text_of(store.get(grow_key + "/first_ticket", timeout())));
+    }
+    const auto deadline = plugin::deadline_after(timeout());
+    for (int i = 0; i < joiners; ++i) {
+      const std::string ticket = std::to_string(first_ticket + i);
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (!store.wait_for(lobby(*shared_, ticket + "/process"), std::max(left, std::chrono::milliseconds(1)))) {
+        throw Error(BPL_ERR_TIMEOUT, "grow: " + std::to_string(i) + " of the " + std::to_string(joiners) +
+                                         " newcomers came within " + std::to_string(timeout().count()) +
+                                         " ms (a newcomer is a process started with BPL_JOIN=1 that calls "
+                                         "bpl_comm_join, as bpl-run --replace starts one)");
+      }
+      store.set(lobby(*shared_, ticket + "/admitted"),
+                bytes_of(uid + "|" + std::to_string(size() + i) + "|" + std::to_string(new_size)));
+    }
+    if (claimer) store.set(lobby(*shared_, "next"), bytes_of(std::to_string(first_ticket + joiners)));
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw Error(BPL_ERR_REMOTE, "grow: the job's store cannot be reached: " + std::string(e.what()));
+  }
+  return std::make_unique<GlooComm>(shared_, uid, rank(), new_size, timeout());
+}
+
+std::unique_ptr<GlooComm> GlooComm::join(std::shared_ptr<Shared> job, std::chrono::milliseconds timeout) {
+  KvStore& store = *job->kv;
+  std::string place;
+  try {
+    const std::string ticket = std::to_string(store.add(lobby(*job, "arrived"), 1));
+    store.set(lobby(*job, ticket + "/process"), bytes_of(this_process_key()));
+    if (!store.wait_for(lobby(*job, ticket + "/admitted"), timeout)) {
+      throw Error(BPL_ERR_TIMEOUT, "join: no member of the job admitted this process (bpl_comm_grow) within " +
+                                       std::to_string(timeout.count()) + " ms; it came as newcomer " + ticket);
+    }
+    place = text_of(store.get(lobby(*job, ticket + "/admitted"), timeout));
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw Error(BPL_ERR_REMOTE, "join: the job's store cannot be reached: " + std::string(e.what()));
+  }
+  const size_t bar1 = place.find('|'), bar2 = place.rfind('|');
+  return std::make_unique<GlooComm>(std::move(job), place.substr(0, bar1), std::stoi(place.substr(bar1 + 1, bar2 - bar1 - 1)),
+                                    std::stoi(place.substr(bar2 + 1)), timeout);
 }
 
 }  // namespace backplane::gloo_plugin

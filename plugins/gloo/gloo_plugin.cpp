@@ -20,6 +20,7 @@
 
 struct bpl_plugin_runtime {
   std::shared_ptr<backplane::gloo_plugin::Shared> shared;
+  std::shared_ptr<backplane::gloo_plugin::Shared> job;  // a joining process's way into the job (BPL_JOIN=1)
   std::unique_ptr<backplane::gloo_plugin::GlooComm> world;
   std::string details;
 };
@@ -55,6 +56,17 @@ bpl_status runtime_create(const bpl_launch_info* launch, bpl_plugin_runtime** ou
     plugin::refuse_native_comm(*launch, kName);
     ignore_sigpipe_unless_handled();
     auto runtime = std::make_unique<bpl_plugin_runtime>();
+    if (joining()) {
+      if (launch->world_size != 1) {
+        throw Error(BPL_ERR_INVALID_ARGUMENT, "BPL_JOIN=1 with a world of " + std::to_string(launch->world_size) +
+                                                  " ranks: a process that joins a running job is a world of its own "
+                                                  "until bpl_comm_join; leave RANK and WORLD_SIZE unset");
+      }
+      Rendezvous job = rendezvous_to_join(*launch);
+      runtime->job = std::make_shared<Shared>(Shared{job.store, job.device, std::chrono::milliseconds(launch->timeout_ms),
+                                                     job.board, std::make_shared<ConnectionWatch>(), -1, nullptr, job.kv,
+                                                     job.prefix, job.liveness});
+    }
     Rendezvous joined = rendezvous(*launch);
     runtime->shared = std::make_shared<Shared>(
         Shared{joined.store, joined.device, std::chrono::milliseconds(launch->timeout_ms), joined.board,
@@ -73,6 +85,7 @@ bpl_status runtime_create(const bpl_launch_info* launch, bpl_plugin_runtime** ou
                        runtime->world->path() + "; a split takes its path from where its own ranks run; " +
                        std::to_string(local) + " rank(s) on " + std::to_string(cores) + " core(s) here: waits " +
                        (yield ? "yield while they spin" : "spin without yielding, then sleep") + "; " +
+                       (runtime->job ? "BPL_JOIN=1: " + std::string("joins the job through bpl_comm_join; ") : "") +
                        kernels_module::details();
     *out = runtime.release();
     return BPL_OK;
@@ -112,6 +125,14 @@ struct Traits {
     auto shared = std::make_shared<Shared>(
         Shared{joined.store, joined.device, timeout, joined.board, watch, -1, nullptr, joined.kv, joined.prefix, nullptr});
     return std::make_unique<GlooComm>(shared, "comm", rank, size, timeout);
+  }
+  // A process started to join a running job (BPL_JOIN=1), admitted by the members' grow.
+  static std::unique_ptr<Comm> join(bpl_plugin_runtime* rt, std::chrono::milliseconds timeout) {
+    if (!rt->job) {
+      throw Error(BPL_ERR_INVALID_ARGUMENT, "bpl_comm_join: this process was not started to join a job: set BPL_JOIN=1 "
+                                            "with the job's MASTER_ADDR and BPL_STORE_PORT (bpl-run --replace does)");
+    }
+    return GlooComm::join(rt->job, timeout);
   }
 };
 

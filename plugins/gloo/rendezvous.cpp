@@ -230,7 +230,77 @@ std::pair<std::shared_ptr<KvStore>, std::shared_ptr<KvStore>> connect_to_store(c
           std::make_shared<TcpStoreClient>(addr, tcp_port, timeout, board_timeout, store_host)};
 }
 
+// Where the job's store is. A torchrun agent hosts the store itself at MASTER_PORT and tells its workers
+// so; bpl-run hosts backplane's own in a process beside the ranks (bpl-store) at
+// MASTER_ADDR:BPL_STORE_PORT (a port of its own: a program's torch.distributed may serve its TCPStore at
+// MASTER_PORT); otherwise rank 0 hosts it at MASTER_PORT.
+struct JobStore {
+  bool agent_hosts = false;
+  bool launcher_hosts = false;
+  int port = -1;
+  std::string host_name;  // "rank 0", for messages
+  std::string prefix;     // every key of the job's
+};
+
+JobStore job_store(int master_port) {
+  JobStore job;
+  const char* agent_store = env("TORCHELASTIC_USE_AGENT_STORE");
+  job.agent_hosts = agent_store != nullptr && std::string(agent_store) == "True";
+  const int launcher_port = job.agent_hosts ? -1 : store_port_of_launcher();
+  job.launcher_hosts = launcher_port > 0;
+  job.port = job.launcher_hosts ? launcher_port : master_port;
+  job.host_name = job.agent_hosts ? "the torchrun agent" : job.launcher_hosts ? "the launcher's bpl-store" : "rank 0";
+  // A restarted torchrun job reuses the agent's store: keep each attempt's keys apart.
+  const char* restart = env("TORCHELASTIC_RESTART_COUNT");
+  job.prefix = std::string("backplane/") + (restart ? restart : "0");
+  return job;
+}
+
+// The connection whose end the store reports as this process's (Rendezvous::liveness).
+std::shared_ptr<KvStore> liveness_connection(const std::string& addr, int port, std::chrono::milliseconds timeout,
+                                             const std::string& host_name, const std::string& prefix) {
+  auto liveness = std::make_shared<TcpStoreClient>(addr, static_cast<uint16_t>(port), timeout, timeout, host_name);
+  liveness->set_when_closed(prefix + "/" + gone_key(this_process_key()), bytes_of("1"));
+  return liveness;
+}
+
 }  // namespace
+
+bool joining() {
+  const char* join = env("BPL_JOIN");
+  return join != nullptr && std::string(join) == "1";
+}
+
+Rendezvous rendezvous_to_join(const bpl_launch_info& launch) {
+  using backplane::plugin::Error;
+  const std::string addr = launch.master_addr != nullptr ? launch.master_addr : "";
+  const auto timeout = std::chrono::milliseconds(launch.timeout_ms);
+  const JobStore job = job_store(launch.master_port);
+  if (addr.empty() || job.port <= 0 || job.agent_hosts) {
+    throw Error(BPL_ERR_INVALID_ARGUMENT,
+                "BPL_JOIN=1: a process that joins a running job needs MASTER_ADDR and the job's store, backplane's "
+                "own (BPL_STORE_PORT, or MASTER_PORT where rank 0 serves it; got '" + addr + "' and " +
+                    std::to_string(job.port) + (job.agent_hosts ? ", a torchrun agent's" : "") +
+                    "): start it with bpl-run --replace, or with the job's variables");
+  }
+  resolve_master_addr(addr, timeout);
+  Rendezvous result;
+  const std::string where = addr + ":" + std::to_string(job.port);
+  try {
+    auto [store, board_store] = connect_to_store(addr, job.port, false, timeout, job.host_name);
+    result.liveness = liveness_connection(addr, job.port, timeout, job.host_name, job.prefix);
+    result.kv = store;
+    result.prefix = job.prefix;
+    result.store = std::make_shared<GlooKvStore>(std::move(store), job.prefix, timeout);
+    result.board = make_store_board(std::move(board_store), job.prefix);
+  } catch (const Error& e) {
+    throw Error(e.status(), "joining the job at " + where + " failed: " + e.what());
+  }
+  std::string transport;
+  result.device = make_device(is_loopback(addr), transport);
+  result.description = "joining the job at " + where + " (" + job.host_name + "'s store); transport=" + transport;
+  return result;
+}
 
 Rendezvous rendezvous_through(const bpl_store& store, int32_t rank, int32_t size, std::chrono::milliseconds timeout,
                               std::shared_ptr<::gloo::transport::Device> device) {
@@ -265,32 +335,21 @@ Rendezvous rendezvous(const bpl_launch_info& launch) {
   }
   if (caller != nullptr) return meet_through(*caller, launch.rank, launch.world_size, timeout, device, transport);
 
-  // A torchrun agent hosts the store itself at MASTER_PORT and tells its workers so; bpl-run hosts
-  // backplane's own in a process beside the ranks (bpl-store) at MASTER_ADDR:BPL_STORE_PORT (a port of
-  // its own: a program's torch.distributed may serve its TCPStore at MASTER_PORT); otherwise rank 0
-  // hosts it at MASTER_PORT.
-  const char* agent_store = env("TORCHELASTIC_USE_AGENT_STORE");
-  const bool agent_hosts = agent_store != nullptr && std::string(agent_store) == "True";
-  const int launcher_port = agent_hosts ? -1 : store_port_of_launcher();
-  const bool launcher_hosts = launcher_port > 0;
+  const JobStore job = job_store(launch.master_port);
+  const bool agent_hosts = job.agent_hosts, launcher_hosts = job.launcher_hosts;
   const bool serves = launch.rank == 0 && !agent_hosts && !launcher_hosts;
-  const std::string store_host = agent_hosts ? "the torchrun agent" : launcher_hosts ? "the launcher's bpl-store" : "rank 0";
-  const int port = launcher_hosts ? launcher_port : launch.master_port;
+  const std::string& store_host = job.host_name;
+  const int port = job.port;
   const std::string where = addr + ":" + std::to_string(port);
   const std::string as_rank = "rendezvous at " + where + " as rank " + std::to_string(launch.rank);
-  // A restarted torchrun job reuses the agent's store: keep each attempt's keys apart.
-  const char* restart = env("TORCHELASTIC_RESTART_COUNT");
-  const std::string prefix = std::string("backplane/") + (restart ? restart : "0");
+  const std::string& prefix = job.prefix;
   std::shared_ptr<TcpStoreServer> server;
   Rendezvous result;
   try {
     if (serves) server = std::make_shared<TcpStoreServer>(static_cast<uint16_t>(port));
     auto [store, board_store] = connect_to_store(addr, port, agent_hosts, timeout, store_host);
-    std::shared_ptr<TcpStoreClient> liveness;
-    if (!agent_hosts) {
-      liveness = std::make_shared<TcpStoreClient>(addr, static_cast<uint16_t>(port), timeout, timeout, store_host);
-      liveness->set_when_closed(prefix + "/" + gone_key(this_process_key()), bytes_of("1"));
-    }
+    std::shared_ptr<KvStore> liveness;
+    if (!agent_hosts) liveness = liveness_connection(addr, port, timeout, store_host, prefix);
     result = meet(std::move(store), std::move(board_store), prefix, launch.rank, launch.world_size, timeout);
     result.liveness = std::move(liveness);
   } catch (const Error& e) {

@@ -67,6 +67,13 @@ struct Rendezvous {
 // in-process store. Throws on an unreachable store or port in use, naming host:port.
 Rendezvous rendezvous(const bpl_launch_info& launch);
 
+// BPL_JOIN=1: this process was started to join a running job (bpl_comm_join); its own world is itself.
+bool joining();
+
+// A joining process's way into the job: the job's store (backplane's own, at MASTER_ADDR and
+// BPL_STORE_PORT or MASTER_PORT) and a device its members can reach, without any rendezvous.
+Rendezvous rendezvous_to_join(const bpl_launch_info& launch);
+
 // The members of a new communicator (bpl_comm_create_from_store) meeting through the caller's `store`
 // on the runtime's `device`. Throws plugin::Error: TIMEOUT naming the members missing, MISMATCH.
 Rendezvous rendezvous_through(const bpl_store& store, int32_t rank, int32_t size, std::chrono::milliseconds timeout,

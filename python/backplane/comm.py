@@ -131,6 +131,14 @@ class Comm(_Handle):
         _check(operation("bpl_comm_shrink")(self._live(), failed, ctypes.byref(count), ctypes.byref(out)))
         return self._runtime._adopt(Comm(out.value, owned=True, runtime=self._runtime)), list(failed[:count.value])
 
+    @binds("bpl_comm_grow", [_P, _I32, ctypes.POINTER(_P)], since_minor=8)
+    def grow(self, joiners: int) -> "Comm":
+        """The members and `joiners` newcomers (Runtime.join in processes started with BPL_JOIN=1), the
+        newcomers after the members (destroyed as a split's is)."""
+        out = _P()
+        _check(operation("bpl_comm_grow")(self._live(), joiners, ctypes.byref(out)))
+        return self._runtime._adopt(Comm(out.value, owned=True, runtime=self._runtime))
+
     # -- collectives: blocking, or a Request with async_op=True --
 
     @binds("bpl_allreduce", [_P, _P, _P, _I64, _I32, _I32, _P])

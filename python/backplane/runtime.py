@@ -4,7 +4,7 @@ import ctypes
 from typing import Any, Dict, List, Optional, Sequence
 
 from ._abi import (_DEVICE_KINDS, _DTYPES, _MEMCPY_KIND, _CastArgs, _DeviceProperties, _ElementwiseArgs, _GemmArgs,
-                   _InitOptions, _ProgramOptions, _RuntimeInfo, _Tensor, _api, _check)
+                   _InitOptions, _ProgramOptions, _RuntimeInfo, _Tensor, _api, _check, binds, operation)
 from ._buffers import BufferLike, TensorLike, _Buffer, _tensor
 from .comm import Comm
 from .device_memory import DeviceMemory, _Handle
@@ -57,6 +57,14 @@ class Runtime:
         world = ctypes.c_void_p()
         _check(_api().bpl_comm_world(self._handle, ctypes.byref(world)))
         self.world = Comm(world.value, owned=False, runtime=self)
+
+    @binds("bpl_comm_join", [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)], since_minor=8)
+    def join(self) -> Comm:
+        """In a process started with BPL_JOIN=1 to join a running job: waits until its members admit it
+        (Comm.grow) and returns their communicator."""
+        out = ctypes.c_void_p()
+        _check(operation("bpl_comm_join")(self._live(), ctypes.byref(out)))
+        return self._adopt(Comm(out.value, owned=True, runtime=self))
 
     def describe(self) -> Dict[str, Any]:
         """bpl_runtime_describe as a dict (strings decoded)."""

@@ -213,7 +213,7 @@ TEST(AbiLayout, bpl_plugin_caps) {
 
 TEST(AbiLayout, bpl_plugin_api) {
   EXPECT_EQ(offsetof(bpl_plugin_api, struct_size), 0u);
-  EXPECT_EQ(sizeof(bpl_plugin_api), 400u);
+  EXPECT_EQ(sizeof(bpl_plugin_api), 416u);
   EXPECT_EQ(offsetof(bpl_plugin_api, abi_major), 8u);
   EXPECT_EQ(offsetof(bpl_plugin_api, abi_minor), 12u);
   EXPECT_EQ(offsetof(bpl_plugin_api, name), 16u);
@@ -268,7 +268,9 @@ TEST(AbiLayout, bpl_plugin_api) {
   EXPECT_EQ(offsetof(bpl_plugin_api, comm_revoke), 376u);
   EXPECT_EQ(offsetof(bpl_plugin_api, comm_agree), 384u);
   EXPECT_EQ(offsetof(bpl_plugin_api, comm_shrink), 392u);
-  EXPECT_NO_TRAILING_PADDING(bpl_plugin_api, comm_shrink);
+  EXPECT_EQ(offsetof(bpl_plugin_api, comm_grow), 400u);
+  EXPECT_EQ(offsetof(bpl_plugin_api, comm_join), 408u);
+  EXPECT_NO_TRAILING_PADDING(bpl_plugin_api, comm_join);
 }
 
 TEST(AbiLayout, FixedNumericValues) {

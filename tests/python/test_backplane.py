@@ -287,6 +287,13 @@ def revoke_agree_and_shrink(world):
     expect(one[0] == world.size, "allreduce after shrink: %d" % one[0])
     survivors.destroy()
     group.destroy()
+    # grow with no newcomer coming: TIMEOUT naming how many came (a newcomer: tests/system/survive_test.cpp)
+    lonely = world.split(color=0, key=world.rank)
+    lonely.set_timeout(300)
+    expect_error(lambda: lonely.grow(1), "BPL_ERR_TIMEOUT", "0 of the 1 newcomers came", "grow with no newcomer")
+    lonely.destroy()
+    expect_error(world._runtime.join, "BPL_ERR_INVALID_ARGUMENT", "BPL_JOIN=1",
+                 "join in a process not started to join")
 
 
 def every_kind_of_the_abi_is_a_method():

@@ -14,7 +14,7 @@ namespace backplane::test::faults {
 namespace {
 
 const std::string& bin_dir() {
-  static const std::string dir = env_text("BPL_BIN_DIR");
+  static const std::string dir = BPL_BIN_DIR;
   return dir;
 }
 
@@ -130,6 +130,8 @@ int unsupported() {
   report(r, "revoke", bpl_comm_revoke(r.world), start);
   report(r, "agree", bpl_comm_agree(r.world, &flags, nullptr, nullptr), start);
   report(r, "shrink", bpl_comm_shrink(r.world, nullptr, nullptr, &out), start);
+  report(r, "grow", bpl_comm_grow(r.world, 1, &out), start);
+  report(r, "join", bpl_comm_join(r.runtime, &out), start);
   report(r, "allreduce", bpl_allreduce(r.world, &flags, &flags, 1, BPL_DTYPE_I32, BPL_OP_SUM, nullptr), start);
   finalize(r);
   return 0;
@@ -406,12 +408,60 @@ TEST(SurviveUnderBplRun, RankZeroKilledTheOthersFinishAndTheJobSucceeds) {
   expect_nothing_left(token);
 }
 
-// MPI on Open MPI without ULFM: each is UNSUPPORTED, and the communicator still works.
+// Under bpl-run --replace: rank 1 killed; the survivors shrink, grow back with the newcomer bpl-run
+// starts in its place, hand it the state, and all three end with the uninterrupted run's parameters.
+TEST(SurviveUnderBplRun, ANewcomerReplacesAKilledRankAndTheJobEndsAtFullSize) {
+  const std::string token = unique_token();
+  const ProcessResult run =
+      run_process({bin_dir() + "/bpl-run", "--nproc-per-node", "3", "--replace", bin_dir() + "/elastic_sgd", "--replace",
+                   "--steps", "20", "--fail-rank", "1", "--fail-at", "7"},
+                  {{"BPL_BACKEND", "gloo"}, {"BPL_TIMEOUT_MS", "20000"}, {"BPL_TEST_JOB", token}}, std::chrono::seconds(90));
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("bpl-run: rank 1 (pid"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("starting a newcomer in its place"), std::string::npos) << run.output;
+  const Training t = training_of(run.output);
+  for (int rank : {0, 2}) {
+    EXPECT_TRUE(said(t, rank, "grown")) << run.output;
+    EXPECT_TRUE(said(t, rank, "3 rank(s) again")) << run.output;
+    EXPECT_TRUE(said(t, rank, "1 failure(s) survived, 1 step(s) redone, 3 rank(s) left")) << run.output;
+  }
+  EXPECT_NE(run.output.find("newcomer: joined as rank 2 of 3 at step 7"), std::string::npos) << run.output;
+  const size_t newcomer_done = run.output.find("newcomer: done: 20 steps");
+  ASSERT_NE(newcomer_done, std::string::npos) << run.output;
+  expect_trained_as_uninterrupted(t, {0, 2}, 20, run.output);
+  // The newcomer ends with the same parameters, bit for bit.
+  const std::string line = run.output.substr(newcomer_done, run.output.find('\n', newcomer_done) - newcomer_done);
+  std::istringstream values(line.substr(line.find("w =") + 3));
+  std::vector<double> w;
+  for (double v; values >> v;) w.push_back(v);
+  EXPECT_EQ(w, t.parameters.at(0)) << run.output;
+  expect_nothing_left(token);
+}
+
+// A newcomer that no member admits gives up at its timeout, saying so.
+TEST(SurviveUnderBplRun, ANewcomerNobodyAdmitsGivesUpAtItsTimeout) {
+  const int port = free_port(), store_port = free_port();
+  Process store = start_process({bin_dir() + "/bpl-store", "--port", std::to_string(store_port)}, {});
+  std::string said_text;
+  ASSERT_TRUE(wait_for_output(store, said_text, "listening", std::chrono::seconds(10))) << said_text;
+  const ProcessResult newcomer = run_process(
+      {bin_dir() + "/elastic_sgd"}, {{"BPL_BACKEND", "gloo"}, {"BPL_JOIN", "1"}, {"MASTER_ADDR", "127.0.0.1"},
+                                     {"MASTER_PORT", std::to_string(port)}, {"BPL_STORE_PORT", std::to_string(store_port)},
+                                     {"BPL_TIMEOUT_MS", "700"}});
+  kill(store.pid, SIGTERM);
+  finish_process(store, std::chrono::seconds(10));
+  EXPECT_EQ(newcomer.exit_code, 3) << newcomer.output;
+  EXPECT_NE(newcomer.output.find("no member of the job admitted this process (bpl_comm_grow) within 700 ms"),
+            std::string::npos)
+      << newcomer.output;
+}
+
+// MPI on Open MPI without ULFM: each (grow and join too) is UNSUPPORTED, and the communicator still works.
 TEST(SurviveMpi, RevokeAgreeAndShrinkAreUnsupportedAndLeaveTheCommunicatorWorking) {
   if (!mpi_backend_built()) GTEST_SKIP() << kNoMpi;
   const Job job = run_job("mpi", 2, "unsupported", {});
   for (int rank : {0, 1}) {
-    for (const char* call : {"revoke", "agree", "shrink"}) {
+    for (const char* call : {"revoke", "agree", "shrink", "grow", "join"}) {
       EXPECT_EVENT(job, rank, call, "BPL_ERR_UNSUPPORTED");
       EXPECT_NE(job.event(rank, call)->message.find("backend 'mpi'"), std::string::npos) << job.output;
     }

@@ -104,6 +104,22 @@ BPL_API bpl_status bpl_comm_agree(bpl_comm* comm, int32_t* flags, int32_t* faile
  * every one of them has the same new communicator. Errors: as bpl_comm_agree's. */
 BPL_API bpl_status bpl_comm_shrink(bpl_comm* comm, int32_t* failed, int32_t* num_failed, bpl_comm** out);
 
+/* The members of `comm` admit `joiners` new processes, each calling bpl_comm_join, into a communicator
+ * of comm's size + joiners in *out (NCCL's ncclCommGrow): the members keep their ranks; the newcomers
+ * get the next ones, in the order they came. Every member calls it with the same `joiners`; it waits for
+ * the newcomers up to comm's timeout. *out is owned by the caller (bpl_comm_destroy) and starts with
+ * comm's timeout. Errors: INVALID_ARGUMENT (joiners < 1), TIMEOUT (fewer newcomers came, named), REMOTE,
+ * UNSUPPORTED. */
+BPL_API bpl_status bpl_comm_grow(bpl_comm* comm, int32_t joiners, bpl_comm** out);
+
+/* In a process started to join a running job (a replacement): it was initialised with BPL_JOIN=1 and
+ * the job's MASTER_ADDR and store (BPL_STORE_PORT, or MASTER_PORT; bpl-run --replace sets them), and is
+ * a world of its own until this call. Waits, up to the runtime's timeout, until the job's members admit
+ * it (bpl_comm_grow); *out is then their communicator, this process's rank in it by bpl_comm_rank.
+ * *out is owned by the caller (bpl_comm_destroy). Errors: INVALID_ARGUMENT (not started to join),
+ * TIMEOUT (no member admitted it), REMOTE, UNSUPPORTED. */
+BPL_API bpl_status bpl_comm_join(bpl_runtime* runtime, bpl_comm** out);
+
 /* Common rules of the operations below:
  *  - counts are elements of `dtype` and must be >= 0; count * element size must fit in memory;
  *  - buffers may be NULL only when their count is 0; they must stay valid until the operation ends;

@@ -211,6 +211,10 @@ typedef struct bpl_plugin_api {
   bpl_status (*comm_agree)(bpl_plugin_comm* comm, int32_t* flags, int32_t* failed, int32_t* num_failed);
   /* As bpl_comm_shrink (`failed` as above); *out owned by the core until comm_destroy. */
   bpl_status (*comm_shrink)(bpl_plugin_comm* comm, int32_t* failed, int32_t* num_failed, bpl_plugin_comm** out);
+  /* As bpl_comm_grow (joiners >= 1) and bpl_comm_join (timeout_ms > 0 bounds it and is the new
+   * communicator's); *out owned by the core until comm_destroy. */
+  bpl_status (*comm_grow)(bpl_plugin_comm* comm, int32_t joiners, bpl_plugin_comm** out);
+  bpl_status (*comm_join)(bpl_plugin_runtime* rt, int64_t timeout_ms, bpl_plugin_comm** out);
 } bpl_plugin_api;
 
 /* The table's entries that start one operation on a communicator (each takes the communicator first and
