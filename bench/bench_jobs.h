@@ -93,18 +93,32 @@ inline std::string finish(const Started& process) {
 inline double min_of(const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); }
 inline double max_of(const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); }
 
-// argv with each of `defaults` ("--flag=value") added where the command line does not give that flag.
-inline std::vector<char*> with_defaults(int argc, char** argv, std::vector<std::string> defaults) {
-  static std::vector<std::string> kept;
-  kept = std::move(defaults);
+// A benchmark whose every repetition is one job, timed by the job itself (SetIterationTime), with the
+// min and max of the repetitions beside Google Benchmark's mean and median.
+inline benchmark::internal::Benchmark* one_job_per_repetition(benchmark::internal::Benchmark* b) {
+  return b->Iterations(1)
+      ->UseManualTime()
+      ->Unit(benchmark::kMillisecond)
+      ->ComputeStatistics("min", min_of)
+      ->ComputeStatistics("max", max_of);
+}
+
+// Runs the registered benchmarks with each of `defaults` ("--flag=value") added where the command line
+// does not give that flag; the exit status (2: a flag Google Benchmark does not know).
+inline int run_with_defaults(int argc, char** argv, std::vector<std::string> defaults) {
   std::vector<char*> args(argv, argv + argc);
-  for (std::string& flag : kept) {
+  for (std::string& flag : defaults) {
     const std::string name = flag.substr(0, flag.find('='));
     bool given = false;
     for (char* a : args) given = given || std::strncmp(a, name.c_str(), name.size()) == 0;
     if (!given) args.push_back(flag.data());
   }
-  return args;
+  int count = static_cast<int>(args.size());
+  benchmark::Initialize(&count, args.data());
+  if (benchmark::ReportUnrecognizedArguments(count, args.data())) return 2;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
 }
 
 }  // namespace backplane::bench

@@ -89,22 +89,10 @@ int main(int argc, char** argv) {
   for (const std::string how : {"kill", "stop", "replace"}) {
     for (int ranks : {2, 3, 4}) {
       for (const std::string path : {"shm", "tcp"}) {
-        benchmark::RegisterBenchmark((how + "/" + std::to_string(ranks) + "ranks/" + path).c_str(), BM_Recovery, how,
-                                     ranks, path)
-            ->Iterations(1)
-            ->UseManualTime()
-            ->Unit(benchmark::kMillisecond)
-            ->ComputeStatistics("min", min_of)
-            ->ComputeStatistics("max", max_of);
+        one_job_per_repetition(benchmark::RegisterBenchmark(
+            (how + "/" + std::to_string(ranks) + "ranks/" + path).c_str(), BM_Recovery, how, ranks, path));
       }
     }
   }
-  std::vector<char*> args = with_defaults(argc, argv, {"--benchmark_repetitions=5",
-                                                       "--benchmark_enable_random_interleaving=true"});
-  int count = static_cast<int>(args.size());
-  benchmark::Initialize(&count, args.data());
-  if (benchmark::ReportUnrecognizedArguments(count, args.data())) return 2;
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
+  return run_with_defaults(argc, argv, {"--benchmark_repetitions=5", "--benchmark_enable_random_interleaving=true"});
 }

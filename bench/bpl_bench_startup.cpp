@@ -129,20 +129,8 @@ int main(int argc, char** argv) {
     backends.insert(backends.end(), {"mpi", "raw_mpi"});
   }
   for (const std::string& backend : backends) {
-    benchmark::RegisterBenchmark(("startup/" + backend).c_str(), BM_Startup, backend)
-        ->Iterations(1)
-        ->UseManualTime()
-        ->Unit(benchmark::kMillisecond)
-        ->ComputeStatistics("min", min_of)
-        ->ComputeStatistics("max", max_of);
+    one_job_per_repetition(benchmark::RegisterBenchmark(("startup/" + backend).c_str(), BM_Startup, backend));
   }
   // Defaults of this benchmark, unless given: 10 repetitions, interleaved at random.
-  std::vector<char*> args = with_defaults(argc, argv, {"--benchmark_repetitions=10",
-                                                       "--benchmark_enable_random_interleaving=true"});
-  int count = static_cast<int>(args.size());
-  benchmark::Initialize(&count, args.data());
-  if (benchmark::ReportUnrecognizedArguments(count, args.data())) return 2;
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
+  return run_with_defaults(argc, argv, {"--benchmark_repetitions=10", "--benchmark_enable_random_interleaving=true"});
 }

@@ -1,4 +1,5 @@
-// Going on after a failure, with ULFM's semantics: revoke, agree and shrink a gloo communicator.
+// Going on after a failure, with ULFM's semantics: revoke, agree and shrink a gloo communicator, and
+// grow it again with newcomers (NCCL's ncclCommGrow), which join through the job's lobby (below).
 //
 // The job's store is the one arbiter. A revoke is recorded there before the connections are failed, so
 // that every member whose operation then fails reads who revoked it. An agreement is a round of keys:

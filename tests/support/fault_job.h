@@ -111,18 +111,20 @@ inline void sigkill_self_in(std::chrono::milliseconds delay) {
   }).detach();
 }
 
-// Stops this process (SIGSTOP) and has a helper process kill it `kill_after_ms` later, so that the job
-// always ends. Only async-signal-safe calls in the child: the parent has threads.
-inline void stop_self_until_killed(int64_t kill_after_ms) {
+// Stops this process (SIGSTOP) and has a helper process send it `then` (SIGKILL: the job always ends;
+// SIGCONT: it goes on) `after_ms` later. Only async-signal-safe calls in the child: the parent has threads.
+inline void stop_self_then(int64_t after_ms, int then) {
   const pid_t me = getpid();
   if (fork() == 0) {
-    struct timespec pause = {static_cast<time_t>(kill_after_ms / 1000), static_cast<long>(kill_after_ms % 1000) * 1000000};
+    struct timespec pause = {static_cast<time_t>(after_ms / 1000), static_cast<long>(after_ms % 1000) * 1000000};
     nanosleep(&pause, nullptr);
-    kill(me, SIGKILL);
+    kill(me, then);
     _exit(0);
   }
   raise(SIGSTOP);
 }
+
+inline void stop_self_until_killed(int64_t kill_after_ms) { stop_self_then(kill_after_ms, SIGKILL); }
 
 // Survivors, after the failure: a new operation on the failed communicator must fail at once.
 inline void retry_fails_at_once(const Rank& r) {

@@ -64,17 +64,7 @@ int revoke_then_agree() {
 // on without it, so it must not go on alone.
 int stopped_then_resumed() {
   Rank r = join();
-  if (r.rank == 2) {
-    const pid_t me = getpid();
-    const int64_t resume_after_ms = 3 * r.timeout_ms;
-    if (fork() == 0) {
-      struct timespec pause = {static_cast<time_t>(resume_after_ms / 1000), static_cast<long>(resume_after_ms % 1000) * 1000000};
-      nanosleep(&pause, nullptr);
-      kill(me, SIGCONT);
-      _exit(0);
-    }
-    raise(SIGSTOP);
-  }
+  if (r.rank == 2) stop_self_then(3 * r.timeout_ms, SIGCONT);
   int64_t value = 1;
   auto start = Clock::now();
   report(r, "allreduce", bpl_allreduce(r.world, &value, &value, 1, BPL_DTYPE_I64, BPL_OP_SUM, nullptr), start);
