@@ -1,5 +1,5 @@
 // The C API of communicators: the world, splits, ranks, timeouts, abort, and going on after a failure
-// (revoke, agree, shrink).
+// (revoke, agree, shrink; grow and join).
 #include <algorithm>
 #include <string>
 #include <vector>
