@@ -104,6 +104,23 @@ def main():
         expect(failed.returncode == 3, f"the failed rank's exit status: {failed.returncode}")
         expect("rank 1 (pid" in failed.stderr and "exited with code 3; stopping the 2 other ranks" in failed.stderr,
                f"the failure names the rank and counts the others: {failed.stderr!r}")
+        # --keep-going: the other ranks go on; the job's status is the first non-zero exit code.
+        write(folder, "goes_on.py", "import os, sys, time\nif os.environ['RANK'] == '1':\n    sys.exit(3)\n"
+                                    "time.sleep(1)\nprint('went on', os.environ['RANK'])\n")
+        kept = run(bpl_run, ["--nproc-per-node", "3", "--keep-going", "goes_on.py"], folder)
+        expect(kept.returncode == 3 and "went on 0" in kept.stdout and "went on 2" in kept.stdout,
+               f"--keep-going: the others go on, the status is the failed rank's: {kept.returncode} {kept.stdout!r}")
+        expect("rank 1 (pid" in kept.stderr and "the others go on (--keep-going)" in kept.stderr,
+               f"--keep-going names the failed rank: {kept.stderr!r}")
+        # A rank left stopped after the others ended would hold bpl-run forever: it is killed, named.
+        write(folder, "stops.py", "import os, signal\nif os.environ['RANK'] == '1':\n"
+                                  "    os.kill(os.getpid(), signal.SIGSTOP)\nprint('ended', os.environ['RANK'])\n")
+        stopped = run(bpl_run, ["--nproc-per-node", "2", "--keep-going", "--term-timeout", "1", "stops.py"], folder,
+                      timeout=30)
+        expect(stopped.returncode == 0 and "ended 0" in stopped.stdout,
+               f"--keep-going with a rank left stopped ends: {stopped.returncode} {stopped.stdout!r}")
+        expect("rank 1 (pid" in stopped.stderr and "is stopped and every other rank has ended; killing it" in stopped.stderr,
+               f"the stopped rank is named as it is killed: {stopped.stderr!r}")
         write(folder, "fails_alone.py", "import sys\nsys.exit(4)\n")
         alone = run(bpl_run, ["fails_alone.py"], folder)
         expect(alone.returncode == 4 and "stopping" not in alone.stderr,
