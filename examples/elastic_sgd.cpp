@@ -166,9 +166,13 @@ bool recover(Job& job, Training& t, bool replace, bool fail_now, Clock::time_poi
     return true;
   }
   job.use(grown);
-  // The newcomers get the state from rank 0; every rank then holds the same.
-  bpl_broadcast(job.comm, &t.done, 1, BPL_DTYPE_I64, 0, nullptr);
-  bpl_broadcast(job.comm, t.w.data(), kDim, BPL_DTYPE_F64, 0, nullptr);
+  // The newcomers get the state from rank 0; every rank then holds the same. Should that fail, the next
+  // step fails at once on this communicator, and the recovery runs again.
+  if (bpl_broadcast(job.comm, &t.done, 1, BPL_DTYPE_I64, 0, nullptr) != BPL_OK ||
+      bpl_broadcast(job.comm, t.w.data(), kDim, BPL_DTYPE_F64, 0, nullptr) != BPL_OK) {
+    std::printf("%s: handing the state over: %s\n", job.name.c_str(), bpl_last_error());
+    return true;
+  }
   std::printf("%s: grown %lld ms after the failure: %d rank(s) again\n", job.name.c_str(), ms_since(failed_at), job.size);
   return true;
 }
@@ -182,8 +186,8 @@ bool join_running_job(Job& job, Training& t) {
     return false;
   }
   job.use(joined);
-  bpl_broadcast(job.comm, &t.done, 1, BPL_DTYPE_I64, 0, nullptr);
-  if (bpl_broadcast(job.comm, t.w.data(), kDim, BPL_DTYPE_F64, 0, nullptr) != BPL_OK) {
+  if (bpl_broadcast(job.comm, &t.done, 1, BPL_DTYPE_I64, 0, nullptr) != BPL_OK ||
+      bpl_broadcast(job.comm, t.w.data(), kDim, BPL_DTYPE_F64, 0, nullptr) != BPL_OK) {
     std::printf("%s: receiving the state: %s\n", job.name.c_str(), bpl_last_error());
     return false;
   }

@@ -171,21 +171,24 @@ inline std::vector<std::string> segments_of(pid_t pid) {
   return found;
 }
 
-// Processes whose command line holds `token` (a job's unique argument): none may outlive its job.
-inline std::vector<pid_t> processes_with(const std::string& token) {
+// Processes whose /proc/<pid>/<file> ("cmdline", "environ": NUL-separated) holds `text`.
+inline std::vector<pid_t> processes_whose(const char* file, const std::string& text) {
   std::vector<pid_t> found;
   DIR* proc = opendir("/proc");
   if (proc == nullptr) return found;
   while (dirent* entry = readdir(proc)) {
     const pid_t pid = std::atoi(entry->d_name);
     if (pid <= 0) continue;
-    std::ifstream file("/proc/" + std::string(entry->d_name) + "/cmdline");
-    std::string cmdline((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
-    if (cmdline.find(token) != std::string::npos) found.push_back(pid);
+    std::ifstream in("/proc/" + std::string(entry->d_name) + "/" + file);
+    const std::string content((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (content.find(text) != std::string::npos) found.push_back(pid);
   }
   closedir(proc);
   return found;
 }
+
+// Processes whose command line holds `token` (a job's unique argument): none may outlive its job.
+inline std::vector<pid_t> processes_with(const std::string& token) { return processes_whose("cmdline", token); }
 
 inline void parse_events(Job& job) {
   const std::regex line(R"(rank (\d+): (\w+) (BPL_\w+) after (-?\d+) ms: ([^\n]*))");

@@ -179,25 +179,9 @@ std::string unique_token() {
 }
 
 std::vector<pid_t> processes_of_job(const std::string& token) {
-  const std::string wanted = "BPL_TEST_JOB=" + token;
-  std::vector<pid_t> found;
-  DIR* proc = opendir("/proc");
-  if (proc == nullptr) return found;
-  while (dirent* entry = readdir(proc)) {
-    const pid_t pid = std::atoi(entry->d_name);
-    if (pid <= 0) continue;
-    std::ifstream file("/proc/" + std::string(entry->d_name) + "/environ");
-    const std::string environ((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
-    for (size_t at = 0; at < environ.size(); at = environ.find('\0', at) + 1) {
-      if (environ.compare(at, std::string::npos, wanted.c_str(), wanted.size() + 1) == 0) {
-        found.push_back(pid);
-        break;
-      }
-      if (environ.find('\0', at) == std::string::npos) break;
-    }
-  }
-  closedir(proc);
-  return found;
+  // A whole entry of the environment, between the NULs that end its neighbours (never the first entry:
+  // these processes inherit the test's whole environment and get it added).
+  return processes_whose("environ", std::string("\0BPL_TEST_JOB=", 14) + token + std::string(1, '\0'));
 }
 
 void expect_nothing_left(const std::string& token) {
