@@ -7,6 +7,7 @@
 #include <mutex>
 
 #include "backplane/parallel/distributed.h"
+#include "world_renewal.h"
 
 namespace backplane::parallel {
 
@@ -119,6 +120,29 @@ void initialize_model_parallel(int tensor_model_parallel_size, int pipeline_mode
   mp->layout = std::move(layout);
   s.current = std::move(mp);
 }
+
+namespace detail {
+
+void rebuild_model_parallel() {
+  std::shared_ptr<const ModelParallel> old = require_initialized();
+  std::shared_ptr<ProcessGroup> world = get_world_group();
+  GroupLayout layout = compute_group_layout(world->size(), old->layout.tensor_parallel_size,
+                                            old->layout.pipeline_parallel_size);
+  auto mp = std::make_shared<ModelParallel>(*old);
+  mp->layout = std::move(layout);
+  // Every rank makes all three splits, in initialize_model_parallel's order: a newcomer initialising
+  // its state makes the same calls.
+  std::shared_ptr<ProcessGroup> tensor = split_for(*world, mp->layout.tensor_parallel);
+  std::shared_ptr<ProcessGroup> data = split_for(*world, mp->layout.data_parallel);
+  std::shared_ptr<ProcessGroup> pipeline = split_for(*world, mp->layout.pipeline_parallel);
+  renew_group(*mp->tensor, *tensor, false);
+  renew_group(*mp->data, *data, false);
+  renew_group(*mp->pipeline, *pipeline, false);
+  std::lock_guard<std::mutex> lock(state().mutex);
+  state().current = std::move(mp);
+}
+
+}  // namespace detail
 
 bool model_parallel_is_initialized() { return current() != nullptr; }
 

@@ -92,6 +92,8 @@ namespace detail {
 std::pair<int, int> model_build_turns(int sequential_move_factor) {
   bpl_runtime_info info = BPL_RUNTIME_INFO_INIT;
   bpl_runtime_describe(get_runtime(), &info);
+  // A newcomer builds alone while the members it joined wait for it: nothing to take turns with.
+  if (joined_running_job()) return {1, 0};
   const int local_rank = std::max(0, info.local_rank);
   at::Tensor most = at::full({1}, std::max(1, info.local_world_size), at::kInt);  // the fullest machine's ranks
   get_world_group()->all_reduce(most, ReduceOp::Max);
@@ -190,14 +192,29 @@ void ParallelOptimizer::zero_grad() {
 }
 
 void ParallelOptimizer::step() {
-  if (config_.sequence_parallel) allreduce_sequence_parallel_gradients(parameters_);
   if (zero_one()) {
+    if (config_.sequence_parallel) allreduce_sequence_parallel_gradients(parameters_);
     zero_one_step();
     return;
   }
+  reduce_gradients();
+  apply_gradients();
+}
+
+void ParallelOptimizer::reduce_gradients() {
+  if (zero_one()) {
+    throw Error(BPL_ERR_INVALID_ARGUMENT, "reduce_gradients: with ZeRO-1 the step is one piece: call step()");
+  }
+  if (config_.sequence_parallel) allreduce_sequence_parallel_gradients(parameters_);
   bucket_allreduce_gradients(parameters_, get_data_parallel_group(), config_.allreduce_bucket_cap_mb);
   if (config_.optimizer_config.grad_clipping) {
     grad_norm_ = clip_grad_norm(parameters_, config_.optimizer_config.max_grad_norm);
+  }
+}
+
+void ParallelOptimizer::apply_gradients() {
+  if (zero_one()) {
+    throw Error(BPL_ERR_INVALID_ARGUMENT, "apply_gradients: with ZeRO-1 the step is one piece: call step()");
   }
   base_->step();
 }

@@ -190,6 +190,27 @@ inline std::vector<pid_t> processes_whose(const char* file, const std::string& t
 // Processes whose command line holds `token` (a job's unique argument): none may outlive its job.
 inline std::vector<pid_t> processes_with(const std::string& token) { return processes_whose("cmdline", token); }
 
+// Each job's processes carry BPL_TEST_JOB=<its token> in their environment (the launcher's, the
+// store's, the ranks' and what they fork), by which none may outlive the job.
+inline std::string unique_token() {
+  static int jobs = 0;
+  return std::to_string(getpid()) + "-" + std::to_string(++jobs);
+}
+
+inline std::vector<pid_t> processes_of_job(const std::string& token) {
+  // A whole entry of the environment, between the NULs that end its neighbours (never the first entry:
+  // these processes inherit the test's whole environment and get it added).
+  return processes_whose("environ", std::string("\0BPL_TEST_JOB=", 14) + token + std::string(1, '\0'));
+}
+
+inline void expect_nothing_left(const std::string& token) {
+  for (int waited = 0; waited < 150 && !processes_of_job(token).empty(); ++waited) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_TRUE(processes_of_job(token).empty()) << "processes of the job outlived it";
+  for (pid_t pid : processes_of_job(token)) kill(pid, SIGKILL);
+}
+
 inline void parse_events(Job& job) {
   const std::regex line(R"(rank (\d+): (\w+) (BPL_\w+) after (-?\d+) ms: ([^\n]*))");
   for (std::sregex_iterator it(job.output.begin(), job.output.end(), line), end; it != end; ++it) {

@@ -112,6 +112,19 @@ def main():
                f"--keep-going: the others go on, the status is the failed rank's: {kept.returncode} {kept.stdout!r}")
         expect("rank 1 (pid" in kept.stderr and "the others go on (--keep-going)" in kept.stderr,
                f"--keep-going names the failed rank: {kept.stderr!r}")
+        # bpl-run's own lines reach a console that merges stdout and stderr whole, never inside a rank's
+        # line: rank 0 floods stdout while 7 others fail, each failure told on stderr.
+        write(folder, "floods.py", "import os, sys, time\nif os.environ['RANK'] != '0':\n    time.sleep(0.3)\n"
+                                   "    sys.exit(1)\nend = time.time() + 1.5\nwhile time.time() < end:\n"
+                                   "    sys.stdout.write('x' * 60 + '\\n'); sys.stdout.flush()\n")
+        for attempt in range(5):
+            merged = subprocess.run([bpl_run, "--nproc-per-node", "8", "--keep-going", "floods.py"], cwd=folder,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)
+            mixed = [line for line in merged.stdout.splitlines()
+                     if not re.fullmatch(r"\[rank0\]:x{60}|bpl-run: rank \d \(pid \d+\) exited with code 1; "
+                                         r"the others go on \(--keep-going\)", line)]
+            expect(merged.stdout.count("the others go on") == 7 and not mixed,
+                   f"bpl-run's lines whole amid a rank's (attempt {attempt + 1}): {mixed[:4]!r}")
         # A rank left stopped after the others ended would hold bpl-run forever: it is killed, named.
         write(folder, "stops.py", "import os, signal\nif os.environ['RANK'] == '1':\n"
                                   "    os.kill(os.getpid(), signal.SIGSTOP)\nprint('ended', os.environ['RANK'])\n")

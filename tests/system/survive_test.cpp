@@ -171,27 +171,6 @@ StoreJob run_with_own_store(const std::string& variant, int ranks, const std::ve
 
 std::vector<std::string> scenario(const std::string& name) { return {self_path(), "--worker=" + name}; }
 
-// Each job's processes carry BPL_TEST_JOB=<its token> in their environment (the launcher's, the
-// store's, the ranks' and what they fork), by which none may outlive the job.
-std::string unique_token() {
-  static int jobs = 0;
-  return std::to_string(getpid()) + "-" + std::to_string(++jobs);
-}
-
-std::vector<pid_t> processes_of_job(const std::string& token) {
-  // A whole entry of the environment, between the NULs that end its neighbours (never the first entry:
-  // these processes inherit the test's whole environment and get it added).
-  return processes_whose("environ", std::string("\0BPL_TEST_JOB=", 14) + token + std::string(1, '\0'));
-}
-
-void expect_nothing_left(const std::string& token) {
-  for (int waited = 0; waited < 150 && !processes_of_job(token).empty(); ++waited) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  EXPECT_TRUE(processes_of_job(token).empty()) << "processes of the job outlived it";
-  for (pid_t pid : processes_of_job(token)) kill(pid, SIGKILL);
-}
-
 // What elastic_sgd's ranks said: each rank's lines, and its parameters at the end.
 struct Training {
   std::map<int, std::vector<std::string>> lines;

@@ -6,6 +6,7 @@
 #include "backplane/parallel/activation_checkpoint.h"
 #include "backplane/parallel/checkpoint.h"
 #include "backplane/parallel/distributed.h"
+#include "backplane/parallel/elastic.h"
 #include "backplane/parallel/error.h"
 #include "backplane/parallel/grads.h"
 #include "backplane/parallel/layers.h"

@@ -21,7 +21,9 @@ struct InitOptions {
 };
 
 // Starts the backend and joins the job. Error if already initialised, or with bpl_init's status and
-// message (unknown backend, rendezvous timeout, …).
+// message (unknown backend, rendezvous timeout, …). A process started to replace a failed one
+// (BPL_JOIN=1: bpl-run --replace starts it so) waits here until the job's members admit it (an
+// ElasticTrainer's recovery, or ProcessGroup::grow on the world); its world is then theirs.
 void init_process_group(const InitOptions& options = {});
 bool is_initialized();
 // Destroys the model-parallel state, then leaves the job. Groups still held elsewhere become closed:
@@ -30,6 +32,8 @@ void destroy_process_group();
 
 // Error unless initialised.
 std::shared_ptr<ProcessGroup> get_world_group();
+// Whether this process was admitted into a running job by init_process_group (BPL_JOIN=1).
+bool joined_running_job();
 int get_rank();
 int get_world_size();
 // The loaded backend's name ("gloo", "mpi", "neuron").

@@ -34,6 +34,7 @@ bpl_dtype to_bpl_dtype(at::ScalarType type);
 class ProcessGroup;
 namespace detail {
 struct RuntimeLink;
+void renew_group(ProcessGroup& group, ProcessGroup& fresh, bool renumber);
 }
 
 // An operation in flight. Waiting returns once it has ended and throws if it failed; the tensors it
@@ -129,7 +130,33 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   std::string broadcast_bytes(const std::string& bytes, int root) const;
   std::vector<std::string> all_gather_bytes(const std::string& bytes) const;
 
+  // Going on after a member fails, with ULFM's semantics (bpl_comm_revoke, _agree, _shrink, _grow; see
+  // docs/faults.md). Error with BPL_ERR_UNSUPPORTED on a backend that cannot.
+  //
+  // Every member's operations on the group, in flight or later, fail at once with BPL_ERR_REVOKED.
+  void revoke() const;
+  // The AND of the flags of the members that take part, and the group ranks of those that failed, the
+  // same on every member that returns (a member failing during the call included).
+  struct Agreement {
+    int32_t flags = 0;
+    std::vector<int> failed;
+  };
+  Agreement agree(int32_t flags) const;
+  // The members alive, as a new group numbered in their order here; `failed` holds the group ranks of
+  // the others. Error (BPL_ERR_REMOTE) on a member the others counted out or that is cut off from the
+  // job's store: it must not go on.
+  struct Shrunk {
+    std::shared_ptr<ProcessGroup> group;
+    std::vector<int> failed;
+  };
+  Shrunk shrink() const;
+  // A group of the members and `joiners` newcomers (processes started with BPL_JOIN=1, whose
+  // init_process_group waits to be admitted), numbered after the members. Error with BPL_ERR_TIMEOUT if
+  // fewer came within the group's timeout. The newcomers' global ranks are numbered after the world's.
+  std::shared_ptr<ProcessGroup> grow(int joiners) const;
+
  private:
+  friend void detail::renew_group(ProcessGroup& group, ProcessGroup& fresh, bool renumber);
   struct Pending;
   Work start(Pending pending, bool async) const;
   Pending all_reduce_op(const at::Tensor& input, const at::Tensor& output, ReduceOp op) const;

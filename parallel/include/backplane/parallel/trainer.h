@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "backplane/parallel/activation_checkpoint.h"
+#include "backplane/parallel/distributed.h"
 #include "backplane/parallel/grads.h"
 #include "backplane/parallel/lora.h"
 #include "backplane/parallel/parallel_state.h"
@@ -157,7 +158,10 @@ auto initialize_parallel_model(const ParallelConfig& config, ModelFn&& model_fn)
   }
   const at::ScalarType dtype = apply_bf16_environment(*module);
   broadcast_from_data_parallel_source(*module);
-  if (config.lora_config.enable_lora) detail::load_lora_checkpoint(*module, config.lora_config);
+  // A newcomer's model is the members' as broadcast: it reads no checkpoint.
+  if (config.lora_config.enable_lora && !joined_running_job()) {
+    detail::load_lora_checkpoint(*module, config.lora_config);
+  }
   std::shared_ptr<PipelineEngine> pipeline;
   if constexpr (std::is_same_v<decltype(module), torch::nn::Sequential>) {
     if (config.pipeline_config.loss_fn) {
@@ -179,12 +183,18 @@ class ParallelOptimizer {
   ParallelOptimizer(const ParallelConfig& config, const Factory& make_optimizer, std::vector<at::Tensor> parameters);
 
   void step();
+  // step() in two halves, for a trainer that decides between them whether the step stands
+  // (ElasticTrainer): every collective of the step (gradients averaged over data parallelism and
+  // clipped), then the update, which is local. Not with ZeRO-1, whose update ends with a collective.
+  void reduce_gradients();
+  void apply_gradients();
   void zero_grad();
   // The global gradient norm of the last step: nullopt before the first step or with clipping off.
   std::optional<double> grad_norm() const { return grad_norm_; }
   torch::optim::Optimizer& base() { return *base_; }
   const std::vector<at::Tensor>& parameters() const { return parameters_; }
   bool zero_one() const { return !shards_.empty(); }
+  const ParallelConfig& config() const { return config_; }
   // Bytes of the wrapped optimizer's state on this rank (its serialised size: moments, step counts), for
   // comparing sharded and unsharded optimizers; and of the fp32 master shards ZeRO-1 keeps besides.
   int64_t state_bytes() const;

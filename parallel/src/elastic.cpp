@@ -1,0 +1,237 @@
+// ElasticTrainer: a step, its commit, and the recovery after a rank fails.
+#include "backplane/parallel/elastic.h"
+
+#include <ATen/ATen.h>
+#include <torch/serialize/archive.h>
+
+#include <cstdio>
+#include <set>
+#include <sstream>
+
+#include "backplane/parallel/distributed.h"
+#include "world_renewal.h"
+
+namespace backplane::parallel {
+namespace {
+
+// The statuses by which a step learns that another rank failed (or was found failed by another).
+bool is_a_rank_failure(bpl_status status) {
+  return status == BPL_ERR_REMOTE || status == BPL_ERR_TIMEOUT || status == BPL_ERR_REVOKED ||
+         status == BPL_ERR_ABORTED;
+}
+
+std::string list(const std::vector<int>& ranks) {
+  std::string text;
+  for (size_t i = 0; i < ranks.size(); ++i) text += (i == 0 ? "" : ", ") + std::to_string(ranks[i]);
+  return "[" + text + "]";
+}
+
+// The world, then the model-parallel groups: every group a member may be blocked in.
+std::vector<GroupPtr> every_group() {
+  std::vector<GroupPtr> groups{get_world_group()};
+  if (model_parallel_is_initialized()) {
+    groups.push_back(get_tensor_model_parallel_group());
+    groups.push_back(get_data_parallel_group());
+    groups.push_back(get_pipeline_model_parallel_group());
+  }
+  return groups;
+}
+
+std::string optimizer_state(const ParallelOptimizer& optimizer) {
+  torch::serialize::OutputArchive archive;
+  optimizer.save(archive);
+  std::ostringstream bytes;
+  archive.save_to(bytes);
+  return bytes.str();
+}
+
+void load_optimizer_state(ParallelOptimizer& optimizer, const std::string& state) {
+  std::istringstream bytes(state);
+  torch::serialize::InputArchive archive;
+  archive.load_from(bytes);
+  optimizer.load(archive);
+}
+
+// What the members tell a newcomer besides the model and the optimizer: the step to go on from, and
+// the options it must share.
+at::Tensor job_facts(int64_t steps_done, const ElasticOptions& options) {
+  return at::tensor({steps_done, options.global_batch_size, static_cast<int64_t>(options.replace)}, at::kLong);
+}
+
+}  // namespace
+
+ElasticTrainer::ElasticTrainer(torch::nn::Module& module, ParallelOptimizer& optimizer, ElasticOptions options)
+    : module_(module), optimizer_(optimizer), options_(std::move(options)) {
+  if (optimizer_.zero_one()) {
+    throw Error(BPL_ERR_INVALID_ARGUMENT, "ElasticTrainer: zero_one_enabled is not supported: a rank's shard of the "
+                                          "optimizer state would be lost with it");
+  }
+  if (get_pipeline_model_parallel_size() != 1) {
+    throw Error(BPL_ERR_INVALID_ARGUMENT, "ElasticTrainer: pipeline_parallel_size " +
+                                              std::to_string(get_pipeline_model_parallel_size()) +
+                                              " is not supported: expected 1");
+  }
+  if (options_.global_batch_size < get_data_parallel_size()) {
+    throw Error(BPL_ERR_INVALID_ARGUMENT, "ElasticTrainer: global_batch_size " +
+                                              std::to_string(options_.global_batch_size) +
+                                              " must be >= the data-parallel size " +
+                                              std::to_string(get_data_parallel_size()));
+  }
+  at::Tensor facts = job_facts(0, options_);
+  if (joined_running_job()) {
+    // The members' hand_over(), after initialize_parallel_model's broadcast of the parameters.
+    const std::string state = get_data_parallel_group()->broadcast_bytes("", 0);
+    load_optimizer_state(optimizer_, state);
+    get_world_group()->broadcast(facts, 0);
+    steps_done_ = facts[0].item<int64_t>();
+    say("joined the job at step " + std::to_string(steps_done_) + " as rank " + std::to_string(get_rank()) + " of " +
+        std::to_string(get_world_size()));
+  } else {
+    get_world_group()->broadcast(facts, 0);
+  }
+  if (facts[1].item<int64_t>() != options_.global_batch_size || facts[2].item<int64_t>() != options_.replace) {
+    throw Error(BPL_ERR_MISMATCH, "ElasticTrainer: rank " + std::to_string(get_rank()) + " has global_batch_size " +
+                                      std::to_string(options_.global_batch_size) + " and replace " +
+                                      std::to_string(options_.replace) + ", rank 0 " +
+                                      std::to_string(facts[1].item<int64_t>()) + " and " +
+                                      std::to_string(facts[2].item<int64_t>()));
+  }
+}
+
+BatchShare ElasticTrainer::share() const {
+  const int64_t replicas = get_data_parallel_size(), replica = get_data_parallel_rank();
+  const int64_t rows = options_.global_batch_size;
+  BatchShare share;
+  share.step = steps_done_;
+  share.begin = rows * replica / replicas;
+  share.end = rows * (replica + 1) / replicas;
+  share.loss_scale = static_cast<double>(replicas * (share.end - share.begin)) / static_cast<double>(rows);
+  return share;
+}
+
+void ElasticTrainer::say(const std::string& line) const {
+  if (options_.report) {
+    options_.report(line);
+  } else {
+    std::fprintf(stderr, "%s\n", rmsg(line).c_str());
+  }
+}
+
+bool ElasticTrainer::step(const std::function<void(const BatchShare&)>& forward_backward) {
+  if (left_) throw Error(BPL_ERR_INVALID_ARGUMENT, "ElasticTrainer::step: this rank has left the job");
+  const int64_t this_step = steps_done_;
+  while (!attempt(forward_backward)) {
+    if (!recover()) return false;
+    if (steps_done_ > this_step) return true;  // it completed elsewhere, and here by recover()
+    ++steps_redone_;
+  }
+  return true;
+}
+
+bool ElasticTrainer::attempt(const std::function<void(const BatchShare&)>& forward_backward) {
+  holds_reduced_step_ = false;
+  optimizer_.zero_grad();
+  try {
+    forward_backward(share());
+    optimizer_.reduce_gradients();
+    holds_reduced_step_ = true;
+    // The commit: it completes on a rank only once every rank has come to it with reduced gradients.
+    at::Tensor committed = at::ones({1}, at::kInt);
+    get_world_group()->all_reduce(committed, ReduceOp::Min);
+  } catch (const Error& e) {
+    if (!is_a_rank_failure(e.status())) throw;
+    say("step " + std::to_string(steps_done_) + " failed: " + e.what());
+    return false;
+  }
+  optimizer_.apply_gradients();
+  holds_reduced_step_ = false;
+  ++steps_done_;
+  return true;
+}
+
+bool ElasticTrainer::recover() {
+  for (;;) {
+    ++failures_;
+    for (const GroupPtr& group : every_group()) {
+      try {
+        group->revoke();  // releases the members still waiting in it
+      } catch (const Error&) {
+      }
+    }
+    const std::shared_ptr<ProcessGroup> world = get_world_group();
+    const int old_size = world->size(), old_rank = world->rank();
+    const int tp = get_tensor_model_parallel_size();
+    // An error here (the others counted this rank out, or it cannot reach the job's store) ends it.
+    ProcessGroup::Shrunk shrunk = world->shrink();
+    try {
+      std::set<int> broken;  // the replicas (tp consecutive ranks) that lost a rank
+      for (int rank : shrunk.failed) broken.insert(rank / tp);
+      say("ranks " + list(shrunk.failed) + " of " + std::to_string(old_size) + " failed; " +
+          std::to_string(shrunk.group->size()) + " survive");
+      GroupPtr survivors = shrunk.group;
+      if (tp > 1 && !broken.empty()) {
+        const bool intact = broken.count(old_rank / tp) == 0;
+        survivors = survivors->split(intact ? 0 : BPL_COLOR_UNDEFINED, survivors->rank());
+        if (!intact) {
+          left_ = true;
+          say("leaves the job: its tensor-parallel replica lost a rank");
+          return false;
+        }
+      }
+      detail::renew_world(*survivors);
+      roll_forward();
+      const int lost = old_size - world->size();
+      bool grown = false;
+      if (options_.replace && lost > 0) {
+        try {
+          GroupPtr larger = world->grow(lost);
+          detail::renew_world(*larger);
+          grown = true;
+        } catch (const Error& e) {
+          say("no newcomers (" + std::string(e.what()) + "): going on at " + std::to_string(world->size()) +
+              " rank(s)");
+        }
+      }
+      detail::rebuild_model_parallel();
+      if (grown) hand_over();
+      say("going on at " + std::to_string(world->size()) + " rank(s), " + std::to_string(get_data_parallel_size()) +
+          " replica(s), from step " + std::to_string(steps_done_) + (grown ? ", newcomers admitted" : ""));
+      return true;
+    } catch (const Error& e) {
+      if (!is_a_rank_failure(e.status())) throw;
+      say("another failure while going on: " + std::string(e.what()));
+    }
+  }
+}
+
+// The survivors agree on the steps done: one whose commit failed after another's completed applies the
+// step it holds (every rank came to that commit with reduced gradients).
+void ElasticTrainer::roll_forward() {
+  at::Tensor most = at::full({1}, steps_done_, at::kLong);
+  get_world_group()->all_reduce(most, ReduceOp::Max);
+  const int64_t done_somewhere = most.item<int64_t>();
+  if (done_somewhere == steps_done_) {
+    holds_reduced_step_ = false;
+    return;
+  }
+  if (done_somewhere != steps_done_ + 1 || !holds_reduced_step_) {
+    throw Error(BPL_ERR_INTERNAL, "ElasticTrainer: step " + std::to_string(done_somewhere - 1) +
+                                      " completed on another rank, but this rank (at step " +
+                                      std::to_string(steps_done_) + ") does not hold its gradients");
+  }
+  optimizer_.apply_gradients();
+  holds_reduced_step_ = false;
+  ++steps_done_;
+  say("applied step " + std::to_string(steps_done_ - 1) + ", which completed on another rank");
+}
+
+// To the newcomers, in the order their initialisation receives it (see the constructor).
+void ElasticTrainer::hand_over() {
+  broadcast_from_data_parallel_source(module_);
+  GroupPtr dp = get_data_parallel_group();
+  dp->broadcast_bytes(dp->rank() == 0 ? optimizer_state(optimizer_) : std::string(), 0);
+  at::Tensor facts = job_facts(steps_done_, options_);
+  get_world_group()->broadcast(facts, 0);
+}
+
+}  // namespace backplane::parallel
