@@ -1,14 +1,21 @@
 // bpl-bench-recovery: how fast a data-parallel training goes on after it loses a rank. Each repetition
-// runs examples/elastic_sgd as a job under bpl-run --keep-going; one rank fails in step 5 and the
-// survivors revoke, shrink (bpl_comm_shrink) and redo that step. Its time is from the failure (the
-// failing rank's last word, on the machine's monotonic clock) to the last survivor's next completed step:
+// runs a training as a job under bpl-run --keep-going; one rank fails in step 5 and the survivors
+// revoke, shrink and redo that step. Its time is from the failure (the failing rank's last word, on the
+// machine's monotonic clock) to the last survivor's next completed step. The training is
 //
-//   kill/<ranks>ranks/<path>   the rank is SIGKILLed: its peers see its connections end at once
-//   stop/<ranks>ranks/<path>   the rank is SIGSTOPped: found at the communicator's timeout, then counted
-//                              out by the survivors' agreement at the next (BPL_TIMEOUT_MS=1000 here)
-//   replace/<ranks>ranks/<path> killed, and bpl-run --replace starts a newcomer in its place: the survivors
-//                              shrink, then grow back and hand it the state; the time is to the first
-//                              step done at full size again (a process started, bpl_init, join)
+//   sgd/…     examples/elastic_sgd: a linear model on backplane's C API (bpl_comm_shrink, _grow)
+//   torch/…   examples/elastic_train: an MLP with Adam through the LibTorch frontend's ElasticTrainer
+//             (measured where the frontend is built)
+//
+// and the failure
+//
+//   …/kill/<ranks>ranks/<path>    the rank is SIGKILLed: its peers see its connections end at once
+//   …/stop/<ranks>ranks/<path>    the rank is SIGSTOPped: found at the communicator's timeout, then counted
+//                                 out by the survivors' agreement at the next (BPL_TIMEOUT_MS=1000 here)
+//   …/replace/<ranks>ranks/<path> killed, and bpl-run --replace starts a newcomer in its place: the
+//                                 survivors shrink, then grow back and hand it the state; the time is to
+//                                 the first step done at full size again (a process started, its
+//                                 initialisation, join)
 //
 // <path> is shm (every rank on this machine: shared memory) or tcp (BPL_GLOO_SHM=0: Gloo's TCP pairs).
 // Counters: steps_redone (the target is 1: only the step in flight), ranks_left. Repetitions of the
@@ -16,6 +23,8 @@
 #include <benchmark/benchmark.h>
 
 #include <signal.h>
+
+#include <unistd.h>
 
 #include <regex>
 #include <string>
@@ -36,18 +45,18 @@ struct Recovery {
   double ranks_left = 0;
 };
 
-Recovery run_once(const std::string& how, int ranks, const std::string& path) {
+Recovery run_once(const std::string& program, const std::string& how, int ranks, const std::string& path) {
   std::map<std::string, std::string> env{{"BPL_BACKEND", "gloo"}};
   if (path == "tcp") env["BPL_GLOO_SHM"] = "0";
   if (how == "stop") env["BPL_TIMEOUT_MS"] = std::to_string(kStoppedTimeoutMs);
   const bool replace = how == "replace";
   std::vector<std::string> argv{bpl_run(), "--nproc-per-node", std::to_string(ranks), replace ? "--replace" : "--keep-going",
-                                bin_dir() + "/elastic_sgd", "--steps", "12", "--fail-rank", std::to_string(ranks - 1),
+                                bin_dir() + "/" + program, "--steps", "12", "--fail-rank", std::to_string(ranks - 1),
                                 "--fail-at", std::to_string(kFailAt), "--fail-how", replace ? "kill" : how};
   if (replace) argv.push_back("--replace");
   const std::string output = finish(start(argv, env));
-  static const std::regex failing(R"(failing in step \d+ \(\w+\) at ([\d.]+) ms of the monotonic clock)");
-  static const std::regex resumed(R"(resumed: step \d+ done \d+ ms after the failure, at ([\d.]+) ms)");
+  static const std::regex failing(R"(failing in step \d+ \([^)]*\) at ([\d.]+) ms of the monotonic clock)");
+  static const std::regex resumed(R"(resumed: step \d+ done (?:\d+ ms after the failure, )?at ([\d.]+) ms)");
   static const std::regex done(R"(done: \d+ steps, \d+ failure\(s\) survived, (\d+) step\(s\) redone, (\d+) rank)");
   std::smatch m;
   if (!std::regex_search(output, m, failing)) throw std::runtime_error("no rank failed:\n" + output);
@@ -68,10 +77,11 @@ Recovery run_once(const std::string& how, int ranks, const std::string& path) {
   return r;
 }
 
-void BM_Recovery(benchmark::State& state, const std::string& how, int ranks, const std::string& path) {
+void BM_Recovery(benchmark::State& state, const std::string& program, const std::string& how, int ranks,
+                 const std::string& path) {
   for (auto _ : state) {
     try {
-      const Recovery r = run_once(how, ranks, path);
+      const Recovery r = run_once(program, how, ranks, path);
       state.SetIterationTime(r.seconds);
       state.counters["steps_redone"] = r.steps_redone;
       state.counters["ranks_left"] = r.ranks_left;
@@ -86,11 +96,16 @@ void BM_Recovery(benchmark::State& state, const std::string& how, int ranks, con
 
 int main(int argc, char** argv) {
   ::signal(SIGPIPE, SIG_IGN);
-  for (const std::string how : {"kill", "stop", "replace"}) {
-    for (int ranks : {2, 3, 4}) {
-      for (const std::string path : {"shm", "tcp"}) {
-        one_job_per_repetition(benchmark::RegisterBenchmark(
-            (how + "/" + std::to_string(ranks) + "ranks/" + path).c_str(), BM_Recovery, how, ranks, path));
+  std::vector<std::pair<std::string, std::string>> trainings{{"sgd", "elastic_sgd"}};
+  if (::access((bin_dir() + "/elastic_train").c_str(), X_OK) == 0) trainings.emplace_back("torch", "elastic_train");
+  for (const auto& [name, program] : trainings) {
+    for (const std::string how : {"kill", "stop", "replace"}) {
+      for (int ranks : {2, 3, 4}) {
+        for (const std::string path : {"shm", "tcp"}) {
+          one_job_per_repetition(benchmark::RegisterBenchmark(
+              (name + "/" + how + "/" + std::to_string(ranks) + "ranks/" + path).c_str(), BM_Recovery, program, how,
+              ranks, path));
+        }
       }
     }
   }

@@ -53,7 +53,7 @@ void load_optimizer_state(ParallelOptimizer& optimizer, const std::string& state
 }
 
 // What the members tell a newcomer besides the model and the optimizer: the step to go on from, and
-// the options it must share.
+// the options it must share with them.
 at::Tensor job_facts(int64_t steps_done, const ElasticOptions& options) {
   return at::tensor({steps_done, options.global_batch_size, static_cast<int64_t>(options.replace)}, at::kLong);
 }
@@ -77,24 +77,36 @@ ElasticTrainer::ElasticTrainer(torch::nn::Module& module, ParallelOptimizer& opt
                                               " must be >= the data-parallel size " +
                                               std::to_string(get_data_parallel_size()));
   }
-  at::Tensor facts = job_facts(0, options_);
   if (joined_running_job()) {
     // The members' hand_over(), after initialize_parallel_model's broadcast of the parameters.
-    const std::string state = get_data_parallel_group()->broadcast_bytes("", 0);
-    load_optimizer_state(optimizer_, state);
+    load_optimizer_state(optimizer_, get_data_parallel_group()->broadcast_bytes("", 0));
+    at::Tensor facts = job_facts(0, options_);
     get_world_group()->broadcast(facts, 0);
     steps_done_ = facts[0].item<int64_t>();
+    if (facts[1].item<int64_t>() != options_.global_batch_size || facts[2].item<int64_t>() != options_.replace) {
+      throw Error(BPL_ERR_MISMATCH, "ElasticTrainer: this newcomer has global_batch_size " +
+                                        std::to_string(options_.global_batch_size) + " and replace " +
+                                        std::to_string(options_.replace) + ", the job " +
+                                        std::to_string(facts[1].item<int64_t>()) + " and " +
+                                        std::to_string(facts[2].item<int64_t>()));
+    }
     say("joined the job at step " + std::to_string(steps_done_) + " as rank " + std::to_string(get_rank()) + " of " +
         std::to_string(get_world_size()));
-  } else {
-    get_world_group()->broadcast(facts, 0);
+    return;
   }
-  if (facts[1].item<int64_t>() != options_.global_batch_size || facts[2].item<int64_t>() != options_.replace) {
-    throw Error(BPL_ERR_MISMATCH, "ElasticTrainer: rank " + std::to_string(get_rank()) + " has global_batch_size " +
-                                      std::to_string(options_.global_batch_size) + " and replace " +
-                                      std::to_string(options_.replace) + ", rank 0 " +
-                                      std::to_string(facts[1].item<int64_t>()) + " and " +
-                                      std::to_string(facts[2].item<int64_t>()));
+  // Every rank learns whether any two disagree: the smallest and the largest of each option.
+  at::Tensor range = at::tensor({options_.global_batch_size, -options_.global_batch_size,
+                                 static_cast<int64_t>(options_.replace), -static_cast<int64_t>(options_.replace)},
+                                at::kLong);
+  get_world_group()->all_reduce(range, ReduceOp::Min);
+  const auto value = [&](int i) { return range[i].item<int64_t>(); };
+  if (value(0) != -value(1) || value(2) != -value(3)) {
+    throw Error(BPL_ERR_MISMATCH, "ElasticTrainer: the ranks disagree: global_batch_size from " +
+                                      std::to_string(value(0)) + " to " + std::to_string(-value(1)) +
+                                      ", replace from " + std::to_string(value(2)) + " to " +
+                                      std::to_string(-value(3)) + " (rank " + std::to_string(get_rank()) + ": " +
+                                      std::to_string(options_.global_batch_size) + " and " +
+                                      std::to_string(options_.replace) + ")");
   }
 }
 

@@ -1,6 +1,7 @@
 #!/bin/sh
 # The installed tree works on its own, as embedders use it: install to a fresh prefix, then
 #  - bin/ holds the tools alone (no examples, tests or benchmarks), each saying its version;
+#  - the programs in libexec/backplane/ find their libraries, and one trains on two ranks;
 #  - build examples/embed.c with nothing but pkg-config (no rpath or LD_LIBRARY_PATH of ours), and run
 #    it on two ranks with the installed launcher (plugin from the prefix);
 #  - build it (and a program on the LibTorch frontend, if installed) with nothing but find_package;
@@ -35,6 +36,15 @@ tools=$(ls "$prefix/bin" | tr '\n' ' ')
 for tool in "$prefix"/bin/*; do
   "$tool" --version | grep -q "(backplane) $version" || { echo "$tool --version does not say $version"; exit 1; }
 done
+
+# libexec/backplane/ holds what other programs run (bpl-run's store, the benchmarks and their
+# workloads): each finds its libraries from there, and the recovery benchmark's workload trains.
+for program in "$prefix"/libexec/backplane/*; do
+  missing=$(ldd "$program" | grep "not found" || true)
+  [ -z "$missing" ] || { echo "$program does not find its libraries: $missing"; exit 1; }
+done
+NXD_CPU_MODE=1 "$prefix/bin/bpl-run" --nproc-per-node 2 "$prefix/libexec/backplane/elastic_sgd" --steps 3 \
+  | grep -q "rank 1: done: 3 steps" || { echo "the installed elastic_sgd did not train"; exit 1; }
 
 info=$("$prefix/bin/bpl-info")
 echo "$info"
