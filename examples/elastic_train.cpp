@@ -22,6 +22,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <string>
 #include <thread>
@@ -65,22 +66,33 @@ double monotonic_ms() {
   return static_cast<double>(now.tv_sec) * 1e3 + static_cast<double>(now.tv_nsec) / 1e6;
 }
 
-// Kills or stops this process `delay_us` from now, from a thread of its own, wherever the training then
-// is. A stopped one is killed by a helper process after 4 timeouts, by when the others went on.
+// Kills or stops this process `delay_us` from now, wherever the training then is: the kernel sends the
+// signal when a timer expires (no thread of ours need be scheduled in time). A stopped one is killed by
+// a helper process after 4 timeouts, by when the others went on.
 void fail_after(const std::string& how, int64_t delay_us, int64_t timeout_ms) {
-  std::thread([how, delay_us, timeout_ms] {
-    std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
-    if (how == "kill") raise(SIGKILL);
-    const pid_t me = getpid();
-    if (fork() == 0) {  // only async-signal-safe calls in the child
-      const int64_t ms = 4 * timeout_ms;
-      struct timespec pause = {static_cast<time_t>(ms / 1000), static_cast<long>(ms % 1000) * 1000000};
-      nanosleep(&pause, nullptr);
-      kill(me, SIGKILL);
-      _exit(0);
-    }
-    raise(SIGSTOP);
-  }).detach();
+  const int signal = how == "kill" ? SIGKILL : SIGSTOP;
+  const pid_t me = getpid();
+  if (signal == SIGSTOP && fork() == 0) {  // only async-signal-safe calls in the child
+    const int64_t us = delay_us + 4 * timeout_ms * 1000;
+    struct timespec pause = {static_cast<time_t>(us / 1000000), static_cast<long>(us % 1000000) * 1000};
+    nanosleep(&pause, nullptr);
+    kill(me, SIGKILL);
+    _exit(0);
+  }
+  if (delay_us == 0) {
+    raise(signal);
+    return;
+  }
+  sigevent event{};
+  event.sigev_notify = SIGEV_SIGNAL;
+  event.sigev_signo = signal;
+  timer_t timer;
+  itimerspec when{};
+  when.it_value = {static_cast<time_t>(delay_us / 1000000), static_cast<long>(delay_us % 1000000) * 1000};
+  if (timer_create(CLOCK_MONOTONIC, &event, &timer) != 0 || timer_settime(timer, 0, &when, nullptr) != 0) {
+    std::perror("elastic_train: arming the failure");
+    std::exit(2);
+  }
 }
 
 // The whole model's parameters, tensor-parallel partitions put back together, as text.

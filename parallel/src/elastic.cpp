@@ -195,13 +195,19 @@ bool ElasticTrainer::recover() {
       const int lost = old_size - world->size();
       bool grown = false;
       if (options_.replace && lost > 0) {
+        GroupPtr larger;
         try {
-          GroupPtr larger = world->grow(lost);
+          larger = world->grow(lost);
+        } catch (const Error& e) {
+          say("no newcomers: " + std::string(e.what()));
+        }
+        // The survivors go on at one size: the newcomers are kept only if every survivor admitted them
+        // (one may have seen its wait for them end just as they came).
+        if (world->agree(larger ? 1 : 0).flags == 1) {
           detail::renew_world(*larger);
           grown = true;
-        } catch (const Error& e) {
-          say("no newcomers (" + std::string(e.what()) + "): going on at " + std::to_string(world->size()) +
-              " rank(s)");
+        } else if (larger) {
+          say("not every survivor admitted the newcomers: going on without them");
         }
       }
       detail::rebuild_model_parallel();

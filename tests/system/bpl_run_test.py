@@ -112,6 +112,25 @@ def main():
                f"--keep-going: the others go on, the status is the failed rank's: {kept.returncode} {kept.stdout!r}")
         expect("rank 1 (pid" in kept.stderr and "the others go on (--keep-going)" in kept.stderr,
                f"--keep-going names the failed rank: {kept.stderr!r}")
+        # --replace: a replaced rank's status is its newcomer's.
+        write(folder, "replaced.py", "import os, sys, time\nif os.environ.get('BPL_JOIN') == '1':\n"
+                                     "    print('newcomer'); sys.exit(int(os.environ['NEWCOMER_STATUS']))\n"
+                                     "if os.environ['RANK'] == '1':\n    sys.exit(3)\ntime.sleep(1)\n")
+        for newcomer_status in (0, 5):
+            replaced = subprocess.run([bpl_run, "--nproc-per-node", "3", "--replace", "replaced.py"], cwd=folder,
+                                      capture_output=True, text=True, timeout=60,
+                                      env=dict(os.environ, NEWCOMER_STATUS=str(newcomer_status)))
+            expect(replaced.returncode == newcomer_status and "newcomer" in replaced.stdout,
+                   f"--replace: the job's status is the newcomer's ({newcomer_status}), not the replaced rank's: "
+                   f"{replaced.returncode} {replaced.stdout!r} {replaced.stderr!r}")
+        # A rank that fails once every other has ended gets no newcomer: nobody is left to admit one.
+        write(folder, "fails_last.py", "import os, sys, time\nif os.environ.get('BPL_JOIN') == '1':\n"
+                                       "    print('newcomer')\n    sys.exit(0)\nif os.environ['RANK'] == '1':\n"
+                                       "    time.sleep(0.5)\n    sys.exit(3)\n")
+        last = run(bpl_run, ["--nproc-per-node", "2", "--replace", "fails_last.py"], folder)
+        expect(last.returncode == 3 and "newcomer" not in last.stdout
+               and "no other rank is running, none to admit a newcomer" in last.stderr,
+               f"--replace starts no newcomer once no rank is left: {last.returncode} {last.stdout!r} {last.stderr!r}")
         # bpl-run's own lines reach a console that merges stdout and stderr whole, never inside a rank's
         # line: rank 0 floods stdout while 7 others fail, each failure told on stderr.
         write(folder, "floods.py", "import os, sys, time\nif os.environ['RANK'] != '0':\n    time.sleep(0.3)\n"
