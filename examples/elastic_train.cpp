@@ -10,10 +10,11 @@
 //
 // --fail-rank R --fail-at S make rank R fail in step S: --fail-how kill (SIGKILL) or stop (SIGSTOP:
 // found at the timeout, BPL_TIMEOUT_MS), --fail-delay-us D microseconds into the step (anywhere in its
-// forward, backward, reductions or commit); --fail-also R2 kills rank R2 as it starts to recover, a
-// second failure while the survivors shrink. Each rank prints what it went through, one line per event,
-// and at the end the whole model's parameters. A rank whose tensor-parallel replica lost a rank leaves
-// the job with status 3 (bpl-run --replace then starts a newcomer in its place too).
+// forward, backward, reductions or commit); --fail-also R2 kills rank R2 as the others recover, a second
+// failure while they shrink or (--fail-also-during grow) while they grow back. Each rank prints what it
+// went through, one line per event, and at the end the whole model's parameters. A rank whose
+// tensor-parallel replica lost a rank leaves the job with status 3 (bpl-run --replace then starts a
+// newcomer in its place too).
 #include <ATen/ATen.h>
 #include <CLI/CLI.hpp>
 #include <signal.h>
@@ -120,7 +121,7 @@ int main(int argc, char** argv) {
   int64_t steps = 20, fail_at = 5, fail_delay_us = 0, pause_ms = 0;
   int tp = 1, fail_rank = -1, fail_also = -1;
   bool replace = false;
-  std::string fail_how = "kill", save_dir, load_dir;
+  std::string fail_how = "kill", fail_also_during = "shrink", save_dir, load_dir;
   CLI::App app{"Training that survives the loss of ranks (the LibTorch frontend's ElasticTrainer)", "elastic_train"};
   app.add_option("--steps", steps, "steps to train")->check(CLI::NonNegativeNumber);
   app.add_option("--tp", tp, "tensor-parallel size")->check(CLI::PositiveNumber);
@@ -128,7 +129,9 @@ int main(int argc, char** argv) {
   app.add_option("--fail-at", fail_at, "the step it fails in")->check(CLI::NonNegativeNumber);
   app.add_option("--fail-how", fail_how, "kill or stop")->check(CLI::IsMember({"kill", "stop"}));
   app.add_option("--fail-delay-us", fail_delay_us, "how far into the step it fails")->check(CLI::NonNegativeNumber);
-  app.add_option("--fail-also", fail_also, "a rank killed as it starts to recover from the first failure");
+  app.add_option("--fail-also", fail_also, "a rank killed while the others recover from the first failure");
+  app.add_option("--fail-also-during", fail_also_during, "shrink (as its step fails) or grow (once shrunk)")
+      ->check(CLI::IsMember({"shrink", "grow"}));
   app.add_option("--pause-ms", pause_ms, "a pause after each step")->check(CLI::NonNegativeNumber);
   app.add_flag("--replace", replace, "after a failure, grow back with newcomers (as bpl-run --replace starts them)");
   app.add_option("--save", save_dir, "save a checkpoint here at the end");
@@ -143,11 +146,13 @@ int main(int argc, char** argv) {
     bp::init_process_group();  // a newcomer (BPL_JOIN=1) waits here to be admitted
     name = bp::joined_running_job() ? "newcomer" : "rank " + std::to_string(bp::get_rank());
     const bool second_to_fail = !bp::joined_running_job() && bp::get_rank() == fail_also;
-    auto say = [&name, second_to_fail](const std::string& line) {
+    // --fail-also: this rank dies a moment after its step failed (while the others shrink), or after the
+    // shrink (while they grow back, with --replace).
+    const std::string second_failure_after = fail_also_during == "shrink" ? " failed: " : " survive";
+    auto say = [&name, second_to_fail, second_failure_after](const std::string& line) {
       std::printf("%s: %s\n", name.c_str(), line.c_str());
       std::fflush(stdout);
-      // --fail-also: this rank dies a moment after its step failed, while the others recover.
-      if (second_to_fail && line.find(" failed: ") != std::string::npos) fail_after("kill", 2000, 0);
+      if (second_to_fail && line.find(second_failure_after) != std::string::npos) fail_after("kill", 2000, 0);
     };
     bp::ParallelConfig config;
     config.tensor_parallel_size = tp;

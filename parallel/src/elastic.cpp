@@ -61,7 +61,7 @@ at::Tensor job_facts(int64_t steps_done, const ElasticOptions& options) {
 }  // namespace
 
 ElasticTrainer::ElasticTrainer(torch::nn::Module& module, ParallelOptimizer& optimizer, ElasticOptions options)
-    : module_(module), optimizer_(optimizer), options_(std::move(options)) {
+    : module_(module), optimizer_(optimizer), options_(std::move(options)), full_size_(get_world_size()) {
   if (optimizer_.zero_one()) {
     throw Error(BPL_ERR_INVALID_ARGUMENT, "ElasticTrainer: zero_one_enabled is not supported: a rank's shard of the "
                                           "optimizer state would be lost with it");
@@ -183,21 +183,35 @@ bool ElasticTrainer::recover() {
       GroupPtr survivors = shrunk.group;
       if (tp > 1 && !broken.empty()) {
         const bool intact = broken.count(old_rank / tp) == 0;
-        survivors = survivors->split(intact ? 0 : BPL_COLOR_UNDEFINED, survivors->rank());
+        GroupPtr replicas;
+        bool split = true;
+        try {
+          replicas = shrunk.group->split(intact ? 0 : BPL_COLOR_UNDEFINED, shrunk.group->rank());
+        } catch (const Error& e) {
+          if (!is_a_rank_failure(e.status())) throw;
+          split = false;
+        }
+        // A split can end well on some members and not on others: they all shrink the world again
+        // unless it ended well on every one, so that none goes on with a communicator the others lack.
+        if (shrunk.group->agree(split ? 1 : 0).flags == 0) {
+          throw Error(BPL_ERR_REMOTE, "leaving the replicas that lost a rank failed on a survivor");
+        }
         if (!intact) {
           left_ = true;
           say("leaves the job: its tensor-parallel replica lost a rank");
           return false;
         }
+        survivors = replicas;
       }
       detail::renew_world(*survivors);
       roll_forward();
-      const int lost = old_size - world->size();
+      // Back to the size the job started at, however many failures it took to get here.
+      const int missing = full_size_ - world->size();
       bool grown = false;
-      if (options_.replace && lost > 0) {
+      if (options_.replace && missing > 0) {
         GroupPtr larger;
         try {
-          larger = world->grow(lost);
+          larger = world->grow(missing);
         } catch (const Error& e) {
           say("no newcomers: " + std::string(e.what()));
         }

@@ -180,9 +180,10 @@ std::unique_ptr<GlooComm> GlooComm::shrink(int32_t* failed, int32_t* num_failed)
 // The lobby, every key under the job's prefix: a newcomer takes ticket t (lobby/arrived counts them)
 // and says so (lobby/<t>/process); a grow takes the next `joiners` tickets not yet admitted (from
 // lobby/next, read by the first member to claim the grow), waits for each to be taken, and tells each
-// newcomer its place (lobby/<t>/admitted: "uid|rank|size"), the same words from every member. Only a
-// grow that admitted them all moves lobby/next on: after one that timed out, the next admits the same
-// newcomers. One grow at a time in a job.
+// newcomer its place (lobby/<t>/admitted: "uid|rank|size"), the same words from every member, once
+// they have agreed that every member is still here. Only a grow that admitted them all moves lobby/next
+// on: after one that timed out or lost a member, the next admits the same newcomers. One grow at a time
+// in a job.
 namespace {
 
 std::string lobby(const Shared& job, const std::string& key) { return job.prefix + "/lobby/" + key; }
@@ -207,16 +208,31 @@ std::unique_ptr<GlooComm> GlooComm::grow(int32_t joiners) {
       first_ticket = std::stoll(text_of(store.get(grow_key + "/first_ticket", timeout())));
     }
     const auto deadline = plugin::deadline_after(timeout());
-    for (int i = 0; i < joiners; ++i) {
-      const std::string ticket = std::to_string(first_ticket + i);
+    int came = 0;
+    for (; came < joiners; ++came) {
+      const std::string ticket = std::to_string(first_ticket + came);
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-      if (!store.wait_for(lobby(*shared_, ticket + "/process"), std::max(left, std::chrono::milliseconds(1)))) {
-        throw Error(BPL_ERR_TIMEOUT, "grow: " + std::to_string(i) + " of the " + std::to_string(joiners) +
-                                         " newcomers came within " + std::to_string(timeout().count()) +
-                                         " ms (a newcomer is a process started with BPL_JOIN=1 that calls "
-                                         "bpl_comm_join, as bpl-run --replace starts one)");
-      }
-      store.set(lobby(*shared_, ticket + "/admitted"),
+      if (!store.wait_for(lobby(*shared_, ticket + "/process"), std::max(left, std::chrono::milliseconds(1)))) break;
+    }
+    // The members agree that every newcomer came and every member is still here before the newcomers
+    // learn their places, so that all end the same way: one member's wait could end just as the last
+    // newcomer came, and one that failed meanwhile would hold everyone in the new communicator's connect
+    // until the timeout. Not admitted, the newcomers wait on for the next grow, which takes the same tickets.
+    const Agreement outcome = run_agreement(came == joiners ? 1 : 0, timeout());
+    if (!outcome.failed.empty()) {
+      std::string ranks;
+      for (int32_t r : outcome.failed) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+      throw Error(BPL_ERR_REMOTE, "grow: rank(s) " + ranks + " of this communicator failed while it waited for the " +
+                                      "newcomers, who were not admitted (revoke, shrink and grow again)");
+    }
+    if (outcome.flags == 0) {
+      throw Error(BPL_ERR_TIMEOUT, "grow: " + std::to_string(came) + " of the " + std::to_string(joiners) +
+                                       " newcomers came within " + std::to_string(timeout().count()) +
+                                       " ms here, fewer than all on some member (a newcomer is a process started "
+                                       "with BPL_JOIN=1 that calls bpl_comm_join, as bpl-run --replace starts one)");
+    }
+    for (int i = 0; i < joiners; ++i) {
+      store.set(lobby(*shared_, std::to_string(first_ticket + i) + "/admitted"),
                 bytes_of(uid + "|" + std::to_string(size() + i) + "|" + std::to_string(new_size)));
     }
     if (claimer) store.set(lobby(*shared_, "next"), bytes_of(std::to_string(first_ticket + joiners)));

@@ -263,6 +263,31 @@ TEST_P(ElasticTraining, SecondFailureWhileTheSurvivorsRecoverIsSurvivedToo) {
   expect_nothing_left(token);
 }
 
+// With --replace, a second rank killed while the survivors grow back after the first: they find it
+// (before admitting the newcomers, or in what follows), shrink again, and grow back to the size the job
+// started at with both newcomers. Over shared memory and TCP, where the survivors' shrink ends before the
+// first newcomer has started: on the hierarchical path the newcomer is often there first, the second
+// rank then dies while the grown communicator connects, and that holds the others up to the timeout
+// (docs/faults.md, Limits).
+TEST(ElasticTrainingReplace, SecondFailureWhileTheSurvivorsGrowBackIsSurvivedAtFullSize) {
+  for (const std::string path : {"gloo", "gloo_tcp"}) {
+    SCOPED_TRACE(path);
+    const std::string token = unique_token();
+    std::vector<std::string> argv = launch(path, 4, true);
+    argv.insert(argv.end(), {"--fail-rank", "1", "--fail-at", "5", "--fail-also", "3", "--fail-also-during", "grow"});
+    const ProcessResult job = run_job(argv, path, token, 20000);
+    EXPECT_EQ(job.exit_code, 0) << job.output;
+    const Training t = training_of(job.output);
+    std::vector<std::string> finishers{"rank 0", "rank 2"};
+    for (const std::string& who : finishers) EXPECT_TRUE(said(t, who, "2 failure(s) survived")) << job.output;
+    ASSERT_EQ(t.newcomers, 2) << job.output;
+    finishers.insert(finishers.end(), {"newcomer #0", "newcomer #1"});
+    for (const std::string& who : finishers) EXPECT_TRUE(said(t, who, "4 rank(s) left")) << who << "\n" << job.output;
+    expect_trained_as_uninterrupted(t, finishers, job.output);
+    expect_nothing_left(token);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, ElasticTraining, ::testing::Values("gloo", "gloo_tcp", "gloo_machines"),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 

@@ -44,7 +44,7 @@ struct BatchShare {
 struct ElasticOptions {
   // Rows in each step's global batch, the same on every rank; >= the data-parallel size.
   int64_t global_batch_size = 0;
-  // After a failure, grow back to the old size with newcomers before going on.
+  // After a failure, grow back to the size the job started at with newcomers before going on.
   bool replace = false;
   // What the trainer went through (a rank failed, the world shrank, a newcomer joined, a step redone),
   // one line each; default: stderr, prefixed with rank_prefix().
@@ -83,6 +83,7 @@ class ElasticTrainer {
   torch::nn::Module& module_;
   ParallelOptimizer& optimizer_;
   ElasticOptions options_;
+  int full_size_;  // the world's size when the job started: what `replace` grows back to
   int64_t steps_done_ = 0;
   bool holds_reduced_step_ = false;  // this step's gradients are reduced everywhere: it may be applied
   bool left_ = false;
