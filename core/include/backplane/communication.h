@@ -107,9 +107,11 @@ BPL_API bpl_status bpl_comm_shrink(bpl_comm* comm, int32_t* failed, int32_t* num
 /* The members of `comm` admit `joiners` new processes, each calling bpl_comm_join, into a communicator
  * of comm's size + joiners in *out (NCCL's ncclCommGrow): the members keep their ranks; the newcomers
  * get the next ones, in the order they came. Every member calls it with the same `joiners`; it waits for
- * the newcomers up to comm's timeout. *out is owned by the caller (bpl_comm_destroy) and starts with
- * comm's timeout. Errors: INVALID_ARGUMENT (joiners < 1), TIMEOUT (fewer newcomers came, named), REMOTE,
- * UNSUPPORTED. */
+ * the newcomers up to comm's timeout, and the members agree, as bpl_comm_agree does, that every newcomer
+ * came and every member is still here before admitting any, so that it ends alike on every member;
+ * newcomers not admitted wait for the next grow. *out is owned by the caller (bpl_comm_destroy) and
+ * starts with comm's timeout. Errors: INVALID_ARGUMENT (joiners < 1), TIMEOUT (fewer newcomers came,
+ * named), REMOTE (a member failed meanwhile, named; or the store cannot be reached), UNSUPPORTED. */
 BPL_API bpl_status bpl_comm_grow(bpl_comm* comm, int32_t joiners, bpl_comm** out);
 
 /* In a process started to join a running job (a replacement): it was initialised with BPL_JOIN=1 and

@@ -151,8 +151,9 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   };
   Shrunk shrink() const;
   // A group of the members and `joiners` newcomers (processes started with BPL_JOIN=1, whose
-  // init_process_group waits to be admitted), numbered after the members. Error with BPL_ERR_TIMEOUT if
-  // fewer came within the group's timeout. The newcomers' global ranks are numbered after the world's.
+  // init_process_group waits to be admitted), numbered after the members; in ranks() the newcomers
+  // follow the highest member. Error with BPL_ERR_TIMEOUT if fewer came within the group's timeout, or
+  // BPL_ERR_REMOTE if a member failed meanwhile (the newcomers then wait for the next grow).
   std::shared_ptr<ProcessGroup> grow(int joiners) const;
 
  private:
