@@ -171,59 +171,32 @@ bool ElasticTrainer::recover() {
       }
     }
     const std::shared_ptr<ProcessGroup> world = get_world_group();
-    const int old_size = world->size(), old_rank = world->rank();
-    const int tp = get_tensor_model_parallel_size();
+    const int old_size = world->size();
     // An error here (the others counted this rank out, or it cannot reach the job's store) ends it.
     ProcessGroup::Shrunk shrunk = world->shrink();
     try {
-      std::set<int> broken;  // the replicas (tp consecutive ranks) that lost a rank
-      for (int rank : shrunk.failed) broken.insert(rank / tp);
       say("ranks " + list(shrunk.failed) + " of " + std::to_string(old_size) + " failed; " +
           std::to_string(shrunk.group->size()) + " survive");
-      GroupPtr survivors = shrunk.group;
-      if (tp > 1 && !broken.empty()) {
-        const bool intact = broken.count(old_rank / tp) == 0;
-        GroupPtr replicas;
-        bool split = true;
-        try {
-          replicas = shrunk.group->split(intact ? 0 : BPL_COLOR_UNDEFINED, shrunk.group->rank());
-        } catch (const Error& e) {
-          if (!is_a_rank_failure(e.status())) throw;
-          split = false;
-        }
-        // A split can end well on some members and not on others: they all shrink the world again
-        // unless it ended well on every one, so that none goes on with a communicator the others lack.
-        if (shrunk.group->agree(split ? 1 : 0).flags == 0) {
-          throw Error(BPL_ERR_REMOTE, "leaving the replicas that lost a rank failed on a survivor");
-        }
-        if (!intact) {
-          left_ = true;
-          say("leaves the job: its tensor-parallel replica lost a rank");
-          return false;
-        }
-        survivors = replicas;
+      GroupPtr survivors = without_broken_replicas(shrunk, world->rank());
+      if (!survivors) {
+        left_ = true;
+        say("leaves the job: its tensor-parallel replica lost a rank");
+        return false;
       }
       detail::renew_world(*survivors);
-      roll_forward();
-      // Back to the size the job started at, however many failures it took to get here.
-      const int missing = full_size_ - world->size();
-      bool grown = false;
-      if (options_.replace && missing > 0) {
-        GroupPtr larger;
-        try {
-          larger = world->grow(missing);
-        } catch (const Error& e) {
-          say("no newcomers: " + std::string(e.what()));
-        }
-        // The survivors go on at one size: the newcomers are kept only if every survivor admitted them
-        // (one may have seen its wait for them end just as they came).
-        if (world->agree(larger ? 1 : 0).flags == 1) {
-          detail::renew_world(*larger);
-          grown = true;
-        } else if (larger) {
-          say("not every survivor admitted the newcomers: going on without them");
-        }
+      // Every survivor takes part in the agreement whether its roll_forward ended well or not: one that
+      // went straight back to shrinking would meet the others' next agreement (the grow's) instead.
+      bool rolled = true;
+      try {
+        roll_forward();
+      } catch (const Error& e) {
+        if (!is_a_rank_failure(e.status())) throw;
+        rolled = false;
       }
+      if (world->agree(rolled ? 1 : 0).flags == 0) {
+        throw Error(BPL_ERR_REMOTE, "agreeing on the steps done failed on a survivor");
+      }
+      const bool grown = options_.replace && grow_back();
       detail::rebuild_model_parallel();
       if (grown) hand_over();
       say("going on at " + std::to_string(world->size()) + " rank(s), " + std::to_string(get_data_parallel_size()) +
@@ -234,6 +207,52 @@ bool ElasticTrainer::recover() {
       say("another failure while going on: " + std::string(e.what()));
     }
   }
+}
+
+// Under tensor parallelism the replicas (tp consecutive ranks) that lost a rank leave whole: the group of
+// the others, or null on a rank that leaves.
+GroupPtr ElasticTrainer::without_broken_replicas(const ProcessGroup::Shrunk& shrunk, int old_rank) {
+  const int tp = get_tensor_model_parallel_size();
+  std::set<int> broken;
+  for (int rank : shrunk.failed) broken.insert(rank / tp);
+  if (tp == 1 || broken.empty()) return shrunk.group;
+  const bool intact = broken.count(old_rank / tp) == 0;
+  GroupPtr replicas;
+  bool split = true;
+  try {
+    replicas = shrunk.group->split(intact ? 0 : BPL_COLOR_UNDEFINED, shrunk.group->rank());
+  } catch (const Error& e) {
+    if (!is_a_rank_failure(e.status())) throw;
+    split = false;
+  }
+  // A split can end well on some members and not on others: they all shrink the world again unless it
+  // ended well on every one, so that none goes on with a communicator the others lack.
+  if (shrunk.group->agree(split ? 1 : 0).flags == 0) {
+    throw Error(BPL_ERR_REMOTE, "leaving the replicas that lost a rank failed on a survivor");
+  }
+  return intact ? replicas : nullptr;
+}
+
+// Newcomers in the places of the ranks the job lost, however many failures it took: true once every
+// survivor admitted them into the world.
+bool ElasticTrainer::grow_back() {
+  const GroupPtr world = get_world_group();
+  const int missing = full_size_ - world->size();
+  if (missing <= 0) return false;
+  GroupPtr larger;
+  try {
+    larger = world->grow(missing);
+  } catch (const Error& e) {
+    say("no newcomers: " + std::string(e.what()));
+  }
+  // The grow agrees before it admits anyone, but a member lost while the grown communicator connects
+  // can still leave it made on some survivors only: they keep it only if every one has it.
+  if (world->agree(larger ? 1 : 0).flags == 0) {
+    if (larger) say("not every survivor admitted the newcomers: going on without them");
+    return false;
+  }
+  detail::renew_world(*larger);
+  return true;
 }
 
 // The survivors agree on the steps done: one whose commit failed after another's completed applies the

@@ -75,6 +75,8 @@ class ElasticTrainer {
  private:
   bool attempt(const std::function<void(const BatchShare&)>& forward_backward);
   bool recover();
+  GroupPtr without_broken_replicas(const ProcessGroup::Shrunk& shrunk, int old_rank);
+  bool grow_back();
   void roll_forward();
   void hand_over();
   BatchShare share() const;
