@@ -115,11 +115,6 @@ bool joined_running_job() {
   return state().joined;
 }
 
-namespace detail {
-
-void renew_world(ProcessGroup& fresh) { renew_group(*world_or_throw(), fresh, true); }
-
-}  // namespace detail
 int get_rank() { return world_or_throw()->rank(); }
 int get_world_size() { return world_or_throw()->size(); }
 
@@ -134,5 +129,11 @@ bpl_runtime* get_runtime() {
   std::lock_guard<std::mutex> lock(state().mutex);
   return state().link->runtime;
 }
+
+namespace detail {
+
+void renew_world(ProcessGroup& fresh) { renew_group(*world_or_throw(), fresh, true); }
+
+}  // namespace detail
 
 }  // namespace backplane::parallel
