@@ -10,7 +10,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <new>
-#include <numeric>
 #include <random>
 #include <thread>
 #include <vector>
@@ -47,7 +46,7 @@ const char* ShmGroup::own_operand(const char* own, const char* result, size_t by
 
 void ShmGroup::allreduce(const void* send, void* recv, size_t count, bpl_dtype acc, bpl_reduce_op op,
                          std::chrono::milliseconds timeout) {
-  const Deadline deadline(timeout, count * plugin::dtype_size(acc));
+  const Deadline deadline(timeout);
   const size_t element = plugin::dtype_size(acc);
   const plugin::ReduceFn reduce = plugin::reduce_function(acc, op);
   const size_t total = count * element;
@@ -101,7 +100,7 @@ void ShmGroup::allreduce(const void* send, void* recv, size_t count, bpl_dtype a
 }
 
 void ShmGroup::broadcast(void* buf, size_t bytes, int root, std::chrono::milliseconds timeout) {
-  const Deadline deadline(timeout, bytes);
+  const Deadline deadline(timeout);
   auto* data = static_cast<char*>(buf);
   const uint32_t kind = with_root(kBroadcast, root);
   if (takes_single_copy(BPL_COLL_BROADCAST, bytes)) {
@@ -131,7 +130,7 @@ void ShmGroup::broadcast(void* buf, size_t bytes, int root, std::chrono::millise
 }
 
 void ShmGroup::allgather(const void* send, void* recv, size_t block_bytes, std::chrono::milliseconds timeout) {
-  const Deadline deadline(timeout, block_bytes * static_cast<size_t>(size_));
+  const Deadline deadline(timeout);
   const auto* in = static_cast<const char*>(send);
   auto* out = static_cast<char*>(recv);
   if (takes_single_copy(BPL_COLL_ALLGATHER, block_bytes * static_cast<size_t>(size_))) {
@@ -160,7 +159,7 @@ void ShmGroup::allgather(const void* send, void* recv, size_t block_bytes, std::
 
 void ShmGroup::reduce_scatter(const void* send, void* recv, size_t count, bpl_dtype acc, bpl_reduce_op op,
                               std::chrono::milliseconds timeout) {
-  const Deadline deadline(timeout, count * plugin::dtype_size(acc) * static_cast<size_t>(size_));
+  const Deadline deadline(timeout);
   const size_t element = plugin::dtype_size(acc);
   const plugin::ReduceFn reduce = plugin::reduce_function(acc, op);
   // The result is written once and not read here again: streamed when larger than the cache.
@@ -195,7 +194,7 @@ void ShmGroup::reduce_scatter(const void* send, void* recv, size_t count, bpl_dt
 }
 
 void ShmGroup::alltoall(const void* send, void* recv, size_t block_bytes, std::chrono::milliseconds timeout) {
-  const Deadline deadline(timeout, block_bytes * static_cast<size_t>(size_));
+  const Deadline deadline(timeout);
   const auto* in = static_cast<const char*>(send);
   auto* out = static_cast<char*>(recv);
   const auto ranks = static_cast<size_t>(size_);
@@ -245,7 +244,7 @@ void ShmGroup::alltoall(const void* send, void* recv, size_t block_bytes, std::c
 }
 
 void ShmGroup::gather(const void* send, void* recv, size_t block_bytes, int root, std::chrono::milliseconds timeout) {
-  const Deadline deadline(timeout, block_bytes * static_cast<size_t>(size_));
+  const Deadline deadline(timeout);
   const uint32_t kind = with_root(kGather, root);
   const auto* in = static_cast<const char*>(send);
   auto* out = static_cast<char*>(recv);  // NULL on the others, as may be `send` of a scatter
@@ -278,7 +277,7 @@ void ShmGroup::gather(const void* send, void* recv, size_t block_bytes, int root
 }
 
 void ShmGroup::scatter(const void* send, void* recv, size_t block_bytes, int root, std::chrono::milliseconds timeout) {
-  const Deadline deadline(timeout, block_bytes * static_cast<size_t>(size_));
+  const Deadline deadline(timeout);
   const uint32_t kind = with_root(kScatter, root);
   const auto* in = static_cast<const char*>(send);
   auto* out = static_cast<char*>(recv);
@@ -337,7 +336,7 @@ uint32_t ShmGroup::agree_on_counts(uint32_t kind, uint64_t bytes, int64_t pairin
 
 void ShmGroup::allgatherv(const void* send, size_t send_bytes, void* recv, const plugin::Counts& bytes,
                           const plugin::Counts& offsets, int64_t pairing_share, std::chrono::milliseconds timeout) {
-  const Deadline deadline(timeout, send_bytes * static_cast<size_t>(size_));
+  const Deadline deadline(timeout);
   const auto* in = static_cast<const char*>(send);
   auto* out = static_cast<char*>(recv);
   uint64_t total = 0;
@@ -375,7 +374,7 @@ void ShmGroup::allgatherv(const void* send, size_t send_bytes, void* recv, const
 void ShmGroup::alltoallv(const void* send, const plugin::Counts& send_bytes, const plugin::Counts& send_offsets,
                          void* recv, const plugin::Counts& recv_bytes, const plugin::Counts& recv_offsets,
                          int64_t pairing_share, std::chrono::milliseconds timeout) {
-  const Deadline deadline(timeout, std::accumulate(send_bytes.begin(), send_bytes.end(), size_t{0}));
+  const Deadline deadline(timeout);
   const auto* in = static_cast<const char*>(send);
   auto* out = static_cast<char*>(recv);
   const auto me = static_cast<size_t>(rank_);

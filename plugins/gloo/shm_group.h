@@ -49,20 +49,17 @@ namespace backplane::gloo_plugin {
 
 // An operation's deadline: `timeout` from the first time one of its waits does not end at once, when
 // the clock is first read. Before that, every wait ended within its first spins, so the operation is
-// progressing. `bytes` (the operation's size) sets how long its waits spin before they sleep where
-// they do not yield (shm_internal.h's wait_until): long for small operations, short for large ones.
+// progressing.
 class Deadline {
  public:
-  explicit Deadline(std::chrono::milliseconds timeout, size_t bytes = 0) : timeout_(timeout), bytes_(bytes) {}
+  explicit Deadline(std::chrono::milliseconds timeout) : timeout_(timeout) {}
   std::chrono::steady_clock::time_point at() const {
     if (at_ == std::chrono::steady_clock::time_point{}) at_ = plugin::deadline_after(timeout_);
     return at_;
   }
-  size_t bytes() const { return bytes_; }
 
  private:
   std::chrono::milliseconds timeout_;
-  size_t bytes_;
   mutable std::chrono::steady_clock::time_point at_{};
 };
 

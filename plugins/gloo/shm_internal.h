@@ -35,19 +35,18 @@ constexpr size_t kLine = 64;                     // one cache line per counter: 
 // (Backoff::yield_while_spinning), the peer may need this very core: the spin is short and then yields
 // it. Elsewhere a yield only hands the core to whatever else runs here: beside a busy process the two
 // ranks then took turns on one core, a spin and a switch per step (4-byte allreduce 0.6 -> 24 us,
-// bench/results/epyc/README.md#2026-11-25-raw-speed). So a small operation's waits spin longer, without yielding,
-// and keep the ranks running side by side; a large one's steps are long anyway, and a peer that has
-// not come within a short spin has lost its core, which this rank's sleep gives back.
+// bench/results/epyc/README.md#2026-11-25-raw-speed). So waits spin longer, without yielding, and keep
+// the ranks running side by side. Large operations too: a rank that slept after a short spin must be
+// woken, and its peer, which spins only as long, was asleep again by then, so that an operation whose
+// ranks arrived apart (a DDP bucket's, after each rank's own backward pass) paid a wake-up at every step.
 constexpr auto kSpin = std::chrono::microseconds(20);         // a peer a step behind arrives within this
 constexpr int kYields = 200;                                  // oversubscribed: then yields, for the peer that needs this core
-constexpr auto kLongSpin = std::chrono::microseconds(1000);   // otherwise, operations up to kLongSpinMaxBytes, at most
+constexpr auto kLongSpin = std::chrono::microseconds(1000);   // otherwise, at most
 // The long spin adapts (ShmGroup::long_spin_us_): halved each time it ran out before the peer came (the
 // peer has lost its core to something else running here, and this rank's spin keeps a core from it),
 // grown by kSpin each time the peer came within it. On a quiet machine peers come within microseconds
 // and it stays whole; beside busy processes it shrinks towards kSpin, and waits sleep early, as Gloo's
 // blocking reads do (bench/results/epyc/README.md#2026-11-28-torch2-targets).
-
-constexpr size_t kLongSpinMaxBytes = 64 * 1024;
 constexpr auto kSleepSlice = std::chrono::milliseconds(5);
 constexpr auto kLivenessInterval = std::chrono::milliseconds(10);
 
@@ -265,7 +264,7 @@ void ShmGroup::wait_until(int peer, std::atomic<uint32_t>& word, Reached reached
   auto failed = [&] { return header_->failed_by.load(std::memory_order_acquire) != 0; };
   const bool yielding = plugin::Backoff::yield_while_spinning().load(std::memory_order_relaxed);
   std::chrono::steady_clock::time_point spin_until{};  // the clock is first read after 63 spins
-  const bool long_spin = !yielding && deadline.bytes() <= kLongSpinMaxBytes;
+  const bool long_spin = !yielding;
   const uint32_t long_spin_us = long_spin_us_.load(std::memory_order_relaxed);
   for (uint32_t i = 1;; ++i) {
     if (reached()) {

@@ -25,7 +25,7 @@ namespace backplane::gloo_plugin {
 
 ShmGroup::SendTicket ShmGroup::post_send(const void* buf, size_t bytes, int peer, int tag,
                                          std::chrono::milliseconds timeout) {
-  const Deadline deadline(timeout, bytes);
+  const Deadline deadline(timeout);
   if (header_->failed_by.load(std::memory_order_acquire) != 0) throw_failure_record();
   uint64_t sequence;
   {
@@ -76,7 +76,7 @@ void ShmGroup::wait_sent(const SendTicket& ticket, std::chrono::milliseconds tim
   const auto sent = static_cast<uint32_t>(ticket.sequence + 1);
   // Done once the slot's count of reads reaches this send's (a later send may have taken it since).
   wait_until(ticket.peer, box.done, [&] { return static_cast<int32_t>(slot.done.load(std::memory_order_acquire) - sent) >= 0; },
-             Deadline(timeout, bytes), [&] {
+             Deadline(timeout), [&] {
                return "send to rank " + std::to_string(rank_name(ticket.peer)) + " (tag " + std::to_string(tag) +
                       ") was not received in time";
              });
@@ -129,7 +129,7 @@ int ShmGroup::wait_received(const std::shared_ptr<PendingRecv>& recv, std::chron
                  match_arrivals_from(peer);
                  return recv->done;
                },
-               Deadline(timeout, recv->bytes), [&] {
+               Deadline(timeout), [&] {
                  return "recv from " + (from_any ? std::string("any rank") : "rank " + std::to_string(rank_name(peer))) +
                         " (tag " + std::to_string(recv->tag) + "): no matching send in time";
                });
