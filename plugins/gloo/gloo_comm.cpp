@@ -69,7 +69,15 @@ GlooComm::~GlooComm() {
   if (watched_ != 0) shared_->watch->unwatch(watched_);
   for (const PairSocket& socket : sockets_) ::close(socket.fd);
   // Before the connections close: the peers' watches then know this rank left, and did not fail.
-  if (size() > 1 && !failed_.load()) shared_->board->publish(uid_ + "/left/" + std::to_string(rank()), "1");
+  // Where every rank shares this machine the segment tells them; the store is not asked, as a torch
+  // program's may have ended with rank 0, which served it.
+  if (size() > 1 && !failed_.load()) {
+    if (shm_) {
+      shm_->mark_left();
+    } else {
+      shared_->board->publish(uid_ + "/left/" + std::to_string(rank()), "1");
+    }
+  }
 }
 
 void GlooComm::set_timeout(std::chrono::milliseconds timeout) {
@@ -139,7 +147,9 @@ void GlooComm::shut_down_connections() {
 
 void GlooComm::connection_ended(int peer) {
   if (aborted_.load()) return;  // this rank's own abort shut them down
-  if (shared_->board->gather({uid_ + "/left/" + std::to_string(peer)}, std::chrono::milliseconds(0)).front()) return;
+  const bool left = shm_ ? shm_->has_left(peer)
+                         : shared_->board->gather({uid_ + "/left/" + std::to_string(peer)}, std::chrono::milliseconds(0)).front().has_value();
+  if (left) return;
   int none = -1;
   first_ended_.compare_exchange_strong(none, peer);
   shut_down_connections();

@@ -201,6 +201,11 @@ class ShmGroup {
   void set_call(const Fingerprint& call);
   // Whether another rank failed the group (its record is the one every wait throws).
   bool failed_by_another_rank() const;
+  // This rank leaves the group on purpose (its communicator is destroyed), before its connections
+  // close: a peer whose watch sees them close reads here that it did not fail, without asking the
+  // store (which may have ended with the rank that served it).
+  void mark_left();
+  bool has_left(int index) const;
 
  private:
   struct Header;

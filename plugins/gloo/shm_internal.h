@@ -29,7 +29,7 @@
 namespace backplane::gloo_plugin {
 namespace shm_detail {
 
-constexpr uint64_t kMagic = 0x62706c73686d3032;  // "bplshm02": the layout's version
+constexpr uint64_t kMagic = 0x62706c73686d3033;  // "bplshm03": the layout's version
 constexpr size_t kLine = 64;                     // one cache line per counter: no false sharing
 // A wait spins, then sleeps in futex slices. Where this machine's ranks outnumber its cores
 // (Backoff::yield_while_spinning), the peer may need this very core: the spin is short and then yields
@@ -142,6 +142,7 @@ struct alignas(kLine) ShmGroup::Progress {
   uint64_t recv_address[2];
   // The call's fingerprint, read only to say how ranks that disagree differ.
   alignas(kLine) FingerprintWords call_words[2];
+  alignas(kLine) std::atomic<uint32_t> left;  // 1 once the rank left the group on purpose (mark_left)
 };
 
 struct alignas(kLine) ShmGroup::Header {

@@ -203,6 +203,10 @@ bool ShmGroup::failed_by_another_rank() const {
   return by != 0 && by != 1 + static_cast<uint32_t>(rank_);
 }
 
+void ShmGroup::mark_left() { progress_[rank_].left.store(1, std::memory_order_seq_cst); }
+
+bool ShmGroup::has_left(int index) const { return progress_[index].left.load(std::memory_order_seq_cst) != 0; }
+
 void ShmGroup::throw_failure_record() {
   uint32_t by = header_->failed_by.load(std::memory_order_acquire);
   while (by == UINT32_MAX) {  // being written: a few instructions away
