@@ -38,7 +38,8 @@ constexpr size_t kLine = 64;                     // one cache line per counter: 
 // bench/results/epyc/README.md#2026-11-25-raw-speed). So waits spin longer, without yielding, and keep
 // the ranks running side by side. Large operations too: a rank that slept after a short spin must be
 // woken, and its peer, which spins only as long, was asleep again by then, so that an operation whose
-// ranks arrived apart (a DDP bucket's, after each rank's own backward pass) paid a wake-up at every step.
+// ranks arrived apart (a DDP bucket's, after each rank's own backward pass) paid a wake-up at every step
+// (bench/results/epyc/README.md#2026-11-29-large-waits).
 constexpr auto kSpin = std::chrono::microseconds(20);         // a peer a step behind arrives within this
 constexpr int kYields = 200;                                  // oversubscribed: then yields, for the peer that needs this core
 constexpr auto kLongSpin = std::chrono::microseconds(1000);   // otherwise, at most
