@@ -147,12 +147,28 @@ void GlooComm::shut_down_connections() {
 
 void GlooComm::connection_ended(int peer) {
   if (aborted_.load()) return;  // this rank's own abort shut them down
-  const bool left = shm_ ? shm_->has_left(peer)
-                         : shared_->board->gather({uid_ + "/left/" + std::to_string(peer)}, std::chrono::milliseconds(0)).front().has_value();
-  if (left) return;
+  if (shm_) {
+    // Every rank runs here: the segment says who left, and the peers' processes who ended.
+    if (shm_->has_left(peer)) return;
+    int none = -1;
+    first_ended_.compare_exchange_strong(none, peer);
+    shut_down_connections();
+    return;
+  }
+  if (shared_->board->gather({uid_ + "/left/" + std::to_string(peer)}, std::chrono::milliseconds(0)).front()) return;
   int none = -1;
-  first_ended_.compare_exchange_strong(none, peer);
+  first_ended_.compare_exchange_strong(none, closed_after(peer));
+  if (size() > 2) shared_->board->publish(uid_ + "/closed_after/" + std::to_string(rank()), std::to_string(first_ended_.load()));
   shut_down_connections();
+}
+
+int GlooComm::closed_after(int peer) const {
+  if (shm_ || size() <= 2 || peer < 0 || peer >= size()) return peer;
+  const std::optional<std::string> said =
+      shared_->board->gather({uid_ + "/closed_after/" + std::to_string(peer)}, std::chrono::milliseconds(0)).front();
+  if (!said) return peer;
+  const int cause = std::atoi(said->c_str());
+  return cause >= 0 && cause < size() && cause != rank() ? cause : peer;
 }
 
 int GlooComm::ranks_on_this_machine() const {

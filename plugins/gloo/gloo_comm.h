@@ -271,8 +271,14 @@ class GlooComm {
   // releases the contexts (ReleasableContext): the waits a failed pair leaves asleep end too.
   void shut_down_connections();
   // The watch's call when a connection of this communicator ends: unless that peer left normally (it
-  // destroyed the communicator, and said so in the store first), fail every connection here too.
+  // destroyed the communicator, and said so first), fail every connection here too, after saying in
+  // the store which peer's end this rank follows (when the communicator spans machines and has more
+  // than two ranks: a third rank that sees this rank's connections end then names that peer, not
+  // this rank).
   void connection_ended(int peer);
+  // The rank whose connection's end made `peer` close its own connections, as it said in the store
+  // before closing them; `peer` itself when it said nothing (it ended, or failed on its own).
+  int closed_after(int peer) const;
   // Queues `body`, an operation on `bytes` per rank, behind this communicator's earlier operations,
   // as the request in *req.
   void post(size_t bytes, std::function<void()> body, bpl_plugin_request** req);

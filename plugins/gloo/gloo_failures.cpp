@@ -104,7 +104,7 @@ void GlooComm::learn_peers(::gloo::rendezvous::Store& store) {
 // peers on machines that acknowledge nothing (unreachable_peers_note). A connection that
 // ended names its peer as the cause only if that peer's process ended, or runs here and failed on its
 // own (it aborted): a peer on another machine may have closed it after a failure it saw itself, and
-// is then only said to have closed it (the store's record, when it can be read, names the cause).
+// is then only said to have closed it, unless it said whose end it followed (closed_after).
 std::string GlooComm::failed_peers_note(const std::string& message, bpl_status status, int pair_peer) const {
   // The watch saw this peer's connection end first: what this rank's own operation saw after that is
   // its own connections being failed in turn. Otherwise the pair the failure came from, when the
@@ -149,6 +149,7 @@ std::string GlooComm::failed_peers_note(const std::string& message, bpl_status s
     if (!unreachable.empty()) return unreachable;
   }
   if (closed_by < 0) return "";
+  if (status == BPL_ERR_REMOTE) closed_by = closed_after(closed_by);  // a peer that followed another's end
   if (local_pid(closed_by) == 0) {
     return " (the connection to rank " + std::to_string(closed_by) +
            ", on another machine, ended: it ended, aborted, or closed it after a failure of its own)";
