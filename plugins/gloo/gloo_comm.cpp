@@ -147,27 +147,33 @@ void GlooComm::shut_down_connections() {
 
 void GlooComm::connection_ended(int peer) {
   if (aborted_.load()) return;  // this rank's own abort shut them down
+  int cause = peer;
   if (shm_) {
-    // Every rank runs here: the segment says who left, and the peers' processes who ended.
-    if (shm_->has_left(peer)) return;
-    int none = -1;
-    first_ended_.compare_exchange_strong(none, peer);
-    shut_down_connections();
-    return;
+    if (shm_->has_left(peer)) return;  // the segment says who left (and the peers' processes who ended)
+  } else {
+    // One lookup for both, so that a stopped store's host costs one bound, not two: whether the peer
+    // left, and whose end it followed if it did not.
+    std::vector<std::string> keys = {uid_ + "/left/" + std::to_string(peer)};
+    if (says_whose_end_it_follows()) keys.push_back(closed_after_key(peer));
+    const std::vector<std::optional<std::string>> said = shared_->board->gather(keys, std::chrono::milliseconds(0));
+    if (said[0]) return;
+    if (said.size() > 1) cause = cause_in(said[1], peer);
   }
-  if (shared_->board->gather({uid_ + "/left/" + std::to_string(peer)}, std::chrono::milliseconds(0)).front()) return;
   int none = -1;
-  first_ended_.compare_exchange_strong(none, closed_after(peer));
-  if (size() > 2) shared_->board->publish(uid_ + "/closed_after/" + std::to_string(rank()), std::to_string(first_ended_.load()));
+  first_ended_.compare_exchange_strong(none, cause);
+  if (says_whose_end_it_follows()) {
+    shared_->board->publish(closed_after_key(rank()), std::to_string(first_ended_.load()));
+  }
   shut_down_connections();
 }
 
 int GlooComm::closed_after(int peer) const {
-  if (shm_ || size() <= 2 || peer < 0 || peer >= size()) return peer;
-  const std::optional<std::string> said =
-      shared_->board->gather({uid_ + "/closed_after/" + std::to_string(peer)}, std::chrono::milliseconds(0)).front();
-  if (!said) return peer;
-  const int cause = std::atoi(said->c_str());
+  if (!says_whose_end_it_follows() || peer < 0 || peer >= size()) return peer;
+  return cause_in(shared_->board->gather({closed_after_key(peer)}, std::chrono::milliseconds(0)).front(), peer);
+}
+
+int GlooComm::cause_in(const std::optional<std::string>& said, int peer) const {
+  const int cause = said ? std::atoi(said->c_str()) : -1;
   return cause >= 0 && cause < size() && cause != rank() ? cause : peer;
 }
 

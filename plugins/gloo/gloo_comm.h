@@ -279,6 +279,11 @@ class GlooComm {
   // The rank whose connection's end made `peer` close its own connections, as it said in the store
   // before closing them; `peer` itself when it said nothing (it ended, or failed on its own).
   int closed_after(int peer) const;
+  // Where a third rank could blame the wrong one: no segment naming ended processes, more than 2 ranks.
+  bool says_whose_end_it_follows() const { return !shm_ && size() > 2; }
+  std::string closed_after_key(int rank) const { return uid_ + "/closed_after/" + std::to_string(rank); }
+  // The rank a closed_after record names, if it is a valid one other than this rank; else `peer`.
+  int cause_in(const std::optional<std::string>& said, int peer) const;
   // Queues `body`, an operation on `bytes` per rank, behind this communicator's earlier operations,
   // as the request in *req.
   void post(size_t bytes, std::function<void()> body, bpl_plugin_request** req);
