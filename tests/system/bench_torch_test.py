@@ -48,6 +48,8 @@ def main():
             expect([d["width"] for d in results["ddp"]] == [32, 64], f"{config}: a DDP step per width")
             expect(all(d["step_ms"] > 0 and d["no_sync_ms"] > 0 and d["bucket_work_ms"] > 0 for d in results["ddp"]),
                    f"{config}: DDP steps measured with, without communication, and with DDP's bucket work alone")
+            expect(all(d["allreduces_alone_ms"] > 0 and sum(d["bucket_bytes"]) == d["gradient_bytes"] for d in results["ddp"]),
+                   f"{config}: the DDP step's buckets (all its gradients) allreduced alone: {results['ddp']}")
             if config != "torch-gloo":
                 expect(results["backend"].startswith(config + " "), f"{config}: the backend is named: {results['backend']}")
                 expect(len(results["layer"]) >= 2 and all(r["group_us"] > 0 and r["abi_us"] > 0 for r in results["layer"]),
@@ -58,8 +60,9 @@ def main():
         expect(len(rows) == len(configs) - 1 and all(re.search(r"\| [0-9.]+(-[0-9.]+)?x( \(noisy\))? \|", r) and "1/20" in r and
                                                       re.search(r"\| (yes|no \(\d of 2\)) \|$", r) for r in rows),
                "the table has an allreduce 4 B row per backplane config: the ratio over the floor, the target, the verdict")
-        expect(re.search(r"^\| gloo \| [0-9.]+ KiB \|.* \| [0-9.]+(-[0-9.]+)?x( \(noisy\))? \|$", table, re.M) is not None,
-               "the table compares DDP's communication")
+        ratio = r"[0-9.]+(-[0-9.]+)?x( \(noisy\))?"
+        expect(re.search(rf"^\| gloo \| [0-9.]+ KiB \|.* \| {ratio} \| [0-9.]+ \| {ratio} \|$", table, re.M) is not None,
+               "the table compares DDP's communication, and the bound its transfer alone sets")
         with open(os.path.join(out, "torch.png"), "rb") as f:
             expect(f.read(8) == b"\x89PNG\r\n\x1a\n", "torch.png is a PNG")
     if failures:
