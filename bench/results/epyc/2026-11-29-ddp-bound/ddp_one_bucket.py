@@ -1,0 +1,44 @@
+"""A DDP step's communication (step less the bucket-work step, medians) with DDP's default buckets (a
+1 MiB first bucket, whose allreduce overlaps the rest of the backward pass, then the rest) and with one
+bucket for all the gradients (no overlap). Blocks of 10 steps per variant, taking turns.
+
+    PYTHONPATH=build/python OMP_NUM_THREADS=1 build/bin/bpl-run --nproc-per-node 2 .venv/bin/python ddp_one_bucket.py backplane|gloo [BLOCKS]
+"""
+import sys, time, statistics, torch, torch.distributed as dist
+import backplane_torch  # noqa
+from torch.nn.parallel import DistributedDataParallel as DDP
+backend = sys.argv[1]
+dist.init_process_group(backend)
+rank, world = dist.get_rank(), dist.get_world_size()
+width = 512
+def make(hook=None):
+    torch.manual_seed(0)
+    d = DDP(torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(4)]))
+    if hook: d.register_comm_hook(None, hook)
+    return d
+def bucket_work_only(state, bucket):
+    f = torch.futures.Future(); f.set_result(bucket.buffer().div_(world)); return f
+def blocking(state, bucket):
+    b = bucket.buffer().div_(world); dist.all_reduce(b)
+    f = torch.futures.Future(); f.set_result(b); return f
+def async_then(state, bucket):
+    return dist.all_reduce(bucket.buffer().div_(world), async_op=True).get_future().then(lambda f: f.value()[0])
+models = {"default": make()}
+dist._DEFAULT_FIRST_BUCKET_BYTES = 64 << 20
+models.update({"one_bucket": make(), "bucket_work": make(bucket_work_only)})
+x, y = torch.randn(8, width), torch.randn(8, width)
+def step(ddp):
+    ddp.zero_grad(set_to_none=False)
+    torch.nn.functional.mse_loss(ddp(x), y).backward()
+    with torch.no_grad():
+        for p in ddp.parameters(): p.add_(p.grad, alpha=-0.01)
+samples = {k: [] for k in models}
+for _ in range(int(sys.argv[2]) if len(sys.argv) > 2 else 10):
+    for k, m in models.items():
+        step(m)
+        for _ in range(10):
+            dist.barrier(); s = time.perf_counter(); step(m); samples[k].append(time.perf_counter() - s)
+ms = {k: statistics.median(v) * 1e3 for k, v in samples.items()}
+if rank == 0:
+    print(backend, " ".join(f"{k}={v - ms['bucket_work']:.3f}" for k, v in ms.items() if k != "bucket_work"), f"bucket_work_step={ms['bucket_work']:.2f}")
+dist.destroy_process_group()
