@@ -56,6 +56,7 @@ def main():
                        f"{config}: the ProcessGroup layer measured against the C ABI")
         with open(os.path.join(out, "torch.md")) as f:
             table = f.read()
+        expect("Ranks: 2, unbound;" in table, "the table says the ranks ran unbound (the default, as torchrun leaves them)")
         rows = re.findall(r"^\| allreduce \| 4 B \|(.*)$", table, re.M)
         expect(len(rows) == len(configs) - 1 and all(re.search(r"\| [0-9.]+(-[0-9.]+)?x( \(noisy\))? \|", r) and "1/20" in r and
                                                       re.search(r"\| (yes|no \(\d of 2\)) \|$", r) for r in rows),
