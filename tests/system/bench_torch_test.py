@@ -56,7 +56,8 @@ def main():
                        f"{config}: the ProcessGroup layer measured against the C ABI")
         with open(os.path.join(out, "torch.md")) as f:
             table = f.read()
-        expect("Ranks: 2, unbound;" in table, "the table says the ranks ran unbound (the default, as torchrun leaves them)")
+        expect("Ranks: 2, placed by their launchers (bpl-run: unbound; mpirun: its default binding);" in table,
+               "the table says how the ranks were placed (by default, as each launcher places a user's job)")
         rows = re.findall(r"^\| allreduce \| 4 B \|(.*)$", table, re.M)
         expect(len(rows) == len(configs) - 1 and all(re.search(r"\| [0-9.]+(-[0-9.]+)?x( \(noisy\))? \|", r) and "1/20" in r and
                                                       re.search(r"\| (yes|no \(\d of 2\)) \|$", r) for r in rows),
