@@ -1,7 +1,7 @@
 """A 4 MiB allreduce from Python, each from a barrier: back to back, and after each rank touched MB MiB
 of other data (a step's data pushing the buckets and the segment out of the caches). Medians.
 
-    PYTHONPATH=build/python OMP_NUM_THREADS=1 build/bin/bpl-run --nproc-per-node 2 .venv/bin/python allreduce_after_data.py backplane MB
+    PYTHONPATH=build/python OMP_NUM_THREADS=1 build/bin/bpl-run --nproc-per-node 2 .venv/bin/python bench/results/epyc/2026-11-29-ddp-bound/allreduce_after_data.py backplane MB
 """
 import sys, time, statistics, torch, torch.distributed as dist
 import backplane_torch  # noqa

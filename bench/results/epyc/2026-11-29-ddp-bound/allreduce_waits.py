@@ -1,7 +1,7 @@
 """A 4 MiB allreduce from Python, each from a barrier: blocking, as a Work waited for, and through the
 Work's future (DDP's way: the completion thread waits and completes the future). Medians.
 
-    PYTHONPATH=build/python OMP_NUM_THREADS=1 build/bin/bpl-run --nproc-per-node 2 .venv/bin/python allreduce_waits.py backplane
+    PYTHONPATH=build/python OMP_NUM_THREADS=1 build/bin/bpl-run --nproc-per-node 2 .venv/bin/python bench/results/epyc/2026-11-29-ddp-bound/allreduce_waits.py backplane
 """
 import sys, time, statistics, torch, torch.distributed as dist
 import backplane_torch  # noqa

@@ -2,7 +2,7 @@
 1 MiB first bucket, whose allreduce overlaps the rest of the backward pass, then the rest) and with one
 bucket for all the gradients (no overlap). Blocks of 10 steps per variant, taking turns.
 
-    PYTHONPATH=build/python OMP_NUM_THREADS=1 build/bin/bpl-run --nproc-per-node 2 .venv/bin/python ddp_one_bucket.py backplane|gloo [BLOCKS]
+    PYTHONPATH=build/python OMP_NUM_THREADS=1 build/bin/bpl-run --nproc-per-node 2 .venv/bin/python bench/results/epyc/2026-11-29-ddp-bound/ddp_one_bucket.py backplane|gloo [BLOCKS]
 """
 import sys, time, statistics, torch, torch.distributed as dist
 import backplane_torch  # noqa

@@ -2,7 +2,7 @@
 rank waited for its peer, and how long the allreduce took from the moment both ranks were in. A comm
 hook runs each bucket's allreduce blocking, in the hook (so the times are the allreduce's own).
 
-    PYTHONPATH=build/python OMP_NUM_THREADS=1 build/bin/bpl-run --nproc-per-node 2 .venv/bin/python ddp_timeline.py backplane|gloo
+    PYTHONPATH=build/python OMP_NUM_THREADS=1 build/bin/bpl-run --nproc-per-node 2 .venv/bin/python bench/results/epyc/2026-11-29-ddp-bound/ddp_timeline.py backplane|gloo
 """
 import sys, time, statistics, torch, torch.distributed as dist
 import backplane_torch  # noqa

@@ -3,7 +3,7 @@ and with comm hooks that run the allreduce blocking in the hook, asynchronously 
 callback, or deferred until the last bucket (no overlap with the backward pass). Blocks of 10 steps
 per variant, taking turns, as bpl-bench-torch does.
 
-    PYTHONPATH=build/python OMP_NUM_THREADS=1 build/bin/bpl-run --nproc-per-node 2 .venv/bin/python ddp_variants.py backplane|gloo [BLOCKS]
+    PYTHONPATH=build/python OMP_NUM_THREADS=1 build/bin/bpl-run --nproc-per-node 2 .venv/bin/python bench/results/epyc/2026-11-29-ddp-bound/ddp_variants.py backplane|gloo [BLOCKS]
 """
 import sys, time, statistics, torch, torch.distributed as dist
 import backplane_torch  # noqa
