@@ -1,5 +1,5 @@
 /* MPI_Bcast of 4, 16 and 64 MiB on raw Open MPI, whole or as a loop of 256 KiB, 1 MiB or 4 MiB
- * broadcasts (median of 15 µs): whether pieces that fit the caches move faster.
+ * broadcasts (medians of 15, in µs): whether pieces that fit the caches move faster.
  *     mpicc -O2 bench/results/epyc/2026-11-29-ddp-bound/mpi_bcast_pieces.c -o bc && mpirun -np 2 ./bc */
 #include <mpi.h>
 #include <stdio.h>
