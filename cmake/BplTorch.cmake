@@ -1,27 +1,30 @@
-# LibTorch from the project's Python environment (.venv, made by tools/install-deps): the C++ parts
-# build against the very torch that torch.distributed programs import, so the project has one torch.
-# Sets BPL_PYTHON (the project's interpreter, which the tests run too) and Torch_FOUND, and defines the
-# imported targets c10, torch_cpu, torch (what a CPU program links: torch_cpu and c10) and torch_python.
+# LibTorch from the torch of the build's Python (BPL_PYTHON, cmake/BplPython.cmake): the C++ parts build
+# against the very torch that torch.distributed programs import, so a program has one torch. Sets
+# Torch_FOUND, BPL_TORCH_VERSION and BPL_TORCH_DIR (the torch package's folder), or BPL_TORCH_MISSING (why
+# not), and defines the imported targets c10, torch_cpu, torch (what a CPU program links: torch_cpu and
+# c10) and torch_python. Installed beside backplane's package config, which includes it for the component
+# "parallel" in a consumer's build, with the consumer's Python.
 #
 # torch's own CMake package is not used: PyPI's wheel is the CUDA build, whose package looks for a CUDA
 # toolkit and would link its libraries (and, with Debian's LibTorch installed, finds that one first).
 # Nothing here runs on a GPU: torch_cpu and c10 are all the CPU needs.
 
-# Also installed beside backplane's package config, which sets BPL_PYTHON to the build's before including
-# it: a program built against the installed frontend links the same torch.
-if(NOT BPL_PYTHON)
-  set(BPL_PYTHON "${CMAKE_SOURCE_DIR}/.venv/bin/python")
-endif()
+include(${CMAKE_CURRENT_LIST_DIR}/BplPython.cmake)
 set(Torch_FOUND FALSE)
-if(NOT EXISTS "${BPL_PYTHON}")
-  message(STATUS "No Python environment at ${BPL_PYTHON} (run tools/install-deps)")
-  return()
-endif()
-execute_process(
-  COMMAND "${BPL_PYTHON}" -c "import os, torch; print(os.path.dirname(torch.__file__)); print(torch.__version__); print(int(torch.compiled_with_cxx11_abi()))"
+set(BPL_TORCH_MISSING "")
+
+# pip's isolated build runs the target environment's python with that environment hidden: `-I` (which
+# ignores PYTHONPATH, where pip puts the build's own packages) shows it again, so `pip install .` builds
+# against the torch of the environment it installs into, as --no-build-isolation does.
+set(bpl_torch_query "import os, torch; print(os.path.dirname(torch.__file__)); print(torch.__version__.split('+')[0]); print(int(torch.compiled_with_cxx11_abi()))")
+execute_process(COMMAND "${BPL_PYTHON}" -c "${bpl_torch_query}"
   OUTPUT_VARIABLE bpl_torch_facts OUTPUT_STRIP_TRAILING_WHITESPACE RESULT_VARIABLE bpl_no_torch ERROR_QUIET)
+if(bpl_no_torch AND SKBUILD)
+  execute_process(COMMAND "${BPL_PYTHON}" -I -c "${bpl_torch_query}"
+    OUTPUT_VARIABLE bpl_torch_facts OUTPUT_STRIP_TRAILING_WHITESPACE RESULT_VARIABLE bpl_no_torch ERROR_QUIET)
+endif()
 if(bpl_no_torch)
-  message(STATUS "${BPL_PYTHON} cannot import torch (run tools/install-deps)")
+  set(BPL_TORCH_MISSING "${BPL_PYTHON} cannot import torch")
   return()
 endif()
 string(REPLACE "\n" ";" bpl_torch_facts "${bpl_torch_facts}")
@@ -45,5 +48,9 @@ set_property(TARGET torch_cpu PROPERTY INTERFACE_LINK_LIBRARIES c10)
 bpl_torch_library(torch_python libtorch_python.so)
 add_library(torch INTERFACE IMPORTED GLOBAL)
 set_property(TARGET torch PROPERTY INTERFACE_LINK_LIBRARIES torch_cpu c10)
+# A program that links LibTorch names it itself, even where the linker drops unused libraries
+# (--as-needed, Debian's default): its run path then finds LibTorch for the libraries it loads too,
+# whose own run paths cannot name the torch of every environment (docs/install.md).
+set_property(TARGET torch PROPERTY INTERFACE_LINK_OPTIONS "LINKER:--no-as-needed")
 set(Torch_FOUND TRUE)
-message(STATUS "LibTorch ${BPL_TORCH_VERSION} from ${BPL_TORCH_DIR} (${BPL_PYTHON})")
+message(STATUS "LibTorch ${BPL_TORCH_VERSION} from ${BPL_TORCH_DIR}")

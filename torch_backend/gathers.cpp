@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "backend.h"
@@ -12,6 +13,17 @@
 namespace backplane::torch_backend {
 
 namespace {
+
+// The work's kind for allgather_into_tensor_coalesced: newer torch names it (2.15 does), older calls it
+// ALLGATHER_COALESCED (the kind labels the work for torch's records; nothing else depends on it).
+template <typename Kind, typename = void>
+struct AllgatherIntoTensorCoalesced {
+  static constexpr Kind value = Kind::ALLGATHER_COALESCED;
+};
+template <typename Kind>
+struct AllgatherIntoTensorCoalesced<Kind, std::void_t<decltype(Kind::ALLGATHER_INTO_TENSOR_COALESCED)>> {
+  static constexpr Kind value = Kind::ALLGATHER_INTO_TENSOR_COALESCED;
+};
 // From this size of a rank's block, all_gather into a list runs as one broadcast per rank, each into
 // its tensor of the list, rather than as an allgather into a flat buffer copied out after: that copy
 // (the whole list) costs more than the extra operations' fixed costs from there. On 2 ranks of a Xeon
@@ -110,7 +122,7 @@ c10::intrusive_ptr<c10d::Work> BackendBackplane::allgather_into_tensor_coalesced
     sources.push_back(contiguous(inputs[i]));
     results.push_back(contiguous(outputs[i]));
   }
-  return post_pairs(c10d::OpType::ALLGATHER_INTO_TENSOR_COALESCED, op_name, sources, results, outputs,
+  return post_pairs(AllgatherIntoTensorCoalesced<c10d::OpType>::value, op_name, sources, results, outputs,
                     [&](int i, bpl_request** req) {
                       return bpl_allgather(comm_, sources[i].data_ptr(), results[i].data_ptr(), sources[i].numel(),
                                            dtypes[i], req);

@@ -1,8 +1,5 @@
-// The Python module backplane_torch: importing it registers torch.distributed's backend "backplane"
-// (and, under mpirun, gives torch's env:// the launch variables torchrun would).
-//
-//   import backplane_torch
-//   torch.distributed.init_process_group("backplane")   # plugin chosen by BPL_BACKEND, NXD_CPU_MODE, auto
+// backplane_torch._C: the C++ side of the package backplane_torch (torch_backend/python/backplane_torch),
+// which checks the torch version and registers torch.distributed's backend "backplane" with create_backend.
 #include <pybind11/chrono.h>
 #include <pybind11/pybind11.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -30,37 +27,12 @@ c10::intrusive_ptr<BackendBackplane> backend_of(const c10::intrusive_ptr<c10d::P
   return c10::intrusive_ptr<BackendBackplane>::reclaim_copy(ours);
 }
 
-// Under mpirun, torch's env:// rendezvous finds none of the variables it reads: they are taken from
-// Open MPI's, as torchrun would give them (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE), with the
-// store at 127.0.0.1 when every rank runs on this machine (else MASTER_ADDR must be given: mpirun -x)
-// and on a port of the job's own (20000-32767, below Linux's ephemeral ports, from Open MPI's job id).
-// What the launch environment already has is kept.
-void launch_variables_from_mpirun() {
-  py::object environ = py::module_::import("os").attr("environ");
-  auto has = [&](const char* name) { return environ.attr("__contains__")(name).cast<bool>(); };
-  auto get = [&](const char* name) { return environ.attr("__getitem__")(name).cast<std::string>(); };
-  if (!has("OMPI_COMM_WORLD_RANK") || has("RANK")) return;
-  auto set_default = [&](const char* name, const std::string& value) { environ.attr("setdefault")(name, value); };
-  set_default("RANK", get("OMPI_COMM_WORLD_RANK"));
-  set_default("WORLD_SIZE", get("OMPI_COMM_WORLD_SIZE"));
-  if (has("OMPI_COMM_WORLD_LOCAL_RANK")) set_default("LOCAL_RANK", get("OMPI_COMM_WORLD_LOCAL_RANK"));
-  if (has("OMPI_COMM_WORLD_LOCAL_SIZE")) {
-    set_default("LOCAL_WORLD_SIZE", get("OMPI_COMM_WORLD_LOCAL_SIZE"));
-    if (get("OMPI_COMM_WORLD_LOCAL_SIZE") == get("OMPI_COMM_WORLD_SIZE")) set_default("MASTER_ADDR", "127.0.0.1");
-  }
-  if (has("OMPI_MCA_ess_base_jobid")) {
-    const unsigned long job = std::stoul(get("OMPI_MCA_ess_base_jobid"));
-    set_default("MASTER_PORT", std::to_string(20000 + job % 12768));
-  }
-}
-
 }  // namespace
 
-PYBIND11_MODULE(backplane_torch, m) {
-  m.doc() = "torch.distributed backend 'backplane' (import registers it)";
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "torch.distributed backend 'backplane': the C++ side (the package backplane_torch registers it)";
   // The base class's Python type must be known before ours derives from it.
-  py::module_ distributed = py::module_::import("torch.distributed");
-  launch_variables_from_mpirun();
+  py::module_::import("torch.distributed");
   py::class_<BackendBackplane, c10d::Backend, c10::intrusive_ptr<BackendBackplane>>(m, "BackendBackplane")
       .def("describe", &BackendBackplane::describe,
            "What backplane chose for this process: the backend, why, and its details.");
@@ -105,8 +77,4 @@ PYBIND11_MODULE(backplane_torch, m) {
   // (Python objects) are released while Python can still take them.
   m.def("_wait_for_completions", &BackendBackplane::wait_for_completions, py::call_guard<py::gil_scoped_release>());
   py::module_::import("atexit").attr("register")(m.attr("_wait_for_completions"));
-  py::object backend = distributed.attr("Backend");
-  if (!py::hasattr(backend, "BACKPLANE")) {
-    backend.attr("register_backend")("backplane", m.attr("create_backend"), py::arg("devices") = std::vector<std::string>{"cpu"});
-  }
 }

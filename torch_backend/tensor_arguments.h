@@ -42,7 +42,8 @@ inline bpl_reduce_op reduce_op_of(const c10d::ReduceOp& op, const char* name, st
     case c10d::ReduceOp::MIN: return BPL_OP_MIN;
     case c10d::ReduceOp::MAX: return BPL_OP_MAX;
     case c10d::ReduceOp::PREMUL_SUM: {
-      auto* supplement = dynamic_cast<c10d::PreMulSumSupplement*>(op.supplement_.get());
+      // The name every supported torch has (later ones call it PreMulSumSupplement, and keep this alias).
+      auto* supplement = dynamic_cast<c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
       if (supplement == nullptr) fail(std::string(name) + ": PREMUL_SUM without its factor");
       // A factor given as a tensor has one element (torch checks it).
       *factor = supplement->tensor_factor.defined() ? supplement->tensor_factor.item<double>() : supplement->double_factor;

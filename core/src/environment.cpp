@@ -15,8 +15,9 @@ namespace backplane {
 EnvLookup process_environment() {
   return [](const std::string& name) -> std::optional<std::string> {
     // Variables that name files to load or write: never honoured in secure-execution mode.
-    static const std::set<std::string> path_like = {"BPL_BACKEND", "BPL_PLUGIN_PATH", "BPL_CACHE_DIR",
-                                                    "NEURON_RT_LIB", "NEURON_CC_FLAGS"};
+    static const std::set<std::string> path_like = {"BPL_BACKEND",     "BPL_PLUGIN_PATH", "BPL_CACHE_DIR",
+                                                    "BPL_TORCH_DIR",   "VIRTUAL_ENV",     "CONDA_PREFIX",
+                                                    "NEURON_RT_LIB",   "NEURON_CC_FLAGS"};
     const char* value = path_like.count(name) ? secure_getenv(name.c_str()) : std::getenv(name.c_str());
     if (value == nullptr || *value == '\0') return std::nullopt;
     return std::string(value);

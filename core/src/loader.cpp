@@ -5,7 +5,7 @@
 #include <cstddef>
 #include <cstdlib>
 
-#include "elf_needed.h"
+#include "elf_dynamic.h"
 #include "environment.h"
 #include "error.h"
 #include "log.h"
@@ -59,7 +59,7 @@ bool needs_its_own_gloo(const std::string& path) {
   return false;
 #else
   if (dlsym(RTLD_DEFAULT, "_ZN4gloo10allgathervERNS_17AllgathervOptionsE") == nullptr) return false;  // gloo::allgatherv
-  for (const std::string& library : elf_needed_libraries(path)) {
+  for (const std::string& library : elf_dynamic(path).needed) {
     if (library.rfind("libgloo", 0) == 0) return true;
   }
   return false;

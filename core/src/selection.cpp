@@ -36,7 +36,7 @@ bool is_plain_name(const std::string& name) {
 }
 
 boost::dll::fs::path canonical_or_as_is(const boost::dll::fs::path& path) {
-  boost::system::error_code error;
+  boost::dll::fs::error_code error;
   boost::dll::fs::path canonical = boost::dll::fs::canonical(path, error);
   return error ? path : canonical;
 }
@@ -45,7 +45,7 @@ boost::dll::fs::path canonical_or_as_is(const boost::dll::fs::path& path) {
 // libbackplane.so (<its folder>/backplane/plugins). A program that links the core's objects itself (the
 // unit tests, bpl-cache) has its own folder in a tree that mirrors the installed one: bin/ beside lib/.
 std::string own_plugin_dir() {
-  boost::system::error_code error;
+  boost::dll::fs::error_code error;
   const boost::dll::fs::path self = boost::dll::this_line_location(error);
   if (error) return "";
   const boost::dll::fs::path code = canonical_or_as_is(self);

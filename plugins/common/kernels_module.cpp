@@ -8,7 +8,7 @@ namespace {
 
 using plugin::Error;
 
-bool installed() { return plugin::side_module_installed(kFileName); }
+plugin::SideModuleState state() { return plugin::side_module_state(kFileName, "the kernels module"); }
 
 // The module's table, or why there is none: loaded once by each load of the plugin; a failure is kept
 // too, and repeated by every call.
@@ -109,14 +109,14 @@ void set_kernels(bpl_plugin_api& api) {
 }
 
 void describe(bpl_plugin_caps& caps) {
-  const bool present = installed();
+  const bool present = state().loadable;
   caps.kernels = present ? kKernels : 0;
   caps.program_formats = present ? kProgramFormats : "";
 }
 
 std::string details() {
-  return installed() ? "kernels=" + path() + " (loaded on first use)"
-                     : "kernels=none: the kernels module " + path() + " is not installed";
+  const plugin::SideModuleState now = state();
+  return now.loadable ? "kernels=" + path() + " (loaded on first use)" : "kernels=none: " + now.why_not;
 }
 
 }  // namespace backplane::kernels_module

@@ -30,7 +30,9 @@ backplane.set_log_callback(fn) sends backplane's log lines to fn(level, source, 
 stderr (None: back to stderr).
 
 The library is found through BPL_LIBRARY (a path to libbackplane.so), then where this package lies
-(an installed tree's <prefix>/lib, a build tree's lib/), then the loader's search path.
+(inside it where pip installed it, an installed tree's <prefix>/lib, a build tree's lib/), then the
+loader's search path. `python -m backplane --help` tells where a pip install keeps the C headers, the
+CMake package and the pkg-config file, for programs built against it.
 """
 
 from ._abi import BackplaneError, abi_version
@@ -39,6 +41,7 @@ from .comm import Comm, Request
 from .device_memory import DeviceMemory
 from .log import set_log_callback
 from .runtime import Program, Runtime
+from ._version import __version__
 
 __all__ = ["BackplaneError", "Runtime", "Comm", "Request", "DeviceMemory", "Program", "abi_version",
-           "set_log_callback"]
+           "set_log_callback", "__version__"]

@@ -3,6 +3,7 @@ function's signature, the library's loading, and its errors as BackplaneError.""
 
 import ctypes
 import ctypes.util
+import importlib.util
 import os
 
 _STATUS_NAMES = {
@@ -82,14 +83,15 @@ _MEMCPY_KIND = {(False, False): 1, (True, False): 2, (False, True): 3, (True, Tr
 
 
 def _find_library():
-    """BPL_LIBRARY, else libbackplane.so where this package lies in an installed tree
-    (<prefix>/lib/python3*/dist-packages/backplane/) or in a build tree (<build>/python/backplane/), else
-    the loader's search path."""
+    """BPL_LIBRARY, else libbackplane.so where this package lies: inside it (a pip install:
+    site-packages/backplane/lib/), in an installed tree (<prefix>/lib/python3*/site-packages/backplane/)
+    or in a build tree (<build>/python/backplane/); else the loader's search path."""
     explicit = os.environ.get("BPL_LIBRARY")
     if explicit:
         return explicit
     here = os.path.dirname(os.path.abspath(__file__))
-    for beside in (os.path.join(here, "..", "..", "..", "libbackplane.so"),
+    for beside in (os.path.join(here, "lib", "libbackplane.so"),
+                   os.path.join(here, "..", "..", "..", "libbackplane.so"),
                    os.path.join(here, "..", "..", "lib", "libbackplane.so")):
         beside = os.path.normpath(beside)  # by the path's names: the build's python/backplane is a link
         if os.path.exists(beside):
@@ -154,7 +156,18 @@ def operation(name):
     return getattr(_api(), name)
 
 
+def _point_at_this_environments_torch():
+    """The modules that link LibTorch (the CPU kernels) find it through BPL_TORCH_DIR, among others
+    (docs/install.md): from Python, the torch this interpreter would import, found without importing it."""
+    if os.environ.get("BPL_TORCH_DIR"):
+        return
+    spec = importlib.util.find_spec("torch")
+    if spec is not None and spec.submodule_search_locations:
+        os.environ["BPL_TORCH_DIR"] = list(spec.submodule_search_locations)[0]
+
+
 def _load():
+    _point_at_this_environments_torch()
     path = _find_library()
     try:
         lib = ctypes.CDLL(path)

@@ -18,7 +18,9 @@ work=$(mktemp -d /tmp/bpl-consumer-XXXXXX)
 trap 'rm -rf "$prefix" "$work"' EXIT
 cmake --install "$build_dir" --prefix "$prefix" > /dev/null
 unset BPL_PLUGIN_PATH BPL_BACKEND BPL_LIBRARY PYTHONPATH
-python_dir=lib/python$("$python" -c "import sys; print('%d.%d' % sys.version_info[:2])")/dist-packages
+# Where the build's Python searches the prefix: a virtual environment's site-packages (Debian's own
+# python3 would have dist-packages).
+python_dir=lib/python$("$python" -c "import sys; print('%d.%d' % sys.version_info[:2])")/site-packages
 version=$(sed -n 's/^Version: //p' "$prefix/lib/pkgconfig/backplane.pc")
 
 for path in lib/libbackplane.so include/backplane/backplane.h include/backplane/plugin.h \
@@ -38,10 +40,15 @@ for tool in "$prefix"/bin/*; do
 done
 
 # libexec/backplane/ holds what other programs run (bpl-run's store, the benchmarks and their
-# workloads): each finds its libraries from there, and the recovery benchmark's workload trains.
+# workloads): each finds backplane's libraries from there, and LibTorch, which this prefix (outside any
+# Python environment) does not hold, where LD_LIBRARY_PATH names the torch of a Python (docs/install.md);
+# the recovery benchmark's workload trains.
+torch_lib=$("$python" -c "import os, torch; print(os.path.join(os.path.dirname(torch.__file__), 'lib'))")
 for program in "$prefix"/libexec/backplane/*; do
-  missing=$(ldd "$program" | grep "not found" || true)
+  missing=$(ldd "$program" | grep "not found" | grep -v -e "libtorch" -e "libc10" || true)
   [ -z "$missing" ] || { echo "$program does not find its libraries: $missing"; exit 1; }
+  missing=$(LD_LIBRARY_PATH="$torch_lib" ldd "$program" | grep "not found" || true)
+  [ -z "$missing" ] || { echo "$program does not find LibTorch through LD_LIBRARY_PATH: $missing"; exit 1; }
 done
 NXD_CPU_MODE=1 "$prefix/bin/bpl-run" --nproc-per-node 2 "$prefix/libexec/backplane/elastic_sgd" --steps 3 \
   | grep -q "rank 1: done: 3 steps" || { echo "the installed elastic_sgd did not train"; exit 1; }
@@ -67,7 +74,8 @@ run_two_ranks "$work/embed_pkgconfig"
 echo "--- find_package only"
 with_parallel=OFF
 [ -e "$prefix/lib/cmake/backplane/backplaneParallelTargets.cmake" ] && with_parallel=ON
-cmake -S "$source_dir/tests/system/install" -B "$work/consumer" -DCMAKE_PREFIX_PATH="$prefix" \
+# The frontend links the torch of the consumer's Python: here, the build's (BPL_PYTHON).
+cmake -S "$source_dir/tests/system/install" -B "$work/consumer" -DCMAKE_PREFIX_PATH="$prefix" -DBPL_PYTHON="$python" \
       -DEMBED_SOURCE="$source_dir/examples/embed.c" -DWITH_PARALLEL=$with_parallel > /dev/null
 cmake --build "$work/consumer" > /dev/null
 run_two_ranks "$work/consumer/embed_from_package"

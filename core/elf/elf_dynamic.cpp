@@ -1,7 +1,8 @@
-#include "elf_needed.h"
+#include "elf_dynamic.h"
 
 #include <elf.h>
 
+#include <algorithm>
 #include <fstream>
 
 namespace backplane {
@@ -17,7 +18,7 @@ bool read_at(std::ifstream& file, uint64_t offset, T* out, size_t count = 1) {
 
 }  // namespace
 
-std::vector<std::string> elf_needed_libraries(const std::string& path) {
+ElfDynamic elf_dynamic(const std::string& path) {
   std::ifstream file(path, std::ios::binary);
   Elf64_Ehdr header{};
   if (!read_at(file, 0, &header) || std::string(reinterpret_cast<const char*>(header.e_ident), 4) != ELFMAG ||
@@ -26,7 +27,8 @@ std::vector<std::string> elf_needed_libraries(const std::string& path) {
   }
   std::vector<Elf64_Shdr> sections(header.e_shnum);
   if (sections.empty() || !read_at(file, header.e_shoff, sections.data(), sections.size())) return {};
-  std::vector<std::string> needed;
+  ElfDynamic found;
+  std::string runpath, rpath;
   for (const Elf64_Shdr& dynamic : sections) {
     // The dynamic section's entries, and the string table its sh_link names, which holds their names.
     if (dynamic.sh_type != SHT_DYNAMIC || dynamic.sh_link >= sections.size()) continue;
@@ -38,10 +40,21 @@ std::vector<std::string> elf_needed_libraries(const std::string& path) {
     }
     for (const Elf64_Dyn& entry : entries) {
       if (entry.d_tag == DT_NULL) break;
-      if (entry.d_tag == DT_NEEDED && entry.d_un.d_val < text.size()) needed.emplace_back(text.c_str() + entry.d_un.d_val);
+      if (entry.d_un.d_val >= text.size()) continue;
+      const char* value = text.c_str() + entry.d_un.d_val;
+      if (entry.d_tag == DT_NEEDED) found.needed.emplace_back(value);
+      if (entry.d_tag == DT_RUNPATH) runpath = value;
+      if (entry.d_tag == DT_RPATH) rpath = value;
     }
   }
-  return needed;
+  // The dynamic loader ignores DT_RPATH where DT_RUNPATH is present.
+  const std::string& folders = runpath.empty() ? rpath : runpath;
+  for (size_t start = 0; start < folders.size();) {
+    const size_t colon = std::min(folders.find(':', start), folders.size());
+    if (colon > start) found.runpath.push_back(folders.substr(start, colon - start));
+    start = colon + 1;
+  }
+  return found;
 }
 
 }  // namespace backplane

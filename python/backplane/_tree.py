@@ -1,0 +1,27 @@
+"""Where this package's installed tree lies: the folder that holds lib/ (libbackplane.so, the plugins,
+the CMake package and the pkg-config file), include/, bin/ and libexec/. pip installs it inside the
+package (site-packages/backplane/), as torch keeps torch/lib; `cmake --install` around it (<prefix>, with
+this package in <prefix>/lib/python3.X/site-packages/backplane/)."""
+
+import os
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def prefix():
+    """The tree's root, or None where this package is not installed (a build tree's python/ folder)."""
+    for candidate in (_HERE, os.path.normpath(os.path.join(_HERE, "..", "..", "..", ".."))):
+        if os.path.exists(os.path.join(candidate, "lib", "pkgconfig", "backplane.pc")):
+            return candidate
+    return None
+
+
+def folders():
+    """{name: folder} of what programs built against backplane use; empty where not installed."""
+    root = prefix()
+    if root is None:
+        return {}
+    lib = os.path.join(root, "lib")
+    return {"prefix": root, "includedir": os.path.join(root, "include"), "libdir": lib,
+            "cmakedir": os.path.join(lib, "cmake", "backplane"), "pkgconfigdir": os.path.join(lib, "pkgconfig"),
+            "bindir": os.path.join(root, "bin")}

@@ -1,0 +1,71 @@
+#!/bin/sh
+# pip install of the checkout as a user does it: a fresh virtual environment with the user's torch (the
+# oldest of the supported range: the newest is the build's own), then `pip install <checkout>` (pip's
+# isolated build, which builds against the torch of the environment it installs into). Then, with
+# nothing set by hand (no PYTHONPATH, no LD_LIBRARY_PATH):
+#   - pip list names backplane; backplane.__version__ and backplane_torch.__version__ are the project's,
+#     and backplane_torch was built for that torch;
+#   - torchrun runs a script that never imports backplane_torch (torch's entry points register it), and
+#     the CPU-mode MLP of the README, checked against the unsharded one;
+#   - a C program built with pkg-config against the installed package runs on 2 ranks under bpl-run;
+#   - a backplane_torch built for another torch refuses to import, naming both versions and the rebuild;
+#   - pip uninstall removes every file it installed, the commands too.
+# Usage: pip_install_test.sh <source dir> <the project's Python> <torch version>
+set -eu
+source_dir=$(realpath "$1")
+base_python=$("$2" -c "import sys; print(sys._base_executable)")
+torch_version=$3
+top=$(mktemp -d /tmp/bpl-pip-XXXXXX)
+trap 'rm -rf "$top"' EXIT
+unset PYTHONPATH BPL_PLUGIN_PATH BPL_LIBRARY BPL_BACKEND BPL_TORCH_DIR VIRTUAL_ENV
+fail() { echo "FAILED: $*"; exit 1; }
+
+"$base_python" -m venv "$top/env"
+env_python=$top/env/bin/python
+echo "--- the user's torch $torch_version"
+"$env_python" -m pip install --disable-pip-version-check --progress-bar off -q "torch==$torch_version" numpy
+echo "--- pip install $source_dir"
+started=$(date +%s)
+"$env_python" -m pip install --disable-pip-version-check "$source_dir" > "$top/pip.log" 2>&1 \
+  || { tail -40 "$top/pip.log"; fail "pip install of the checkout failed"; }
+echo "built and installed in $(( $(date +%s) - started )) s"
+"$env_python" -m pip list 2>/dev/null | grep -E "^backplane +[0-9]" || fail "pip list does not name backplane"
+
+cd "$top"
+version=$(sed -n 's/^__version__ = "\(.*\)"/\1/p' "$source_dir/python/backplane/_version.py")
+facts=$("$env_python" -c "import backplane, backplane_torch
+print(backplane.__version__, backplane_torch.__version__, backplane_torch.TORCH_VERSION)")
+[ "$facts" = "$version $version $torch_version" ] || fail "versions: $facts, expected $version $version $torch_version"
+
+export NXD_CPU_MODE=1 PYTHONWARNINGS=ignore
+echo "--- torchrun, without an import"
+out=$("$top/env/bin/torchrun" --nproc-per-node 2 "$source_dir/tests/system/pip_entry_point.py" 2>&1) \
+  || { echo "$out"; fail "the backend without an import"; }
+[ "$(echo "$out" | grep -c 'without an import: allreduce 3 ok')" -eq 2 ] || { echo "$out"; fail "two ranks"; }
+echo "--- torchrun, the CPU-mode MLP"
+out=$("$top/env/bin/torchrun" --nproc-per-node 2 "$source_dir/examples/python/cpu_mode_mlp.py" --check 2>&1) \
+  || { echo "$out"; fail "cpu_mode_mlp.py --check"; }
+[ "$(echo "$out" | grep -c 'unsharded output sum is .*: match')" -eq 2 ] || { echo "$out"; fail "the MLP did not match"; }
+
+echo "--- a C program built with pkg-config"
+export PKG_CONFIG_PATH
+PKG_CONFIG_PATH=$("$env_python" -m backplane --pkgconfigdir)
+cc -std=c99 -Wall -Werror "$source_dir/examples/embed.c" -o embed $(pkg-config --cflags --libs backplane)
+[ "$("$top/env/bin/bpl-run" --nproc-per-node 2 ./embed | grep -c '  ok$')" -eq 2 ] || fail "embed on 2 ranks"
+
+echo "--- built for another torch"
+build_info=$("$env_python" -c "import backplane_torch._build as b; print(b.__file__)")
+cp "$build_info" "$top/build_info.py"
+sed -i 's/^TORCH_VERSION = .*/TORCH_VERSION = "2.0.1"/' "$build_info"
+status=0
+out=$("$env_python" -c "import backplane_torch" 2>&1) || status=$?
+cp "$top/build_info.py" "$build_info"
+[ $status -ne 0 ] && echo "$out" | grep -q "ImportError: backplane_torch $version was built for torch 2.0.1, and this Python .* has torch $torch_version .*pip install --force-reinstall" \
+  || { echo "$out"; fail "a module built for another torch did not say so"; }
+
+echo "--- pip uninstall"
+site=$("$env_python" -c "import sysconfig; print(sysconfig.get_path('platlib'))")
+"$env_python" -m pip uninstall -y -q backplane
+left=$(ls -d "$site"/backplane* "$top"/env/bin/bpl-* 2>/dev/null || true)
+[ -z "$left" ] || fail "pip uninstall left $left"
+echo "pip install OK"
