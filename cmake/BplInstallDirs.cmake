@@ -49,9 +49,14 @@ bpl_origin_path(CMAKE_INSTALL_RPATH ${CMAKE_INSTALL_BINDIR} ${CMAKE_INSTALL_LIBD
 # program finds it through its own run path (find_package(backplane COMPONENTS parallel) gives it the
 # torch it builds against), and the modules that the plugins load through the torch of the environment
 # that runs them (plugins/common/torch_library.cpp).
+# bpl_links_torch(<target>... [FROM <folder>]): FROM is where they install, lib/ (or bin/) by default.
 function(bpl_links_torch)
-  bpl_origin_path(torch_lib ${CMAKE_INSTALL_LIBDIR} ${BPL_INSTALL_PYTHONDIR}/torch/lib)
-  set_property(TARGET ${ARGN} APPEND PROPERTY INSTALL_RPATH "${torch_lib}")
+  cmake_parse_arguments(PARSE_ARGV 0 arg "" "FROM" "")
+  if(NOT arg_FROM)
+    set(arg_FROM ${CMAKE_INSTALL_LIBDIR})
+  endif()
+  bpl_origin_path(torch_lib ${arg_FROM} ${BPL_INSTALL_PYTHONDIR}/torch/lib)
+  set_property(TARGET ${arg_UNPARSED_ARGUMENTS} APPEND PROPERTY INSTALL_RPATH "${torch_lib}")
 endfunction()
 
 # Programs that other programs run (the launcher's store, benchmarks, their workloads) go where a
