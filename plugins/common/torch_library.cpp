@@ -4,8 +4,6 @@
 #include <glob.h>
 #include <sys/stat.h>
 
-#include <vector>
-
 #include "elf_dynamic.h"
 #include "plugin_support.h"
 
@@ -69,8 +67,10 @@ TorchLibrary find_torch_library(const std::string& module) {
   }
   for (const char* variable : {"VIRTUAL_ENV", "CONDA_PREFIX"}) {
     const char* environment = env(variable);
-    if (environment != nullptr && take(environment_torch(environment), variable)) return found;
-    if (environment == nullptr) found.looked += std::string(found.looked.empty() ? "" : ", ") + variable + " (unset)";
+    const std::string folder = environment != nullptr ? environment_torch(environment) : "";
+    if (!folder.empty() && take(folder, variable)) return found;
+    found.looked += std::string(found.looked.empty() ? "" : ", ") + variable +
+                    (environment == nullptr ? " (unset)" : " (" + std::string(environment) + ", which has no torch)");
   }
   return found;
 }

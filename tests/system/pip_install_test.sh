@@ -10,6 +10,8 @@
 #   - a C program built with pkg-config against the installed package runs on 2 ranks under bpl-run;
 #   - a backplane_torch built for another torch refuses to import, naming both versions and the rebuild;
 #   - pip uninstall removes every file it installed, the commands too.
+# torchrun writes both ranks' lines to one stream, where they can meet on a line: results are counted
+# with grep -o.
 # Usage: pip_install_test.sh <source dir> <the project's Python> <torch version>
 set -eu
 source_dir=$(realpath "$1")
@@ -41,16 +43,16 @@ export NXD_CPU_MODE=1 PYTHONWARNINGS=ignore
 echo "--- torchrun, without an import"
 out=$("$top/env/bin/torchrun" --nproc-per-node 2 "$source_dir/tests/system/pip_entry_point.py" 2>&1) \
   || { echo "$out"; fail "the backend without an import"; }
-[ "$(echo "$out" | grep -c 'without an import: allreduce 3 ok')" -eq 2 ] || { echo "$out"; fail "two ranks"; }
+[ "$(echo "$out" | grep -o 'without an import: allreduce 3 ok' | wc -l)" -eq 2 ] || { echo "$out"; fail "two ranks"; }
 echo "--- torchrun, the CPU-mode MLP"
 out=$("$top/env/bin/torchrun" --nproc-per-node 2 "$source_dir/examples/python/cpu_mode_mlp.py" --check 2>&1) \
   || { echo "$out"; fail "cpu_mode_mlp.py --check"; }
-[ "$(echo "$out" | grep -c 'unsharded output sum is .*: match')" -eq 2 ] || { echo "$out"; fail "the MLP did not match"; }
+[ "$(echo "$out" | grep -o 'unsharded output sum is [^:]*: match' | wc -l)" -eq 2 ] || { echo "$out"; fail "the MLP did not match"; }
 
 echo "--- torchrun, torch.distributed on the backend"
 out=$("$top/env/bin/torchrun" --nproc-per-node 2 "$source_dir/tests/torch_backend/test_process_group.py" 2>&1) \
   || { echo "$out"; fail "test_process_group.py"; }
-[ "$(echo "$out" | grep -c '^rank [01]: OK$')" -eq 2 ] || { echo "$out"; fail "test_process_group.py on two ranks"; }
+[ "$(echo "$out" | grep -o 'rank [01]: OK' | wc -l)" -eq 2 ] || { echo "$out"; fail "test_process_group.py on two ranks"; }
 
 echo "--- a C program built with pkg-config"
 export PKG_CONFIG_PATH
