@@ -7,7 +7,9 @@
 #     and backplane_torch was built for that torch;
 #   - torchrun runs a script that never imports backplane_torch (torch's entry points register it), the
 #     CPU-mode MLP of the README, checked against the unsharded one, and test_process_group.py;
-#   - a C program built with pkg-config against the installed package runs on 2 ranks under bpl-run;
+#   - a C program built with pkg-config against the installed package runs on 2 ranks under bpl-run, a
+#     C++ one built with find_package against backplane::parallel runs, and a consumer whose Python has
+#     another torch (the project's) is refused at configure;
 #   - a backplane_torch built for another torch refuses to import, naming both versions and the rebuild;
 #   - pip uninstall removes every file it installed, the commands too.
 # torchrun writes both ranks' lines to one stream, where they can meet on a line: results are counted
@@ -59,6 +61,18 @@ export PKG_CONFIG_PATH
 PKG_CONFIG_PATH=$("$env_python" -m backplane --pkgconfigdir)
 cc -std=c99 -Wall -Werror "$source_dir/examples/embed.c" -o embed $(pkg-config --cflags --libs backplane)
 [ "$("$top/env/bin/bpl-run" --nproc-per-node 2 ./embed | grep -c '  ok$')" -eq 2 ] || fail "embed on 2 ranks"
+
+echo "--- a C++ program built with find_package against the frontend, and one whose torch differs"
+prefix=$("$env_python" -m backplane --prefix)
+cmake -S "$source_dir/tests/system/install" -B consumer -DCMAKE_PREFIX_PATH="$prefix" -DBPL_PYTHON="$env_python" \
+      -DEMBED_SOURCE="$source_dir/examples/embed.c" -DWITH_PARALLEL=ON > consumer.log 2>&1 \
+  && cmake --build consumer -j2 >> consumer.log 2>&1 || { cat consumer.log; fail "find_package(backplane COMPONENTS parallel)"; }
+[ "$(./consumer/parallel_from_package)" = "cpu_mode=1" ] || fail "the program built against backplane::parallel"
+status=0
+out=$(cmake -S "$source_dir/tests/system/install" -B consumer-other -DCMAKE_PREFIX_PATH="$prefix" -DBPL_PYTHON="$2" \
+        -DEMBED_SOURCE="$source_dir/examples/embed.c" -DWITH_PARALLEL=ON 2>&1) || status=$?
+[ $status -ne 0 ] && echo "$out" | tr '\n' ' ' | grep -q "was built for torch $torch_version, and .* has *torch" \
+  || { echo "$out"; fail "a consumer whose Python has another torch was not refused"; }
 
 echo "--- built for another torch"
 build_info=$("$env_python" -c "import backplane_torch._build as b; print(b.__file__)")
