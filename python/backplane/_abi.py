@@ -6,6 +6,8 @@ import ctypes.util
 import importlib.util
 import os
 
+from . import _tree
+
 _STATUS_NAMES = {
     0: "BPL_OK", 1: "BPL_ERR_INVALID_ARGUMENT", 2: "BPL_ERR_NOT_FOUND", 3: "BPL_ERR_UNSUPPORTED",
     4: "BPL_ERR_UNAVAILABLE", 5: "BPL_ERR_ABI_MISMATCH", 6: "BPL_ERR_TIMEOUT", 7: "BPL_ERR_REMOTE",
@@ -83,19 +85,14 @@ _MEMCPY_KIND = {(False, False): 1, (True, False): 2, (False, True): 3, (True, Tr
 
 
 def _find_library():
-    """BPL_LIBRARY, else libbackplane.so where this package lies: inside it (a pip install:
-    site-packages/backplane/lib/), in an installed tree (<prefix>/lib/python3*/site-packages/backplane/)
-    or in a build tree (<build>/python/backplane/); else the loader's search path."""
+    """BPL_LIBRARY, else libbackplane.so where this package lies (_tree.library_folder: inside it for a
+    pip install, an installed tree's lib/, a build tree's lib/), else the loader's search path."""
     explicit = os.environ.get("BPL_LIBRARY")
     if explicit:
         return explicit
-    here = os.path.dirname(os.path.abspath(__file__))
-    for beside in (os.path.join(here, "lib", "libbackplane.so"),
-                   os.path.join(here, "..", "..", "..", "libbackplane.so"),
-                   os.path.join(here, "..", "..", "lib", "libbackplane.so")):
-        beside = os.path.normpath(beside)  # by the path's names: the build's python/backplane is a link
-        if os.path.exists(beside):
-            return beside
+    folder = _tree.library_folder()
+    if folder is not None and os.path.exists(os.path.join(folder, "libbackplane.so")):
+        return os.path.join(folder, "libbackplane.so")
     return ctypes.util.find_library("backplane") or "libbackplane.so.1"
 
 

@@ -16,6 +16,16 @@ def prefix():
     return None
 
 
+def library_folder():
+    """The folder of libbackplane.so beside this package: the installed tree's lib/, or a build tree's
+    (<build>/python/backplane/ is a link into the sources, so the way up goes by the path's names)."""
+    root = prefix()
+    if root is not None:
+        return os.path.join(root, "lib")
+    build_lib = os.path.normpath(os.path.join(_HERE, "..", "..", "lib"))
+    return build_lib if os.path.exists(os.path.join(build_lib, "libbackplane.so")) else None
+
+
 def folders():
     """{name: folder} of what programs built against backplane use; empty where not installed."""
     root = prefix()

@@ -38,8 +38,10 @@ echo "built and installed in $(( $(date +%s) - started )) s"
 cd "$top"
 version=$(sed -n 's/^__version__ = "\(.*\)"/\1/p' "$source_dir/python/backplane/_version.py")
 facts=$("$env_python" -c "import backplane, backplane_torch
-print(backplane.__version__, backplane_torch.__version__, backplane_torch.TORCH_VERSION)")
-[ "$facts" = "$version $version $torch_version" ] || fail "versions: $facts, expected $version $version $torch_version"
+print(backplane.__version__, backplane_torch.__version__, backplane_torch.TORCH_VERSION, '%d.%d' % backplane.abi_version())")
+abi=$(echo "$version" | cut -d. -f1,2)
+[ "$facts" = "$version $version $torch_version $abi" ] \
+  || fail "versions (the ctypes module loads the package's library): $facts, expected $version $version $torch_version $abi"
 
 export NXD_CPU_MODE=1 PYTHONWARNINGS=ignore
 echo "--- torchrun, without an import"
