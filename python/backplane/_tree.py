@@ -35,3 +35,18 @@ def folders():
     return {"prefix": root, "includedir": os.path.join(root, "include"), "libdir": lib,
             "cmakedir": os.path.join(lib, "cmake", "backplane"), "pkgconfigdir": os.path.join(lib, "pkgconfig"),
             "bindir": os.path.join(root, "bin")}
+
+
+def helper_program(name):
+    """A helper program of the tree's (bpl-store): in the installed tree's libexec/backplane/, in a build
+    tree's bin/; None where this build has none."""
+    root = prefix()
+    lib = library_folder()
+    folders = [os.path.join(root, "libexec", "backplane")] if root else []
+    if lib is not None:
+        folders.append(os.path.join(lib, os.pardir, "bin"))
+    for folder in folders:
+        path = os.path.normpath(os.path.join(folder, name))
+        if os.access(path, os.X_OK):
+            return path
+    return None

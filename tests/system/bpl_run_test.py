@@ -8,6 +8,7 @@ ranks it stops, and --help, --version and an unknown flag answer as other tools 
 """
 import os
 import re
+import socket
 import stat
 import subprocess
 import sys
@@ -86,14 +87,16 @@ def main():
 
         logs = os.path.join(folder, "logs")
         teed = run(bpl_run, ["--nproc-per-node", "2", "--tee", "3", "--log-dir", logs, "who.py"], folder)
+        runs = os.listdir(logs) if os.path.isdir(logs) else []
+        expect(len(runs) == 1, f"--log-dir holds one folder of the run, <run id>_<unique> as torchrun's: {runs}")
         for rank in (0, 1):
-            path = os.path.join(logs, "none", "attempt_0", str(rank), "stdout.log")
+            path = os.path.join(logs, runs[0] if runs else "", "attempt_0", str(rank), "stdout.log")
             try:
                 with open(path) as f:
                     expect(f.read() == f"who {rank} 2 {used}\n", f"{path} holds rank {rank}'s stdout, unprefixed")
             except OSError as error:
                 expect(False, f"--tee 3 --log-dir: {error}")
-            expect(os.path.exists(os.path.join(logs, "none", "attempt_0", str(rank), "stderr.log")),
+            expect(os.path.exists(os.path.join(logs, runs[0] if runs else "", "attempt_0", str(rank), "stderr.log")),
                    f"rank {rank}'s stderr.log")
         expect(len(teed.stdout.splitlines()) == 2, f"--tee also writes to the console: {teed.stdout!r}")
         quiet = run(bpl_run, ["--nproc-per-node", "2", "--redirects", "1", "--log-dir",
@@ -102,7 +105,7 @@ def main():
 
         failed = run(bpl_run, ["--nproc-per-node", "3", "--term-timeout", "2", "fails.py"], folder)
         expect(failed.returncode == 3, f"the failed rank's exit status: {failed.returncode}")
-        expect("rank 1 (pid" in failed.stderr and "exited with code 3; stopping the 2 other ranks" in failed.stderr,
+        expect("rank 1 (pid" in failed.stderr and "exited with code 3; stopped the 2 other ranks" in failed.stderr,
                f"the failure names the rank and counts the others: {failed.stderr!r}")
         # --keep-going: the other ranks go on; the job's status is the first non-zero exit code.
         write(folder, "goes_on.py", "import os, sys, time\nif os.environ['RANK'] == '1':\n    sys.exit(3)\n"
@@ -180,6 +183,38 @@ def main():
                f"--version: {version.stdout!r}")
         unknown = run(bpl_run, ["--frobnicate", "who.py"], folder)
         expect(unknown.returncode == 2 and "--frobnicate" in unknown.stderr, f"an unknown flag: {unknown}")
+        alone = run(bpl_run, ["--bogus"], folder)
+        expect(alone.returncode == 2 and "unrecognized flag --bogus" in alone.stderr,
+               f"an unknown flag without a program is named, not the program: {alone.stderr!r}")
+        # Two ranks failing together, each after a traceback's worth of lines: every line of theirs comes
+        # before bpl-run's summary.
+        # (they meet, then each writes its lines and exits at once).
+        write(folder, "both_fail.py", "import os, sys, time\nr, met = os.environ['RANK'], sys.argv[1]\n"
+                                      "open(met + r, 'w').close()\n"
+                                      "while not os.path.exists(met + str(1 - int(r))):\n    time.sleep(0.001)\n"
+                                      "sys.stderr.write(''.join('trace %d\\n' % i for i in range(300)))\n"
+                                      "sys.stderr.write('error of rank %s\\n' % r); sys.stderr.flush()\n"
+                                      "os._exit(1)\n")
+        for attempt in range(5):
+            met = os.path.join(folder, f"met{attempt}.")
+            both = run(bpl_run, ["--nproc-per-node", "2", "both_fail.py", met], folder)
+            lines = both.stderr.splitlines()
+            summary = [i for i, line in enumerate(lines) if line.startswith("bpl-run: rank")]
+            errors = [i for i, line in enumerate(lines) if re.fullmatch(r"\[rank\d\]:error of rank \d", line)]
+            expect(both.returncode == 1 and len(errors) == 2 and summary and max(errors) < min(summary),
+                   f"two failing ranks' lines, then the summary (attempt {attempt + 1}): {lines}")
+        # With several nodes, the port is torchrun's default; one taken names the flag that chose it.
+        write(folder, "port.py", "import os\nprint(os.environ['MASTER_PORT'], os.environ['GROUP_WORLD_SIZE'])\n")
+        default_port = subprocess.run([bpl_run, "--nnodes", "2", "--node-rank", "1", "port.py"], cwd=folder,
+                                      capture_output=True, text=True, timeout=60,
+                                      env={k: v for k, v in os.environ.items() if k != "MASTER_PORT"})
+        expect(default_port.stdout == "[rank1]:29500 2\n", f"--nnodes 2: MASTER_PORT 29500: {default_port}")
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            port = taken.getsockname()[1] - 2
+            busy = run(bpl_run, ["--nproc-per-node", "2", "--master-port", str(port), "who.py"], folder)
+        expect(busy.returncode != 0 and f"--master-port {port}: the job's store takes port {port + 2}" in busy.stderr,
+               f"a taken MASTER_PORT + 2 names the flag: {busy.stderr!r}")
         bad = run(bpl_run, ["--tee", "5", "who.py"], folder)
         expect(bad.returncode == 2 and "'5'" in bad.stderr, f"a bad --tee value is named: {bad.stderr!r}")
     if failures:

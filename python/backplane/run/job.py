@@ -1,0 +1,299 @@
+"""A job's local ranks: started with torchrun's variables, watched, stopped, restarted (--max-restarts) or
+replaced (--replace), and its end told after every line its ranks wrote."""
+
+import os
+import signal
+import socket
+import string
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+from . import events
+from .environment import command_of, rank_environment
+from .logs import LogLayout, error_message
+from .options import streams_for
+from .output import FilteredLog, RankOutput, tell
+from .ports import STORE_OFFSET, free_port, start_store
+
+
+@dataclass
+class Launch:
+    addr: str
+    port: int
+    world: int
+    store_port: int  # None: rank 0 serves backplane's store
+    command: list
+    shares: list  # each local rank's CPUs (--bind-to core), or None
+
+
+@dataclass
+class Rank:
+    rank: int
+    local_rank: int
+    process: subprocess.Popen
+    name: str  # "rank 3", or "the newcomer for rank 3"
+    error_file: str
+
+
+def cpu_shares(cpus, ranks):
+    """Each of `ranks` local ranks' CPUs: contiguous blocks of the sorted `cpus`, the remainder spread."""
+    cpus = sorted(cpus)
+    return [cpus[i * len(cpus) // ranks:(i + 1) * len(cpus) // ranks] for i in range(ranks)]
+
+
+def describe_exit(status):
+    if status < 0:
+        try:
+            name = signal.Signals(-status).name
+        except ValueError:
+            name = f"signal {-status}"
+        return f"was killed by {name}", 128 - status
+    return f"exited with code {status}", status
+
+
+def process_stopped(pid):
+    """Whether process `pid` is stopped (state T in /proc/<pid>/stat)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat_file:
+            return stat_file.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
+
+
+class Job:
+    def __init__(self, args):
+        self.args = args
+        self.ranks = {}  # pid -> Rank, of every attempt's and newcomer's
+        self.outputs = []  # the current attempt's
+        self.stopping = False  # the signal bpl-run passed on, once one came
+        self.store = None
+        self.restart = 0
+        self.reported = set()  # pids of failed ranks named already (--keep-going)
+        self.replaced = set()  # local ranks a newcomer was started for (--replace)
+        self.superseded = set()  # pids of the ranks those newcomers replaced: their newcomers' status counts
+        self.all_stopped_since = None  # --keep-going: since when every rank left is stopped
+        self.layout = None
+        self.filtered = []
+
+    def start(self):
+        args = self.args
+        addr, port = args.endpoint
+        if port is None:
+            port = free_port(addr)
+        world = args.nproc_per_node * args.max_nodes
+        shares = cpu_shares(os.sched_getaffinity(0), args.nproc_per_node) if args.bind_to == "core" else None
+        self.layout = LogLayout(args.log_dir, args.rdzv_id)
+        logged = any(streams_for(choice, r) != (False, False)
+                     for choice in (args.tee, args.redirects) for r in range(args.nproc_per_node))
+        if logged or args.stdout_filters or args.stderr_filters:
+            self.layout.keep = True
+            if self.layout.owned:
+                tell(f"bpl-run: logs of the ranks in {self.layout.run_folder}")
+        # The first node serves the store at MASTER_PORT + 2 (MASTER_PORT stays free for a program's own
+        # torch.distributed store, and the neuron backend takes MASTER_PORT + 1); every node's ranks are told.
+        store_port = port + STORE_OFFSET
+        if world > 1 and args.node_rank == 0:
+            flag = f"--master-port {port}" if args.master_port is not None else (
+                f"--rdzv-endpoint {args.rdzv_endpoint}" if args.rdzv_endpoint else f"MASTER_PORT={port}"
+                if os.environ.get("MASTER_PORT") else f"port {port}")
+            self.store = start_store(store_port, flag)
+        launcher_store = world > 1 and (self.store is not None or args.node_rank > 0)
+        self.launch = Launch(addr, port, world, store_port if launcher_store else None, command_of(args), shares)
+        events.record(args, "start", world_size=world, master=f"{addr}:{port}")
+        self.start_group()
+
+    def start_group(self):
+        attempt = self.layout.attempt_folder(self.restart)
+        for filtered in self.filtered:
+            filtered.close()
+        self.filtered = [FilteredLog(os.path.join(attempt, "filtered_stdout.log"), self.args.stdout_filters),
+                         FilteredLog(os.path.join(attempt, "filtered_stderr.log"), self.args.stderr_filters)]
+        self.outputs = []
+        for local_rank in range(self.args.nproc_per_node):
+            self.start_rank(local_rank)
+
+    def start_rank(self, local_rank, newcomer=False):
+        args, launch = self.args, self.launch
+        rank = args.node_rank * args.nproc_per_node + local_rank
+        attempt = self.restart + (1 if newcomer else 0)
+        error_file = self.layout.error_file(attempt, local_rank)
+        env = rank_environment(args, launch, local_rank, self.restart, error_file, newcomer)
+        # Bound in the child before it runs, so that every thread it starts inherits the share.
+        bind = (lambda share=launch.shares[local_rank]: os.sched_setaffinity(0, share)) if launch.shares else None
+        name = f"the newcomer for rank {rank}" if newcomer else f"rank {rank}"
+        try:
+            process = subprocess.Popen(launch.command, env=env, preexec_fn=bind, stdin=subprocess.DEVNULL,
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        except OSError as error:
+            self.stop_ranks()
+            raise SystemExit(f"bpl-run: cannot start {name}: {launch.command[0]}: {error.strerror}") from None
+        self.ranks[process.pid] = Rank(rank, local_rank, process, name, error_file)
+        prefix = string.Template(args.log_line_prefix_template).safe_substitute(
+            rank=f"{rank}-newcomer" if newcomer else rank, local_rank=local_rank, role_name=args.role,
+            hostname=socket.gethostname())
+        redirected, teed = streams_for(args.redirects, local_rank), streams_for(args.tee, local_rank)
+        shown = args.local_ranks_filter is None or local_rank in args.local_ranks_filter
+        streams = ((process.stdout, sys.stdout.buffer, "stdout"), (process.stderr, sys.stderr.buffer, "stderr"))
+        for index, (pipe, console, stream) in enumerate(streams):
+            to_file = redirected[index] or teed[index]
+            path = os.path.join(self.layout.rank_folder(attempt, local_rank), stream + ".log") if to_file else None
+            self.outputs.append(RankOutput(rank, pipe, console, prefix, path, shown and not redirected[index],
+                                           self.filtered[index]))
+
+    def forward(self, signum, _frame):
+        """Passes a signal on to every rank; ranks still running after the grace period are killed."""
+        for entry in self.ranks.values():
+            if entry.process.poll() is None:
+                entry.process.send_signal(signum)
+        if self.stopping is False:
+            self.stopping = signum
+            self.kill_deadline = time.monotonic() + self.args.shutdown_timeout
+
+    def stop_ranks(self):
+        """Stops every rank still running: SIGTERM, then SIGKILL after the grace period."""
+        running = [entry.process for entry in self.ranks.values() if entry.process.poll() is None]
+        for process in running:
+            process.terminate()
+        deadline = time.monotonic() + self.args.shutdown_timeout
+        for process in running:
+            try:
+                process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+    def drain(self):
+        """Waits for the ranks' output to reach the console. A process a rank started may hold it open after
+        the rank ended: its lines are carried for the grace period more, then bpl-run goes on, saying so."""
+        deadline = time.monotonic() + self.args.shutdown_timeout
+        still_open = sorted({output.rank for output in self.outputs if not output.finish(deadline)})
+        if still_open:
+            tell(f"bpl-run: the output of rank(s) {', '.join(map(str, still_open))} is still open "
+                 f"{self.args.shutdown_timeout:g} s after they ended (a process they started holds it); not waiting "
+                 "for it")
+
+    def wait(self):
+        """Returns the job's exit code once every rank has ended; every line the ranks wrote comes first."""
+        code, summary = self.wait_for_ranks()
+        self.drain()
+        for line in summary:
+            tell(line)
+        events.record(self.args, "end", exit_code=code)
+        return code
+
+    def failure_lines(self, failed):
+        """bpl-run's lines on failed ranks: each named with how it ended, and its error file's message."""
+        lines = []
+        for entry in failed:
+            what = describe_exit(entry.process.returncode)[0]
+            message = error_message(entry.error_file)
+            self.layout.keep = self.layout.keep or message is not None  # the file it names stays
+            lines.append(f"bpl-run: {entry.name} (pid {entry.process.pid}) {what}"
+                         + (f": {message} (its error file: {entry.error_file})" if message else ""))
+        return lines
+
+    def wait_for_ranks(self):
+        """(exit code, the lines that tell how the job ended) once every rank has ended."""
+        while True:
+            for entry in self.ranks.values():
+                entry.process.poll()
+            running = [e for e in self.ranks.values() if e.process.returncode is None]
+            failed = [e for e in self.ranks.values()
+                      if e.process.returncode not in (None, 0) and e.process.pid not in self.reported]
+            if failed and self.args.keep_going:
+                self.go_on_without(failed, running)
+            elif failed and self.stopping is False:  # else: ranks ending because we passed them a signal
+                # A rank killed by a signal is the cause; ranks that then exited with an error saw it.
+                failed.sort(key=lambda e: (e.process.returncode >= 0, e.rank))
+                others = len(running)
+                self.reported.update(e.process.pid for e in failed)
+                self.stop_ranks()
+                lines = self.failure_lines(failed)
+                if self.restart < self.args.max_restarts:
+                    self.reported.update(self.ranks)  # the stopped attempt's ranks ended as asked
+                    self.drain()
+                    for line in lines:
+                        tell(line)
+                    self.restart += 1
+                    tell(f"bpl-run: restarting the {self.args.nproc_per_node} rank(s) (restart {self.restart} of "
+                         f"{self.args.max_restarts})")
+                    events.record(self.args, "restart", restart=self.restart, failed=[e.rank for e in failed])
+                    self.start_group()
+                    continue
+                stopped = {0: "", 1: "; stopped the other rank"}.get(others, f"; stopped the {others} other ranks")
+                lines[0] += stopped
+                events.record(self.args, "failure", ranks=[e.rank for e in failed])
+                return describe_exit(failed[0].process.returncode)[1], lines
+            if not any(e.process.returncode is None for e in self.ranks.values()):  # newcomers included
+                break
+            if self.args.keep_going and self.stopping is False:
+                self.kill_ranks_left_stopped(running)
+            if self.stopping is not False and time.monotonic() > self.kill_deadline:
+                for entry in running:
+                    if entry.process.poll() is None:
+                        entry.process.kill()
+            time.sleep(self.args.monitor_interval)
+        if self.stopping is not False:
+            return 128 + int(self.stopping), []
+        if self.args.keep_going:
+            codes = [e.process.returncode for pid, e in self.ranks.items() if pid not in self.superseded]
+            exited = [code for code in codes if code >= 0]
+            if any(code != 0 for code in exited):
+                return next(code for code in exited if code != 0), []
+            return (0 if exited else describe_exit(codes[0])[1]), []
+        return 0, []
+
+    def go_on_without(self, failed, running):
+        """--keep-going: names each failed rank, and with --replace starts a newcomer in its place."""
+        for entry in failed:
+            self.reported.add(entry.process.pid)
+            # A newcomer needs members to admit it: on one node, none once every rank has ended.
+            members_left = bool(running) or self.args.max_nodes > 1
+            replace = (self.args.replace and entry.local_rank not in self.replaced and self.stopping is False
+                       and members_left)
+            if replace:
+                went_on = "; the others go on; starting a newcomer in its place (--replace)"
+            elif not members_left:
+                went_on = "; no other rank is running" + (", none to admit a newcomer" if self.args.replace else "")
+            else:
+                went_on = "; the others go on (--keep-going)"
+            tell(self.failure_lines([entry])[0] + went_on)
+            if replace:
+                self.replaced.add(entry.local_rank)
+                self.superseded.add(entry.process.pid)
+                self.start_rank(entry.local_rank, newcomer=True)
+
+    def kill_ranks_left_stopped(self, running):
+        """--keep-going: once every rank still running is stopped (SIGSTOP: it would never end) and some
+        rank has ended, nothing can bring the job on; after the grace period of that, the stopped ones are
+        killed, each named, so that bpl-run ends."""
+        ended = any(e.process.returncode is not None for e in self.ranks.values())
+        left = [e for e in running if e.process.poll() is None]
+        if not ended or not left or not all(process_stopped(e.process.pid) for e in left):
+            self.all_stopped_since = None
+            return
+        now = time.monotonic()
+        if self.all_stopped_since is None:
+            self.all_stopped_since = now
+        if now - self.all_stopped_since < self.args.shutdown_timeout:
+            return
+        for entry in left:
+            tell(f"bpl-run: {entry.name} (pid {entry.process.pid}) is stopped and every other rank has ended; "
+                 "killing it")
+            entry.process.kill()
+            entry.process.wait()
+
+    def close(self):
+        for filtered in self.filtered:
+            filtered.close()
+        if self.store is not None:
+            self.store.terminate()
+            try:
+                self.store.wait(timeout=self.args.shutdown_timeout)
+            except subprocess.TimeoutExpired:
+                self.store.kill()
+                self.store.wait()
+        if self.layout is not None:
+            self.layout.close()

@@ -1,0 +1,16 @@
+# Launching as users launch (included by tests/CMakeLists.txt where the gloo backend is built).
+# bpl-run as torchrun: scripts, modules and programs, its log files, whole prefixed lines, its answers.
+add_test(NAME bpl_run_as_torchrun COMMAND ${BPL_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/system/bpl_run_test.py
+         ${CMAKE_RUNTIME_OUTPUT_DIRECTORY})
+set_tests_properties(bpl_run_as_torchrun PROPERTIES TIMEOUT 300 PROCESSORS 2)
+# bpl-run beside a real torchrun, flag by flag: the ranks' variables, their lines, restarts, @record.
+add_test(NAME bpl_run_torchrun_parity COMMAND ${BPL_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/system/torchrun_parity_test.py
+         ${CMAKE_RUNTIME_OUTPUT_DIRECTORY})
+set_tests_properties(bpl_run_torchrun_parity PROPERTIES TIMEOUT 600 PROCESSORS 2)
+# srun and sbatch on a real single-node Slurm: torch and the C ABI, gloo and mpi (skipped without root).
+if(TARGET backplane_torch AND TARGET backplane-mpi)
+  add_test(NAME slurm_srun_sbatch COMMAND ${BPL_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/system/slurm_test.py
+           ${CMAKE_RUNTIME_OUTPUT_DIRECTORY} ${PROJECT_SOURCE_DIR}/docs/running.md)
+  set_tests_properties(slurm_srun_sbatch PROPERTIES TIMEOUT 600 PROCESSORS 2 SKIP_RETURN_CODE 77
+    ENVIRONMENT "PYTHONPATH=${BPL_TORCH_MODULE_DIR};PYTHONWARNINGS=ignore")
+endif()
