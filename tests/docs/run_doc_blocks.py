@@ -9,8 +9,14 @@ What each fenced block is, by its language:
   c           a program (it has main): built against the build's libbackplane and run on 2 ranks of
               CPU mode under bpl-run
   python      a program: run on 2 ranks of CPU mode under bpl-run with the project's Python, with
-              build/python and python/ on its path
-  text, none  output or a picture: not code, not run
+              build/python and python/ on its path; one that uses the backplane package without
+              torch.distributed (which needs a launcher's variables) runs first as one process, as a
+              user first tries it
+  text, none  output or a picture: not code, not run; a text block marked `<!-- output: why -->` on the
+              line above its fence is the expected output of the code block before it (with any marked
+              output blocks between them): each of its lines
+              must be a line that block printed (stdout or stderr), where "…" or "..." stands for any
+              text (what changes from run to run: pids, ports, timings)
 Every relative link of the page must name a file that exists and, for a Markdown page, a heading or
 an `<a id>` of it. With --ci-script, the page's test command (the line after its "# 2." comment, the
 README's) must be the command that script runs, exactly. Any other block (cpp, cmake, ...), or one that cannot run as written here (two machines, a Slurm
@@ -30,12 +36,15 @@ RUN = {"sh", "c", "python"}
 NOT_CODE = {"", "text"}
 FENCE = re.compile(r"^(\s*)```(\S*)")
 ILLUSTRATION = re.compile(r"<!--\s*illustration:\s*(.+?)\s*-->")
+EXPECTED_OUTPUT = re.compile(r"<!--\s*output:\s*(.+?)\s*-->")
+ELISION = re.compile(r"…|\.\.\.")
 TIMEOUT_S = 600
 
 
 class Block:
-    def __init__(self, page, line, language, body, illustration):
+    def __init__(self, page, line, language, body, illustration, expected_output=False):
         self.page, self.line, self.language, self.body, self.illustration = page, line, language, body, illustration
+        self.expected_output = expected_output
 
     def name(self):
         return "%s:%d (%s)" % (os.path.basename(self.page), self.line, self.language or "text")
@@ -60,7 +69,8 @@ def blocks_of(page):
             j += 1
         if j == len(lines):
             sys.exit("%s:%d: a block that never closes" % (page, i + 1))
-        found.append(Block(page, i + 1, language, "\n".join(body) + "\n", marker.group(1) if marker else None))
+        found.append(Block(page, i + 1, language, "\n".join(body) + "\n", marker.group(1) if marker else None,
+                           language in NOT_CODE and EXPECTED_OUTPUT.search(above) is not None))
         i = j + 1
     return found
 
@@ -121,6 +131,17 @@ def ci_runs_the_test_command(page, script):
     print("ok: %s runs the README's test command" % os.path.basename(script))
 
 
+def missing_lines(expected, printed):
+    """The lines of `expected` (a text block) that no line of `printed` matches, "…" standing for any text."""
+    printed_lines = [line.rstrip() for line in printed.splitlines()]
+    missing = []
+    for line in filter(None, (line.rstrip() for line in expected.splitlines())):
+        pattern = re.compile(".*".join(re.escape(part) for part in ELISION.split(line)))
+        if not any(pattern.fullmatch(candidate) for candidate in printed_lines):
+            missing.append(line)
+    return missing
+
+
 def scratch_folder(source, build):
     """A folder holding links to the source tree's entries, build/ being the build folder."""
     folder = tempfile.mkdtemp(prefix="doc-blocks-")
@@ -155,7 +176,11 @@ def command_of(block, folder, build):
             f.write(block.body)
         python = os.environ.get("BPL_PYTHON", sys.executable)
         path = os.pathsep.join([os.path.join(build, "python"), os.path.join(folder, "python")])
-        return ["env", "NXD_CPU_MODE=1", "PYTHONPATH=" + path, *launcher, python, program]
+        ranks = ["env", "NXD_CPU_MODE=1", "PYTHONPATH=" + path, *launcher, python, program]
+        if re.search(r"^import backplane$", block.body, re.M) and "torch.distributed" not in block.body:
+            alone = ["env", "NXD_CPU_MODE=1", "PYTHONPATH=" + path, python, program]
+            return ["bash", "-e", "-c", shlex.join(alone) + " && " + shlex.join(ranks)]
+        return ranks
     return None
 
 
@@ -179,7 +204,7 @@ def main():
     folder = scratch_folder(source, build)
     ran = skipped = 0
     try:
-        for block in blocks:
+        for index, block in enumerate(blocks):
             if block.illustration is not None:
                 print("skipped %s: an illustration (%s)" % (block.name(), block.illustration), flush=True)
                 skipped += 1
@@ -188,12 +213,26 @@ def main():
             if command is None:
                 continue
             print("running %s:\n%s" % (block.name(), block.body), flush=True)
+            shown = []  # the expected-output blocks right after this one, each checked against its output
+            for following in blocks[index + 1:]:
+                if not following.expected_output:
+                    break
+                shown.append(following)
+            expected = "".join(b.body for b in shown) or None
             try:
-                finished = subprocess.run(command, cwd=folder, timeout=TIMEOUT_S, check=False)
+                finished = subprocess.run(command, cwd=folder, timeout=TIMEOUT_S, check=False, text=True,
+                                          stdout=subprocess.PIPE if expected else None,
+                                          stderr=subprocess.STDOUT if expected else None)
             except subprocess.TimeoutExpired:
                 sys.exit("FAILED %s: still running after %d s" % (block.name(), TIMEOUT_S))
+            if expected is not None:
+                sys.stdout.write(finished.stdout)
             if finished.returncode != 0:
                 sys.exit("FAILED %s: exit status %d" % (block.name(), finished.returncode))
+            if expected is not None and missing_lines(expected, finished.stdout):
+                sys.exit("FAILED %s: its output, shown in %s, lacks:\n  %s" % (
+                    block.name(), ", ".join(b.name() for b in shown),
+                    "\n  ".join(missing_lines(expected, finished.stdout))))
             ran += 1
     finally:
         shutil.rmtree(folder, ignore_errors=True)
