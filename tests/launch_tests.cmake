@@ -14,3 +14,8 @@ if(TARGET backplane_torch AND TARGET backplane-mpi)
   set_tests_properties(slurm_srun_sbatch PROPERTIES TIMEOUT 600 PROCESSORS 2 SKIP_RETURN_CODE 77
     ENVIRONMENT "PYTHONPATH=${BPL_TORCH_MODULE_DIR};PYTHONWARNINGS=ignore")
 endif()
+# A waiting job says what it waits for at info level: a rendezvous missing a rank, a store that never
+# comes, a collective stalled past a quarter of its timeout; nothing at the default level.
+add_test(NAME wait_reports COMMAND ${BPL_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/system/wait_reports_test.py
+         ${CMAKE_RUNTIME_OUTPUT_DIRECTORY})
+set_tests_properties(wait_reports PROPERTIES TIMEOUT 180 PROCESSORS 2 ENVIRONMENT "${BPL_PYTHON_TEST_ENV}")

@@ -133,6 +133,32 @@ inline void log(int32_t level, const char* source, const std::string& message) {
   if (host() != nullptr && level <= host()->log_level) host()->log(level, source, message.c_str());
 }
 
+// A long wait says what it still waits for: due() is true once every `interval` of waiting, where info
+// lines are on (BPL_LOG_LEVEL=info), and the waiter then logs at info level what it lacks.
+class WaitReport {
+ public:
+  explicit WaitReport(std::chrono::milliseconds interval)
+      : interval_(interval), started_(std::chrono::steady_clock::now()), next_(deadline_after(interval, started_)) {}
+  bool due() {
+    if (host() == nullptr || host()->log_level < BPL_LOG_INFO) return false;
+    const auto now = std::chrono::steady_clock::now();
+    if (now < next_) return false;
+    next_ = deadline_after(interval_, now);
+    return true;
+  }
+  // "12 s", for the message.
+  std::string waited() const {
+    const auto s = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - started_);
+    return std::to_string(s.count()) + " s";
+  }
+
+ private:
+  std::chrono::milliseconds interval_;
+  std::chrono::steady_clock::time_point started_, next_;
+};
+// How often a rendezvous or a store's first connection says what it waits for.
+constexpr std::chrono::milliseconds kWaitReportInterval{5000};
+
 // Maps an exception the plugin's dependencies threw to a status; plugins pass their own classifier.
 using ExceptionClassifier = bpl_status (*)(const std::exception& e);
 

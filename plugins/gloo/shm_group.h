@@ -57,6 +57,7 @@ class Deadline {
     if (at_ == std::chrono::steady_clock::time_point{}) at_ = plugin::deadline_after(timeout_);
     return at_;
   }
+  std::chrono::milliseconds timeout() const { return timeout_; }
 
  private:
   std::chrono::milliseconds timeout_;

@@ -297,10 +297,16 @@ void ShmGroup::wait_until(int peer, std::atomic<uint32_t>& word, Reached reached
   }
   const pid_t pid = peer_pid(peer);
   auto next_liveness_check = std::chrono::steady_clock::now();
+  // A stalled collective says, at each quarter of its timeout, which rank it still waits for.
+  plugin::WaitReport report(std::max(kSleepSlice, deadline.timeout() / 4));
   for (;;) {
     if (reached()) return;
     if (failed()) throw_failure_record();
     const auto now = std::chrono::steady_clock::now();
+    if (report.due()) {
+      plugin::log(BPL_LOG_INFO, "gloo", "shared memory: still waiting after " + report.waited() + " of the " +
+                                            std::to_string(deadline.timeout().count()) + " ms timeout: " + late());
+    }
     if (pid != 0 && now >= next_liveness_check) {
       if (plugin::process_state(pid) == plugin::ProcessState::kEnded) {
         const std::string reason = "shared memory: " + plugin::local_peer_description(rank_name(peer), pid, plugin::ProcessState::kEnded);

@@ -113,6 +113,7 @@ TcpStoreClient::TcpStoreClient(const std::string& host, uint16_t port, std::chro
   const auto give_up = plugin::deadline_after(connect_timeout);
   std::string why;
   auto pause = std::chrono::milliseconds(10);
+  plugin::WaitReport report(plugin::kWaitReportInterval);
   for (;;) {
     fd_ = connect_once(host, port, give_up, why);
     if (fd_ >= 0) break;
@@ -121,6 +122,11 @@ TcpStoreClient::TcpStoreClient(const std::string& host, uint16_t port, std::chro
       throw Error(BPL_ERR_TIMEOUT, "nothing took a connection at " + where_ + " within " +
                                        std::to_string(connect_timeout.count()) + " ms (BPL_TIMEOUT_MS; last: " + why +
                                        "): " + host_name_ + ", which hosts the store, never came");
+    }
+    if (report.due()) {
+      plugin::log(BPL_LOG_INFO, "gloo", "waiting for the store at " + where_ + " (" + host_name_ + "'s): nothing took a "
+                                            "connection in " + report.waited() + " of " +
+                                            std::to_string(connect_timeout.count()) + " ms (last: " + why + ")");
     }
     std::this_thread::sleep_for(std::min<Clock::duration>(pause, give_up - now));
     pause = std::min(pause * 2, std::chrono::milliseconds(200));

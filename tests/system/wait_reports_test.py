@@ -1,0 +1,78 @@
+"""A waiting job says what it waits for, at info level (BPL_LOG_LEVEL=info), and nothing at the default
+level: a rendezvous missing a rank names it every few seconds, a rank whose store never comes says so,
+and a collective stalled past a quarter of its timeout names the rank it waits for, then completes.
+
+    wait_reports_test.py <bin dir>
+"""
+import os
+import re
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, "python"))
+from backplane.run.ports import free_port  # noqa: E402
+
+failures = []
+
+STALL = """import os, time
+import backplane
+with backplane.Runtime() as rt:
+    if rt.world.rank == 1:
+        time.sleep(3)
+    data = bytearray(4)
+    rt.world.allreduce(data)
+    print("done", rt.world.rank, flush=True)
+"""
+
+
+def expect(condition, what):
+    if not condition:
+        failures.append(what)
+        print("FAILED: " + what, flush=True)
+
+
+def alone(bin_dir, rank, timeout_ms, level):
+    """bpl-info --init as `rank` of 2 with no other rank: it waits, then fails."""
+    env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(free_port("127.0.0.1")), BPL_TIMEOUT_MS=str(timeout_ms), BPL_LOG_LEVEL=level,
+               NXD_CPU_MODE="1")
+    for name in ("BPL_STORE_PORT", "TORCHELASTIC_USE_AGENT_STORE"):
+        env.pop(name, None)
+    return subprocess.run([os.path.join(bin_dir, "bpl-info"), "--init"], env=env, capture_output=True, text=True,
+                          timeout=60)
+
+
+def main():
+    bin_dir = os.path.abspath(sys.argv[1])
+    waiting = alone(bin_dir, 0, 11000, "info")
+    reports = re.findall(r"INFO: rendezvous: 1/2 joined, missing ranks \[1\] after (\d+) s of 11000 ms", waiting.stderr)
+    expect(waiting.returncode != 0 and reports == ["5", "10"],
+           f"a rendezvous missing rank 1 names it at 5 s and 10 s: {reports} {waiting.stderr[-1500:]!r}")
+    quiet = alone(bin_dir, 0, 6000, "warn")
+    expect(quiet.returncode != 0 and "INFO" not in quiet.stderr and "missing ranks [1]" in quiet.stderr,
+           f"at the default level only the failure speaks: {quiet.stderr[-1500:]!r}")
+    no_store = alone(bin_dir, 1, 6000, "info")
+    expect(no_store.returncode != 0 and re.search(r"INFO: waiting for the store at 127\.0\.0\.1:\d+ \(rank 0's\): "
+                                                  r"nothing took a connection in 5 s of 6000 ms", no_store.stderr),
+           f"a rank whose store never comes says what it waits for: {no_store.stderr[-1500:]!r}")
+
+    with open(os.path.join(os.environ.get("TMPDIR", "/tmp"), f"stall-{os.getpid()}.py"), "w") as f:
+        f.write(STALL)
+    try:
+        stalled = subprocess.run([os.path.join(bin_dir, "bpl-run"), "--nproc-per-node", "2", sys.executable, f.name],
+                                 env=dict(os.environ, BPL_TIMEOUT_MS="8000", BPL_LOG_LEVEL="info", NXD_CPU_MODE="1"),
+                                 capture_output=True, text=True, timeout=60)
+    finally:
+        os.unlink(f.name)
+    expect(stalled.returncode == 0 and re.search(r"\[rank0\]:\[backplane:gloo\] INFO: shared memory: still waiting "
+                                                 r"after 2 s of the 8000 ms timeout: rank 1 ", stalled.stderr)
+           and "done 0" in stalled.stdout and "done 1" in stalled.stdout,
+           f"a collective stalled past a quarter of its timeout names the rank it waits for: {stalled.returncode} "
+           f"{stalled.stdout!r} {stalled.stderr[-1500:]!r}")
+    if failures:
+        sys.exit("FAILED:\n  " + "\n  ".join(failures))
+    print("passed: waits say what they wait for")
+
+
+if __name__ == "__main__":
+    main()
