@@ -231,8 +231,13 @@ def main():
                         gloo_us, against_mpi, raw_mpi_us = (float(numbers[i]) for i in (0, 5, 8))
                         expect(abs(against_mpi - gloo_us / raw_mpi_us) <= 0.15 * against_mpi + 0.01,
                                f"row {op} {label}: gloo/raw mpi {against_mpi} is gloo's {gloo_us} over {raw_mpi_us}")
-        with open(os.path.join(out, "collectives.png"), "rb") as f:
-            expect(f.read(8) == b"\x89PNG\r\n\x1a\n", "collectives.png is a PNG")
+        for family in ("reductions", "gathers", "alltoall", "pingpong"):
+            try:
+                with open(os.path.join(out, f"collectives-{family}.png"), "rb") as f:
+                    expect(f.read(8) == b"\x89PNG\r\n\x1a\n", f"collectives-{family}.png is a PNG")
+            except OSError as error:
+                expect(False, f"a figure per family of operations: {error}")
+        expect(not re.search(r"\| 0\.000 \|", table), "ratios and bandwidths keep their significant digits")
         expect("Under load" not in table, "an idle run says nothing of load")
         for backend in backends:
             expect(re.search(rf"memcpy bandwidth \({backend} run, every rank at once\): 4 B [0-9.]+ GB/s", table),
