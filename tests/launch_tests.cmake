@@ -19,3 +19,8 @@ endif()
 add_test(NAME wait_reports COMMAND ${BPL_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/system/wait_reports_test.py
          ${CMAKE_RUNTIME_OUTPUT_DIRECTORY})
 set_tests_properties(wait_reports PROPERTIES TIMEOUT 180 PROCESSORS 2 ENVIRONMENT "${BPL_PYTHON_TEST_ENV}")
+# bpl-run's agents meeting across nodes (--rdzv-backend c10d): places, --nnodes MIN:MAX, restarts on
+# every node, a node lost whole; two agents of this machine at a loopback endpoint.
+add_test(NAME bpl_run_c10d_rendezvous COMMAND ${BPL_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/system/c10d_rendezvous_test.py
+         ${CMAKE_RUNTIME_OUTPUT_DIRECTORY})
+set_tests_properties(bpl_run_c10d_rendezvous PROPERTIES TIMEOUT 300 PROCESSORS 2 ENVIRONMENT "${BPL_PYTHON_TEST_ENV}")

@@ -188,12 +188,12 @@ def main():
                f"an unknown flag without a program is named, not the program: {alone.stderr!r}")
         # Two ranks failing together, each after a traceback's worth of lines: every line of theirs comes
         # before bpl-run's summary.
-        # (they meet, then each writes its lines and exits at once).
+        # (each writes its lines, then they meet, then each exits at once).
         write(folder, "both_fail.py", "import os, sys, time\nr, met = os.environ['RANK'], sys.argv[1]\n"
-                                      "open(met + r, 'w').close()\n"
-                                      "while not os.path.exists(met + str(1 - int(r))):\n    time.sleep(0.001)\n"
                                       "sys.stderr.write(''.join('trace %d\\n' % i for i in range(300)))\n"
                                       "sys.stderr.write('error of rank %s\\n' % r); sys.stderr.flush()\n"
+                                      "open(met + r, 'w').close()\n"
+                                      "while not os.path.exists(met + str(1 - int(r))):\n    time.sleep(0.001)\n"
                                       "os._exit(1)\n")
         for attempt in range(5):
             met = os.path.join(folder, f"met{attempt}.")

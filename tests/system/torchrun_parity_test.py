@@ -133,7 +133,7 @@ def main():
                 "fail_once")
         ours, _ = compare("--max-restarts 1, a rank failing always", lambda: static() + ["--max-restarts", "1"],
                           probe, folder, "fail")
-        expect(ours.returncode == 3 and "restarting the 2 rank(s) (restart 1 of 1)" in ours.stderr,
+        expect(ours.returncode == 3 and "restarting the ranks (restart 1 of 1)" in ours.stderr,
                f"bpl-run restarts once, then ends with the rank's status: {ours.returncode} {ours.stderr!r}")
         ours, theirs = compare("@record", static, probe, folder, "raise")
         expect("ValueError: boom from rank 1 (its error file: " in ours.stderr,

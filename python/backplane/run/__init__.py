@@ -28,6 +28,8 @@ import sys
 
 from .job import Job
 from .options import parse_args
+from .output import tell
+from .rendezvous import RendezvousError
 
 
 def main(argv=None):
@@ -38,5 +40,8 @@ def main(argv=None):
     try:
         job.start()
         return job.wait()
+    except RendezvousError as error:
+        tell(f"bpl-run: {error}")
+        return 1
     finally:
         job.close()

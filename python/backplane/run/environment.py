@@ -27,13 +27,13 @@ def rank_environment(args, launch, local_rank, restart, error_file, newcomer=Fal
     """The environment of local rank `local_rank` in attempt `restart`: torchrun's variables, or, for a
     newcomer in a failed rank's place (--replace), BPL_JOIN=1 and the job's addresses but no rank."""
     nproc = args.nproc_per_node
-    rank = args.node_rank * nproc + local_rank
+    rank = launch.node_rank * nproc + local_rank
     env = dict(os.environ)
     env.update({
         "MASTER_ADDR": launch.addr,
         "MASTER_PORT": str(launch.port),
-        "GROUP_RANK": str(args.node_rank),
-        "GROUP_WORLD_SIZE": str(args.max_nodes),
+        "GROUP_RANK": str(launch.node_rank),
+        "GROUP_WORLD_SIZE": str(launch.nnodes),
         "ROLE_NAME": args.role,
         "TORCHELASTIC_RESTART_COUNT": str(restart),
         "TORCHELASTIC_MAX_RESTARTS": str(args.max_restarts),

@@ -16,12 +16,16 @@ from .logs import LogLayout, error_message
 from .options import streams_for
 from .output import FilteredLog, RankOutput, tell
 from .ports import STORE_OFFSET, free_port, start_store
+from .rendezvous import C10dRendezvous
 
 
 @dataclass
 class Launch:
+    """Where this node's ranks sit in the job, in the current attempt."""
     addr: str
     port: int
+    node_rank: int
+    nnodes: int
     world: int
     store_port: int  # None: rank 0 serves backplane's store
     command: list
@@ -76,14 +80,13 @@ class Job:
         self.all_stopped_since = None  # --keep-going: since when every rank left is stopped
         self.layout = None
         self.filtered = []
+        self.launch = None
+        self.rendezvous = None  # --rdzv-backend c10d across nodes
+        self.attempt = 0  # every start of the ranks: a restart, or the rendezvous forming the job anew
 
     def start(self):
         args = self.args
-        addr, port = args.endpoint
-        if port is None:
-            port = free_port(addr)
-        world = args.nproc_per_node * args.max_nodes
-        shares = cpu_shares(os.sched_getaffinity(0), args.nproc_per_node) if args.bind_to == "core" else None
+        self.shares = cpu_shares(os.sched_getaffinity(0), args.nproc_per_node) if args.bind_to == "core" else None
         self.layout = LogLayout(args.log_dir, args.rdzv_id)
         logged = any(streams_for(choice, r) != (False, False)
                      for choice in (args.tee, args.redirects) for r in range(args.nproc_per_node))
@@ -91,21 +94,41 @@ class Job:
             self.layout.keep = True
             if self.layout.owned:
                 tell(f"bpl-run: logs of the ranks in {self.layout.run_folder}")
-        # The first node serves the store at MASTER_PORT + 2 (MASTER_PORT stays free for a program's own
-        # torch.distributed store, and the neuron backend takes MASTER_PORT + 1); every node's ranks are told.
-        store_port = port + STORE_OFFSET
-        if world > 1 and args.node_rank == 0:
+        if args.rdzv_backend == "c10d" and args.max_nodes > 1:
+            self.rendezvous = C10dRendezvous(args)
+        self.place_and_start()
+
+    def place_and_start(self):
+        """This node's place in the job (the rendezvous's next round, or the flags'), the job's store where
+        this is the first node, and the ranks of this attempt."""
+        args = self.args
+        if self.rendezvous is not None:
+            place = self.rendezvous.join() if self.launch is None else self.rendezvous.next_round()
+            node_rank, nnodes, addr, port = place.node_rank, place.nnodes, place.master_addr, place.master_port
+            flag = f"MASTER_PORT {port}, which the rendezvous chose"
+        else:
+            node_rank, nnodes, (addr, port) = args.node_rank, args.max_nodes, args.endpoint
+            port = port if port is not None else (self.launch.port if self.launch else free_port(addr))
             flag = f"--master-port {port}" if args.master_port is not None else (
                 f"--rdzv-endpoint {args.rdzv_endpoint}" if args.rdzv_endpoint else f"MASTER_PORT={port}"
                 if os.environ.get("MASTER_PORT") else f"port {port}")
+        world = args.nproc_per_node * nnodes
+        # The first node serves the store at MASTER_PORT + 2 (MASTER_PORT stays free for a program's own
+        # torch.distributed store, and the neuron backend takes MASTER_PORT + 1); every node's ranks are
+        # told. It lasts the job, or, where the rendezvous places the nodes anew, the round.
+        store_port = port + STORE_OFFSET
+        if self.store is not None and (self.launch.port != port or node_rank != 0):
+            self.close_store()
+        if world > 1 and node_rank == 0 and self.store is None:
             self.store = start_store(store_port, flag)
-        launcher_store = world > 1 and (self.store is not None or args.node_rank > 0)
-        self.launch = Launch(addr, port, world, store_port if launcher_store else None, command_of(args), shares)
-        events.record(args, "start", world_size=world, master=f"{addr}:{port}")
+        launcher_store = world > 1 and (self.store is not None or node_rank > 0)
+        self.launch = Launch(addr, port, node_rank, nnodes, world, store_port if launcher_store else None,
+                             command_of(args), self.shares)
+        events.record(args, "start", world_size=world, master=f"{addr}:{port}", restart=self.restart)
         self.start_group()
 
     def start_group(self):
-        attempt = self.layout.attempt_folder(self.restart)
+        attempt = self.layout.attempt_folder(self.attempt)
         for filtered in self.filtered:
             filtered.close()
         self.filtered = [FilteredLog(os.path.join(attempt, "filtered_stdout.log"), self.args.stdout_filters),
@@ -116,8 +139,8 @@ class Job:
 
     def start_rank(self, local_rank, newcomer=False):
         args, launch = self.args, self.launch
-        rank = args.node_rank * args.nproc_per_node + local_rank
-        attempt = self.restart + (1 if newcomer else 0)
+        rank = launch.node_rank * args.nproc_per_node + local_rank
+        attempt = self.attempt + (1 if newcomer else 0)
         error_file = self.layout.error_file(attempt, local_rank)
         env = rank_environment(args, launch, local_rank, self.restart, error_file, newcomer)
         # Bound in the child before it runs, so that every thread it starts inherits the share.
@@ -205,29 +228,29 @@ class Job:
             if failed and self.args.keep_going:
                 self.go_on_without(failed, running)
             elif failed and self.stopping is False:  # else: ranks ending because we passed them a signal
-                # A rank killed by a signal is the cause; ranks that then exited with an error saw it.
-                failed.sort(key=lambda e: (e.process.returncode >= 0, e.rank))
-                others = len(running)
-                self.reported.update(e.process.pid for e in failed)
-                self.stop_ranks()
-                lines = self.failure_lines(failed)
-                if self.restart < self.args.max_restarts:
-                    self.reported.update(self.ranks)  # the stopped attempt's ranks ended as asked
-                    self.drain()
-                    for line in lines:
-                        tell(line)
-                    self.restart += 1
-                    tell(f"bpl-run: restarting the {self.args.nproc_per_node} rank(s) (restart {self.restart} of "
-                         f"{self.args.max_restarts})")
-                    events.record(self.args, "restart", restart=self.restart, failed=[e.rank for e in failed])
-                    self.start_group()
+                ended = self.ranks_failed(failed, running)
+                if ended is not None:
+                    return ended
+                continue
+            elif running and self.rendezvous is not None and self.stopping is False:
+                event = self.rendezvous.poll()
+                if event is not None:
+                    ended = self.round_ended_elsewhere(*event)
+                    if ended is not None:
+                        return ended
                     continue
-                stopped = {0: "", 1: "; stopped the other rank"}.get(others, f"; stopped the {others} other ranks")
-                lines[0] += stopped
-                events.record(self.args, "failure", ranks=[e.rank for e in failed])
-                return describe_exit(failed[0].process.returncode)[1], lines
             if not any(e.process.returncode is None for e in self.ranks.values()):  # newcomers included
-                break
+                if self.rendezvous is None or self.stopping is not False:
+                    break
+                # Every node's ranks end together: a failure elsewhere restarts this node's too.
+                elsewhere = self.rendezvous.finish()
+                if elsewhere is None:
+                    break
+                lines = [f"bpl-run: this node's ranks ended well, but {elsewhere[1]}"]
+                if self.restart >= self.args.max_restarts:
+                    return elsewhere[0], lines
+                self.start_again(lines, failed=["elsewhere"])
+                continue
             if self.args.keep_going and self.stopping is False:
                 self.kill_ranks_left_stopped(running)
             if self.stopping is not False and time.monotonic() > self.kill_deadline:
@@ -245,12 +268,56 @@ class Job:
             return (0 if exited else describe_exit(codes[0])[1]), []
         return 0, []
 
+    def ranks_failed(self, failed, running):
+        """Stops the other ranks (every node's, through the rendezvous) and restarts them all while
+        --max-restarts allows; else (exit code, lines) of the job's end."""
+        # A rank killed by a signal is the cause; ranks that then exited with an error saw it.
+        failed.sort(key=lambda e: (e.process.returncode >= 0, e.rank))
+        others = len(running)
+        self.reported.update(e.process.pid for e in failed)
+        code = describe_exit(failed[0].process.returncode)[1]
+        lines = self.failure_lines(failed)
+        if self.rendezvous is not None:
+            self.rendezvous.fail(code, lines[0][len("bpl-run: "):])
+        self.stop_ranks()
+        if self.restart < self.args.max_restarts:
+            self.start_again(lines, failed=[e.rank for e in failed])
+            return None
+        lines[0] += {0: "", 1: "; stopped the other rank"}.get(others, f"; stopped the {others} other ranks")
+        events.record(self.args, "failure", ranks=[e.rank for e in failed])
+        return code, lines
+
+    def round_ended_elsewhere(self, code, message):
+        """Another node's failure (`code`) or a node waiting to join (None) ends this round: this node's
+        ranks stop, and start again in the next round unless the restarts are spent."""
+        self.reported.update(self.ranks)  # they end as asked
+        self.stop_ranks()
+        lines = [f"bpl-run: {message}; stopped this node's {self.args.nproc_per_node} rank(s)"]
+        if code is not None and self.restart >= self.args.max_restarts:
+            return code, lines
+        self.start_again(lines, failed=[] if code is None else ["elsewhere"])
+        return None
+
+    def start_again(self, lines, failed):
+        """Starts every rank of this node again once every line of theirs is out: a restart after a failure
+        (--max-restarts counts it), or the job formed anew to take a node in."""
+        self.reported.update(self.ranks)
+        self.drain()
+        for line in lines:
+            tell(line)
+        self.attempt += 1
+        if failed:
+            self.restart += 1
+            tell(f"bpl-run: restarting the ranks (restart {self.restart} of {self.args.max_restarts})")
+        events.record(self.args, "restart", restart=self.restart, failed=failed)
+        self.place_and_start()
+
     def go_on_without(self, failed, running):
         """--keep-going: names each failed rank, and with --replace starts a newcomer in its place."""
         for entry in failed:
             self.reported.add(entry.process.pid)
             # A newcomer needs members to admit it: on one node, none once every rank has ended.
-            members_left = bool(running) or self.args.max_nodes > 1
+            members_left = bool(running) or self.launch.nnodes > 1
             replace = (self.args.replace and entry.local_rank not in self.replaced and self.stopping is False
                        and members_left)
             if replace:
@@ -285,9 +352,7 @@ class Job:
             entry.process.kill()
             entry.process.wait()
 
-    def close(self):
-        for filtered in self.filtered:
-            filtered.close()
+    def close_store(self):
         if self.store is not None:
             self.store.terminate()
             try:
@@ -295,5 +360,14 @@ class Job:
             except subprocess.TimeoutExpired:
                 self.store.kill()
                 self.store.wait()
+            self.store = None
+
+    def close(self):
+        self.stop_ranks()  # any left running: bpl-run ends on an error of its own
+        for filtered in self.filtered:
+            filtered.close()
+        self.close_store()
+        if self.rendezvous is not None:
+            self.rendezvous.close()
         if self.layout is not None:
             self.layout.close()

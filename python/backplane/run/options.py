@@ -117,14 +117,14 @@ def parse_args(argv):
     if args.rdzv_backend == "static" and args.min_nodes != args.max_nodes:
         refuse(f"--nnodes {args.nnodes} with --rdzv-backend static: a static rendezvous has a fixed number of "
                "nodes (a range needs --rdzv-backend c10d)")
-    if args.rdzv_backend == "c10d" and args.max_nodes > 1:
-        refuse(f"--rdzv-backend c10d with --nnodes {args.nnodes}: bpl-run meets other nodes through a static "
-               "rendezvous only (--node-rank, --master-addr, --master-port)")
     if args.max_restarts < 0:
         refuse(f"--max-restarts {args.max_restarts}: expected 0 or more")
-    if args.max_restarts > 0 and args.max_nodes > 1:
-        refuse(f"--max-restarts {args.max_restarts} with --nnodes {args.nnodes}: bpl-run restarts the ranks of one "
-               "node only (the nodes of a static rendezvous cannot agree on a restart)")
+    if args.max_restarts > 0 and args.max_nodes > 1 and args.rdzv_backend == "static":
+        refuse(f"--max-restarts {args.max_restarts} with --nnodes {args.nnodes} and a static rendezvous: the nodes "
+               "cannot agree on a restart without meeting (--rdzv-backend c10d --rdzv-endpoint HOST:PORT)")
+    if args.keep_going and args.rdzv_backend == "c10d" and args.max_nodes > 1:
+        refuse("--keep-going or --replace with --rdzv-backend c10d across nodes: the rendezvous stops every node's "
+               "ranks when one fails (a static rendezvous lets them go on)")
     if args.max_restarts > 0 and args.keep_going:
         refuse(f"--max-restarts {args.max_restarts} and --{'replace' if args.replace else 'keep-going'} exclude "
                "each other: a failure restarts every rank, or the others go on")
