@@ -2,7 +2,7 @@
 level: a rendezvous missing a rank names it every few seconds, a rank whose store never comes says so,
 and a collective stalled past a quarter of its timeout names the rank it waits for, then completes.
 
-    wait_reports_test.py <bin dir>
+    wait_reports_test.py <bin dir> <late_rank program>
 """
 import os
 import re
@@ -13,16 +13,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.p
 from backplane.run.ports import free_port  # noqa: E402
 
 failures = []
-
-STALL = """import os, time
-import backplane
-with backplane.Runtime() as rt:
-    if rt.world.rank == 1:
-        time.sleep(3)
-    data = bytearray(4)
-    rt.world.allreduce(data)
-    print("done", rt.world.rank, flush=True)
-"""
 
 
 def expect(condition, what):
@@ -43,7 +33,7 @@ def alone(bin_dir, rank, timeout_ms, level):
 
 
 def main():
-    bin_dir = os.path.abspath(sys.argv[1])
+    bin_dir, late_rank = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
     waiting = alone(bin_dir, 0, 11000, "info")
     reports = re.findall(r"INFO: rendezvous: 1/2 joined, missing ranks \[1\] after (\d+) s of 11000 ms", waiting.stderr)
     expect(waiting.returncode != 0 and reports == ["5", "10"],
@@ -56,17 +46,12 @@ def main():
                                                   r"nothing took a connection in 5 s of 6000 ms", no_store.stderr),
            f"a rank whose store never comes says what it waits for: {no_store.stderr[-1500:]!r}")
 
-    with open(os.path.join(os.environ.get("TMPDIR", "/tmp"), f"stall-{os.getpid()}.py"), "w") as f:
-        f.write(STALL)
-    try:
-        stalled = subprocess.run([os.path.join(bin_dir, "bpl-run"), "--nproc-per-node", "2", sys.executable, f.name],
-                                 env=dict(os.environ, BPL_TIMEOUT_MS="8000", BPL_LOG_LEVEL="info", NXD_CPU_MODE="1"),
-                                 capture_output=True, text=True, timeout=60)
-    finally:
-        os.unlink(f.name)
+    stalled = subprocess.run([os.path.join(bin_dir, "bpl-run"), "--nproc-per-node", "2", late_rank],
+                             env=dict(os.environ, BPL_TIMEOUT_MS="8000", BPL_LOG_LEVEL="info", NXD_CPU_MODE="1",
+                                      BPL_TEST_LATE_S="3"), capture_output=True, text=True, timeout=60)
     expect(stalled.returncode == 0 and re.search(r"\[rank0\]:\[backplane:gloo\] INFO: shared memory: still waiting "
                                                  r"after 2 s of the 8000 ms timeout: rank 1 ", stalled.stderr)
-           and "done 0" in stalled.stdout and "done 1" in stalled.stdout,
+           and "done 0 3" in stalled.stdout and "done 1 3" in stalled.stdout,
            f"a collective stalled past a quarter of its timeout names the rank it waits for: {stalled.returncode} "
            f"{stalled.stdout!r} {stalled.stderr[-1500:]!r}")
     if failures:

@@ -1,0 +1,114 @@
+# Python on real ranks (included by tests/CMakeLists.txt where the gloo backend is built): the backplane
+# package over this build's library, launching (launch_tests.cmake), traces, and torch.distributed on
+# backplane. The package on bpl-run (gloo) and mpirun (mpi); the project's Python (BPL_PYTHON: .venv, with numpy and torch), never whatever python3 is first on PATH.
+# The build tree's python/ as a user's PYTHONPATH: the package finds the build's library by itself.
+set(BPL_PYTHON_TEST_ENV "PYTHONPATH=${CMAKE_BINARY_DIR}/python")
+add_test(NAME python_gloo_2ranks
+  COMMAND ${CMAKE_RUNTIME_OUTPUT_DIRECTORY}/bpl-run --nproc-per-node 2 ${BPL_PYTHON}
+          ${CMAKE_CURRENT_SOURCE_DIR}/python/test_backplane.py)
+set_tests_properties(python_gloo_2ranks PROPERTIES TIMEOUT 120 PROCESSORS 2
+  ENVIRONMENT "${BPL_PYTHON_TEST_ENV};BPL_BACKEND=gloo;BPL_TIMEOUT_MS=60000")
+include(${CMAKE_CURRENT_SOURCE_DIR}/launch_tests.cmake)
+# BPL_TRACE: 3 ranks with a late one, merged and summed up by tools/bpl-trace; and a failure's trace
+# left by ranks that never finalize.
+add_test(NAME trace_3ranks COMMAND ${BPL_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/system/trace_test.py
+         ${CMAKE_RUNTIME_OUTPUT_DIRECTORY})
+set_tests_properties(trace_3ranks PROPERTIES TIMEOUT 180 PROCESSORS 2 ENVIRONMENT "${BPL_PYTHON_TEST_ENV}")
+if(TARGET backplane-mpi)
+  add_test(NAME python_mpi_2ranks
+    COMMAND ${MPIEXEC_EXECUTABLE} --oversubscribe ${MPIEXEC_NUMPROC_FLAG} 2 ${BPL_PYTHON}
+            ${CMAKE_CURRENT_SOURCE_DIR}/python/test_backplane.py)
+  set_tests_properties(python_mpi_2ranks PROPERTIES TIMEOUT 120 PROCESSORS 2
+    ENVIRONMENT "${BPL_PYTHON_TEST_ENV};BPL_BACKEND=mpi;${BPL_MPI_TEST_ENV}")
+endif()
+
+# torch.distributed on backplane (torch_backend/): every op against torch's own Gloo in the same job,
+# subgroups, futures, DDP and bad input, under bpl-run, a real torchrun and mpirun; killed and stopped
+# ranks named on every survivor.
+if(TARGET backplane_torch)
+  set(BPL_TORCH_TEST ${CMAKE_CURRENT_SOURCE_DIR}/torch_backend/test_process_group.py)
+  set(BPL_TORCH_TEST_ENV "PYTHONPATH=${BPL_TORCH_MODULE_DIR}" "PYTHONWARNINGS=ignore")
+  set(BPL_TORCH_OK "rank 0: OK")
+  add_test(NAME torch_backend_gloo_2ranks
+    COMMAND ${BPL_EXPECT_OUTPUT} 0 ${BPL_TORCH_OK} -- ${CMAKE_RUNTIME_OUTPUT_DIRECTORY}/bpl-run --nproc-per-node 2
+            ${BPL_PYTHON} ${BPL_TORCH_TEST})
+  add_test(NAME torch_backend_gloo_tcp_3ranks
+    COMMAND ${BPL_EXPECT_OUTPUT} 0 ${BPL_TORCH_OK} -- ${CMAKE_RUNTIME_OUTPUT_DIRECTORY}/bpl-run --nproc-per-node 3
+            ${BPL_PYTHON} ${BPL_TORCH_TEST})
+  add_test(NAME torch_backend_torchrun_2ranks
+    COMMAND ${BPL_EXPECT_OUTPUT} 0 ${BPL_TORCH_OK} -- ${BPL_PYTHON} -m torch.distributed.run
+            --standalone --nproc_per_node 2 ${BPL_TORCH_TEST})
+  set_tests_properties(torch_backend_gloo_2ranks torch_backend_torchrun_2ranks PROPERTIES TIMEOUT 240 PROCESSORS 2
+    ENVIRONMENT "${BPL_TORCH_TEST_ENV}")
+  set_tests_properties(torch_backend_gloo_tcp_3ranks PROPERTIES TIMEOUT 240 PROCESSORS 2
+    ENVIRONMENT "${BPL_TORCH_TEST_ENV};BPL_GLOO_SHM=0")
+  # A rank that outlives rank 0, host of the ranks' store under bpl-run, ends without a word.
+  foreach(ranks 2 3)
+    foreach(end exit destroy)
+      add_test(NAME torch_backend_quiet_${end}_${ranks}ranks
+        COMMAND ${BPL_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/torch_backend/test_quiet_exit.py
+                ${CMAKE_RUNTIME_OUTPUT_DIRECTORY}/bpl-run ${ranks} ${end})
+      set_tests_properties(torch_backend_quiet_${end}_${ranks}ranks PROPERTIES TIMEOUT 120 PROCESSORS 2
+        ENVIRONMENT "${BPL_TORCH_TEST_ENV}")
+    endforeach()
+  endforeach()
+  # PyTorch's own distributed suite: CI's selection (every operation, groups, DDP, error handling) on
+  # backplane at 2 and 3 ranks; the whole suite against gloo is torch_suite.py without --ci.
+  foreach(ranks 2 3)
+    add_test(NAME torch_suite_ci_${ranks}ranks
+      COMMAND ${BPL_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/torch_backend/torch_suite.py --ci --world ${ranks})
+    set_tests_properties(torch_suite_ci_${ranks}ranks PROPERTIES TIMEOUT 900 PROCESSORS 2 ENVIRONMENT "${BPL_TORCH_TEST_ENV}")
+  endforeach()
+  # The PyTorch 2 stack (DDP comm hooks, FSDP2, DTensor TP x DP, DCP across layouts, functional
+  # collectives eager and compiled), 4 ranks under torchrun, on backplane against gloo.
+  add_test(NAME torch2_stack_4ranks
+    COMMAND ${BPL_EXPECT_OUTPUT} 0 "passed: DDP with comm hooks" --
+            ${BPL_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/torch_backend/torch2_stack_test.py)
+  set_tests_properties(torch2_stack_4ranks PROPERTIES TIMEOUT 600 PROCESSORS 2 ENVIRONMENT "${BPL_TORCH_TEST_ENV}")
+  # A program on the C ABI under a real torchrun whose agent hosts the store: the torch store module.
+  add_test(NAME torchrun_agent_store
+    COMMAND ${BPL_EXPECT_OUTPUT} 0 "passed: through the torchrun agent's store" --
+            ${BPL_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/system/torchrun_agent_store.py ${CMAKE_RUNTIME_OUTPUT_DIRECTORY})
+  set_tests_properties(torchrun_agent_store PROPERTIES TIMEOUT 240 PROCESSORS 2)
+  # The reference's CPU-mode example in Python, under a real torchrun, against the unsharded MLP.
+  add_test(NAME example_python_cpu_mode_mlp
+    COMMAND ${BPL_EXPECT_OUTPUT} 0 "rank 0: unsharded output sum .*: match" -- ${BPL_PYTHON}
+            -m torch.distributed.run --standalone --nproc_per_node 2
+            ${PROJECT_SOURCE_DIR}/examples/python/cpu_mode_mlp.py --check)
+  set_tests_properties(example_python_cpu_mode_mlp PROPERTIES TIMEOUT 120 PROCESSORS 2
+    ENVIRONMENT "${BPL_TORCH_TEST_ENV};NXD_CPU_MODE=1")
+  foreach(fault killed stopped)
+    string(REGEX REPLACE "p?ed$" "" signal ${fault})  # killed -> kill, stopped -> stop
+    add_test(NAME torch_backend_${fault}_rank
+      COMMAND ${BPL_EXPECT_OUTPUT} 0 "every survivor named the killed rank in time" --
+              ${BPL_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/torch_backend/test_killed_rank.py 3 ${signal})
+    set_tests_properties(torch_backend_${fault}_rank PROPERTIES TIMEOUT 120 PROCESSORS 2 ENVIRONMENT "${BPL_TORCH_TEST_ENV}")
+    # The victim is rank 0, host of the ranks' TCPStore; over TCP the survivors need the store to name it.
+    add_test(NAME torch_backend_${fault}_store_host
+      COMMAND ${BPL_EXPECT_OUTPUT} 0 "every survivor named the killed rank in time" --
+              ${BPL_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/torch_backend/test_killed_rank.py 3 ${signal} store-host)
+    set_tests_properties(torch_backend_${fault}_store_host PROPERTIES TIMEOUT 120 PROCESSORS 2
+      ENVIRONMENT "${BPL_TORCH_TEST_ENV};BPL_GLOO_SHM=0")
+    # The survivors go on without the victim: torch.distributed.shrink_group (bpl_comm_shrink).
+    add_test(NAME torch_backend_${fault}_rank_shrink_group
+      COMMAND ${BPL_EXPECT_OUTPUT} 0 "every survivor named the killed rank in time and went on" --
+              ${BPL_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/torch_backend/test_killed_rank.py 3 ${signal} shrink)
+    set_tests_properties(torch_backend_${fault}_rank_shrink_group PROPERTIES TIMEOUT 120 PROCESSORS 2
+      ENVIRONMENT "${BPL_TORCH_TEST_ENV}")
+  endforeach()
+  if(TARGET backplane-mpi)
+    # mpirun gives no MASTER_PORT: the ranks meet through torch's FileStore, in a file made anew here.
+    set(init_file ${CMAKE_CURRENT_BINARY_DIR}/torch_backend_mpi.init)
+    add_test(NAME torch_backend_mpi_3ranks
+      COMMAND ${BPL_EXPECT_OUTPUT} 0 ${BPL_TORCH_OK} -- sh -c "rm -f ${init_file} && exec ${MPIEXEC_EXECUTABLE} --oversubscribe ${MPIEXEC_NUMPROC_FLAG} 3 ${BPL_PYTHON} ${BPL_TORCH_TEST}")
+    set_tests_properties(torch_backend_mpi_3ranks PROPERTIES TIMEOUT 240 PROCESSORS 2
+      ENVIRONMENT "${BPL_TORCH_TEST_ENV};${BPL_MPI_TEST_ENV};BPL_BACKEND=mpi;TEST_INIT_FILE=${init_file}")
+    # The README's command as it stands: env://, with nothing mapped by hand (backplane_torch takes
+    # the launch variables from Open MPI's).
+    add_test(NAME torch_backend_mpi_env_2ranks
+      COMMAND ${BPL_EXPECT_OUTPUT} 0 ${BPL_TORCH_OK} -- ${MPIEXEC_EXECUTABLE} --oversubscribe ${MPIEXEC_NUMPROC_FLAG} 2
+              ${BPL_PYTHON} ${BPL_TORCH_TEST})
+    set_tests_properties(torch_backend_mpi_env_2ranks PROPERTIES TIMEOUT 240 PROCESSORS 2
+      ENVIRONMENT "${BPL_TORCH_TEST_ENV};${BPL_MPI_TEST_ENV};BPL_BACKEND=mpi")
+  endif()
+endif()
