@@ -158,7 +158,9 @@ class C10dRendezvous:
             tell(f"bpl-run: the rendezvous's round {self.round} closed with {size} node(s) before this one joined; "
                  "waiting for the next")
             self.round += 1
-        self.store.on_close(self.key(f"gone/{index}"), socket.gethostname())  # however this agent ends
+        # However this agent ends, the others learn of it; once every node's ranks have ended well (finish),
+        # it no longer matters.
+        self.store.on_close(self.key("lost"), f"1|the bpl-run agent of node {index} ({socket.gethostname()}) ended")
         others = [self.wait_get(self.key(f"node/{i}")).split() for i in range(size)]
         mismatched = [i for i, (_, n) in enumerate(others) if int(n) != nproc]
         if mismatched:
@@ -208,13 +210,10 @@ class C10dRendezvous:
     def poll(self):
         """What ends this round from elsewhere: (code, message) of a failure on another node, (None, message)
         for a node waiting to join, or None."""
-        if self.store.check(self.key("failed")):
-            code, _, message = self.store.get(self.key("failed")).partition("|")
-            return int(code), message
-        for node in range(self.place.nnodes):  # an agent that ended before its ranks did
-            if node != self.place.node_rank and self.store.check(self.key(f"gone/{node}")) \
-                    and not self.store.check(self.key(f"done/{node}")):
-                return 1, f"the bpl-run agent of node {node} ({self.store.get(self.key(f'gone/{node}'))}) ended"
+        for ended in ("failed", "lost"):  # a rank's failure first: its status is the job's
+            if self.store.check(self.key(ended)):
+                code, _, message = self.store.get(self.key(ended)).partition("|")
+                return int(code), message
         if self.place.nnodes < self.args.max_nodes and self.store.add(self.key("joined", self.round + 1), 0) > 0:
             return None, f"a node waits to join the job; forming it anew with every node (--nnodes {self.args.nnodes})"
         return None
@@ -227,15 +226,15 @@ class C10dRendezvous:
         """Once this node's ranks have all ended well: waits (the join timeout at most) until every node's
         have, and returns None; or, where one failed first, that failure's (code, message). The agent that
         serves the store leaves last, once every other has left."""
-        self.store.set(self.key(f"done/{self.place.node_rank}"), "1")
         count = self.store.add(self.key("done"), 1)
         give_up = time.monotonic() + self.join_timeout
         while count < self.place.nnodes and time.monotonic() < give_up:
             failed = self.poll()
-            if failed is not None and failed[0] is not None:
+            count = self.store.add(self.key("done"), 0)
+            # An agent that left once every node was done is "lost" as it goes: not a failure.
+            if failed is not None and failed[0] is not None and count < self.place.nnodes:
                 return failed
             time.sleep(self.args.monitor_interval)
-            count = self.store.add(self.key("done"), 0)
         left = self.store.add(self.key("left"), 1)
         while self.server is not None and left < self.place.nnodes and time.monotonic() < give_up:
             time.sleep(self.args.monitor_interval)
