@@ -25,5 +25,5 @@ set_tests_properties(wait_reports PROPERTIES TIMEOUT 180 PROCESSORS 2)
 # every node, a node lost whole; two agents of this machine at a loopback endpoint. Its ranks are
 # Python (ctypes), which cannot load a sanitized library (tools/test-sanitized leaves it out).
 add_test(NAME bpl_run_c10d_rendezvous COMMAND ${BPL_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/system/c10d_rendezvous_test.py
-         ${CMAKE_RUNTIME_OUTPUT_DIRECTORY})
+         ${CMAKE_RUNTIME_OUTPUT_DIRECTORY} $<TARGET_FILE:late_rank>)
 set_tests_properties(bpl_run_c10d_rendezvous PROPERTIES TIMEOUT 300 PROCESSORS 2 ENVIRONMENT "${BPL_PYTHON_TEST_ENV}")

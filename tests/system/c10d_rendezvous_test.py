@@ -2,9 +2,10 @@
 loopback endpoint, each a "node": places taken in the order they join, one job of both; --nnodes MIN:MAX
 going on with the minimum after the last call, and forming the job anew when a node comes later; a
 failure stopping and restarting every node's ranks (--max-restarts), its status on every node once the
-restarts are spent; and a node lost whole (its agent and ranks killed) ending the others, named.
+restarts are spent; a node lost whole (its agent and ranks killed) ending the others, named; and two
+test hosts, machines of their own, forming one job.
 
-    c10d_rendezvous_test.py <bin dir>
+    c10d_rendezvous_test.py <bin dir> <late_rank program>    (and across two test hosts, where they can be made)
 """
 import os
 import re
@@ -14,8 +15,10 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, "python"))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.join(HERE, os.pardir, os.pardir, "python"), os.path.join(HERE, os.pardir, "support")]
 from backplane.run.ports import free_port  # noqa: E402
+from hosts import TestHosts, why_hosts_cannot_be_made  # noqa: E402
 
 # Each rank: an allreduce of rank + 1 over the job, then what it saw; FAIL=<rank>:<restart> fails there,
 # LINGER keeps a job of one node running (to be formed anew), HOLD keeps every rank running.
@@ -63,6 +66,26 @@ def finish(processes, timeout=90):
 
 def lines_of(output, pattern):
     return sorted(re.findall(pattern, output))
+
+
+def across_test_hosts(bin_dir, late_rank):
+    """Two machines of their own (tests/support/hosts.py), the endpoint on the first: each agent finds
+    whether it serves the endpoint, and the address the other reaches it by, from its own interfaces."""
+    reason = why_hosts_cannot_be_made()
+    if reason:
+        print(f"skipped across test hosts: {reason}")
+        return
+    with TestHosts(2) as hosts:
+        command = [os.path.join(bin_dir, "bpl-run"), "--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                   f"{hosts.address(0)}:29400", "--nproc-per-node", "1", late_rank]
+        started = [hosts.start(i, command, env=dict(os.environ, NXD_CPU_MODE="1"), stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True) for i in range(2)]
+        ended = [(p.wait(timeout=120), p.stdout.read()) for p in started]
+    output = "".join(out for _, out in ended)
+    expect([code for code, _ in ended] == [0, 0] and lines_of(output, r"done (\d) 3") == ["0", "1"]
+           and re.search(rf"MASTER_ADDR={re.escape(hosts.address(0))}|MASTER_ADDR={re.escape(hosts.address(1))}",
+                         output),
+           f"two test hosts form one job through the endpoint on the first: {ended}")
 
 
 def main():
@@ -114,6 +137,7 @@ def main():
             held[lost].wait()
             expect(survivor[0][0] != 0 and re.search(said, survivor[0][1]) and "Traceback" not in survivor[0][1],
                    f"a node lost whole (agent {lost}) ends the other's ranks, saying why: {survivor}")
+    across_test_hosts(bin_dir, os.path.abspath(sys.argv[2]))
     if failures:
         sys.exit("FAILED:\n  " + "\n  ".join(failures))
     print("passed: bpl-run agents meet across nodes (c10d)")
