@@ -215,6 +215,11 @@ def main():
             busy = run(bpl_run, ["--nproc-per-node", "2", "--master-port", str(port), "who.py"], folder)
         expect(busy.returncode != 0 and f"--master-port {port}: the job's store takes port {port + 2}" in busy.stderr,
                f"a taken MASTER_PORT + 2 names the flag: {busy.stderr!r}")
+        for flags, named in ((["--rdzv-conf", "last_call_timeout=soon"], "last_call_timeout='soon'"),
+                             (["--nnodes", "2:1"], "--nnodes 2:1"), (["--nproc-per-node", "many"], "--nproc-per-node many"),
+                             (["--max-restarts", "1", "--nnodes", "2"], "--max-restarts 1 with --nnodes 2")):
+            refused = run(bpl_run, flags + ["who.py"], folder)
+            expect(refused.returncode == 2 and named in refused.stderr, f"{flags} refused, named: {refused.stderr!r}")
         bad = run(bpl_run, ["--tee", "5", "who.py"], folder)
         expect(bad.returncode == 2 and "'5'" in bad.stderr, f"a bad --tee value is named: {bad.stderr!r}")
     if failures:

@@ -227,6 +227,12 @@ def rendezvous_conf(text, refuse):
             refuse(f"--rdzv-conf {text}: {pair!r} is not KEY=VALUE")
         if key.strip() not in RDZV_CONF_KEYS:
             refuse(f"--rdzv-conf {text}: unknown key {key.strip()!r}; expected one of {', '.join(RDZV_CONF_KEYS)}")
+        if key.strip().endswith(("timeout", "interval")):
+            try:
+                if float(value) < 0:
+                    raise ValueError
+            except ValueError:
+                refuse(f"--rdzv-conf {text}: {key.strip()}={value.strip()!r}; expected seconds, 0 or more")
         conf[key.strip()] = value.strip()
     return conf
 
