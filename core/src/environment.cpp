@@ -94,26 +94,31 @@ namespace {
 
 constexpr int64_t kMaxRanks = 1 << 24;
 
-// The variable names one launcher uses for rank, world size, local rank and local world size.
+// The variable names one launcher uses for rank, world size, local rank and local world size, and the one
+// that must be set too for them to count (nullptr: none).
 struct LauncherVariables {
   const char* launcher;
   const char* rank;
   const char* world_size;
   const char* local_rank;
   const char* local_world_size;
+  const char* only_with;
 };
 
+// Slurm's count only in a task of an srun step (SLURM_STEP_ID): the batch script itself also has
+// SLURM_PROCID=0 and SLURM_NTASKS=N, and is no rank of N.
 constexpr LauncherVariables kLaunchers[] = {
-    {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
+    {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", nullptr},
     {"openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-     "OMPI_COMM_WORLD_LOCAL_SIZE"},
-    {"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr},
+     "OMPI_COMM_WORLD_LOCAL_SIZE", nullptr},
+    {"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr, "SLURM_STEP_ID"},
 };
 
-// SLURM_TASKS_PER_NODE looks like "4" or "4(x2),3": the first count is this node's when nodes are
-// filled evenly, the common case; anything else leaves the local size unknown.
+// The step's tasks per node (else the allocation's) look like "4" or "4(x2),3": the first count is this
+// node's when nodes are filled evenly, the common case; anything else leaves the local size unknown.
 std::optional<int64_t> slurm_tasks_per_node(const EnvLookup& env) {
-  std::optional<std::string> text = env("SLURM_TASKS_PER_NODE");
+  std::optional<std::string> text = env("SLURM_STEP_TASKS_PER_NODE");
+  if (!text) text = env("SLURM_TASKS_PER_NODE");
   if (!text) return std::nullopt;
   if (text->find(',') != std::string::npos) return std::nullopt;  // nodes hold different counts
   return parse_integer(text->substr(0, text->find('(')));
@@ -148,6 +153,7 @@ LaunchInfo resolve_launch(const bpl_init_options& options, const EnvLookup& env)
     info.launcher = "options";
   } else {
     for (const LauncherVariables& vars : kLaunchers) {
+      if (vars.only_with != nullptr && !env(vars.only_with)) continue;
       bool has_rank = env(vars.rank).has_value();
       bool has_world = env(vars.world_size).has_value();
       if (!has_rank && !has_world) continue;

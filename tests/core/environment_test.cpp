@@ -97,13 +97,28 @@ TEST(Launch, PrecedenceOptionsThenTorchrunThenOpenMpiThenSlurm) {
   EXPECT_EQ(mpi.rank, 2);
   EXPECT_EQ(mpi.local_world_size, 2);
 
-  LaunchInfo slurm = resolve_launch(kNoOptions, env_of({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "6"},
+  LaunchInfo slurm = resolve_launch(kNoOptions, env_of({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "6"}, {"SLURM_STEP_ID", "0"},
                                                         {"SLURM_LOCALID", "1"}, {"SLURM_TASKS_PER_NODE", "2(x3)"}}));
   EXPECT_EQ(slurm.launcher, "slurm");
   EXPECT_EQ(slurm.rank, 5);
   EXPECT_EQ(slurm.world_size, 6);
   EXPECT_EQ(slurm.local_rank, 1);
   EXPECT_EQ(slurm.local_world_size, 2);
+}
+
+// sbatch's script is no task of a step: it has SLURM_PROCID=0 and SLURM_NTASKS of the allocation, but no
+// SLURM_STEP_ID, and runs as one process. A step's own tasks per node count before the allocation's.
+TEST(Launch, SlurmCountsOnlyInAStepAndTakesTheStepsTasksPerNode) {
+  LaunchInfo batch = resolve_launch(kNoOptions, env_of({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"},
+                                                        {"SLURM_LOCALID", "0"}, {"SLURM_TASKS_PER_NODE", "4"}}));
+  EXPECT_EQ(batch.launcher, "none");
+  EXPECT_EQ(batch.world_size, 1);
+  LaunchInfo step = resolve_launch(kNoOptions, env_of({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}, {"SLURM_STEP_ID", "3"},
+                                                       {"SLURM_LOCALID", "1"}, {"SLURM_TASKS_PER_NODE", "4"},
+                                                       {"SLURM_STEP_TASKS_PER_NODE", "2"}}));
+  EXPECT_EQ(step.launcher, "slurm");
+  EXPECT_EQ(step.world_size, 2);
+  EXPECT_EQ(step.local_world_size, 2);
 }
 
 TEST(Launch, ExplicitAddressAndTimeoutBeatTheEnvironment) {
