@@ -65,17 +65,16 @@ void check_arrivals(KvStore& store, const std::string& prefix, int32_t rank, int
   // The last to arrive says so; the others wait for that word, looking for a failure between waits.
   const std::string all_joined = prefix + "all_joined";
   if (store.add(prefix + "joined", 1) == world_size) store.set(all_joined, bytes_of("1"));
-  // "<joined>/<world> joined, missing ranks [...]", and whether this rank is the lowest that joined.
-  auto arrivals = [&](bool& lowest) {
+  // "<joined>/<world> joined, missing ranks [...]"; `first` becomes the lowest rank that joined.
+  auto arrivals = [&](int32_t& first) {
     std::string missing;
     int32_t joined = 0;
-    lowest = false;
+    first = -1;
     for (int32_t r = 0; r < world_size; ++r) {
-      if (store.check(prefix + "rank/" + std::to_string(r))) {
-        lowest = lowest || (joined == 0 && r == rank);
-        ++joined;
-      } else {
+      if (!store.check(prefix + "rank/" + std::to_string(r))) {
         missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      } else if (joined++ == 0) {
+        first = r;
       }
     }
     return std::to_string(joined) + "/" + std::to_string(world_size) + " joined, missing ranks [" + missing + "]";
@@ -87,18 +86,18 @@ void check_arrivals(KvStore& store, const std::string& prefix, int32_t rank, int
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) break;
     if (store.wait_for(all_joined, std::min(left, std::chrono::milliseconds(50)))) return;
-    bool lowest = false;
+    int32_t first = -1;
     if (report.due()) {  // one line a report, from the lowest rank that joined
-      const std::string state = arrivals(lowest);
-      if (lowest) {
+      const std::string state = arrivals(first);
+      if (first == rank) {
         plugin::log(BPL_LOG_INFO, "gloo", "rendezvous: " + state + " after " + report.waited() + " of " +
                                               std::to_string(timeout.count()) + " ms (BPL_TIMEOUT_MS)");
       }
     }
   }
-  bool lowest = false;
+  int32_t first = -1;
   fail_everyone(BPL_ERR_TIMEOUT, "timed out after " + std::to_string(timeout.count()) + " ms (BPL_TIMEOUT_MS): " +
-                                     arrivals(lowest));
+                                     arrivals(first));
 }
 
 // GLOO_SOCKET_IFNAME must name an interface of this host (Gloo's own check ends in an internal error).
