@@ -1,6 +1,7 @@
 #include "fingerprint.h"
 
 #include <algorithm>
+#include <sstream>
 
 namespace backplane {
 namespace {
@@ -50,6 +51,21 @@ std::optional<Fingerprint> decode(const FingerprintWords& words) {
   f.reduce_op = words[6];
   f.pairing = words[7];
   return f;
+}
+
+std::string encode_text(const Fingerprint& f) {
+  std::string text;
+  for (int64_t word : encode(f)) text += (text.empty() ? "" : " ") + std::to_string(word);
+  return text;
+}
+
+std::optional<Fingerprint> decode_text(const std::string& text) {
+  FingerprintWords words{};
+  std::istringstream in(text);
+  for (int64_t& word : words) {
+    if (!(in >> word)) return std::nullopt;
+  }
+  return decode(words);
 }
 
 std::string describe(const Fingerprint& f) {

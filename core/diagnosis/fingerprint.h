@@ -77,6 +77,9 @@ FingerprintWords encode(const Fingerprint& fingerprint);
 uint64_t call_hash(const Fingerprint& fingerprint);
 // Nothing when `words` were not made by encode (a peer running another version, or not checking).
 std::optional<Fingerprint> decode(const FingerprintWords& words);
+// The words as text ("w0 w1 … w7"), for a store's values, and back (nothing when not such words).
+std::string encode_text(const Fingerprint& fingerprint);
+std::optional<Fingerprint> decode_text(const std::string& text);
 
 // "allreduce #5 (f32, count 16, sum)"
 std::string describe(const Fingerprint& fingerprint);

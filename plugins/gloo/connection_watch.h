@@ -7,10 +7,14 @@
 // working connection costs nothing), and calls the communicator back on its first ended connection,
 // on the watch's one thread, which sleeps in epoll_wait otherwise. The communicator then fails its own
 // connections, which wakes its waits here and tells its other peers, and so on around the group.
+//
+// The same thread runs a communicator's periodic check, where it asks for one: what a collective
+// stalled over those connections says while it waits (stall_report.h).
 #pragma once
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstdint>
 #include <condition_variable>
 #include <functional>
@@ -32,7 +36,9 @@ class ConnectionWatch {
 
   // Watches `sockets` (descriptor, peer rank); `ended(peer)` runs once, on the watch's thread, for the
   // first of them whose connection ends, after which none of them is watched any more.
-  Handle watch(const std::vector<std::pair<int, int>>& sockets, std::function<void(int peer)> ended);
+  // With `check`, also calls it on the watch's thread every `interval`, until unwatch.
+  Handle watch(const std::vector<std::pair<int, int>>& sockets, std::function<void(int peer)> ended,
+               std::function<void()> check = {}, std::chrono::milliseconds interval = std::chrono::milliseconds(0));
   // Stops watching. Once it returns the callback is not running and will not run.
   void unwatch(Handle handle);
 
@@ -40,13 +46,22 @@ class ConnectionWatch {
   struct Watched {
     std::vector<int> fds;
     std::function<void(int)> ended;
+    std::function<void()> check;
+    std::chrono::milliseconds interval{0};
+    std::chrono::steady_clock::time_point next_check;
     bool calling = false;
   };
   void run();
   void forget_sockets(Watched& watched);  // with mutex_ held
+  // epoll_wait's timeout: until the next check is due, -1 when none is asked for (with mutex_ held).
+  int until_next_check() const;
+  // Runs `call` as the watch's callback of `watched`, which unwatch waits for (mutex_ held by `lock`).
+  template <typename Call>
+  void call_back(std::unique_lock<std::mutex>& lock, Watched& watched, Call&& call);
 
   int epoll_fd_ = -1;
-  int wake_fd_ = -1;  // an eventfd: stops the thread
+  int wake_fd_ = -1;  // an eventfd: the thread looks again at what it watches, or stops
+  bool stopping_ = false;
   std::mutex mutex_;
   std::condition_variable callback_done_;
   std::map<Handle, Watched> watched_;

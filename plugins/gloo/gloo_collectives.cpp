@@ -41,37 +41,37 @@ namespace backplane::gloo_plugin {
 // Each collective is numbered and fingerprinted (begin) on every path, so that ranks number their
 // collectives alike, then runs on the path chosen when the communicator was made.
 void GlooComm::run_allreduce(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_reduce_op op) {
-  begin(BPL_COLL_ALLREDUCE, dtype, count, -1, op);
+  const auto running = begin(BPL_COLL_ALLREDUCE, dtype, count, -1, op);
   if (count > 0) path_->allreduce(send, recv, count, dtype, op);
 }
 
 void GlooComm::run_broadcast(void* buf, size_t count, bpl_dtype dtype, int root) {
-  begin(BPL_COLL_BROADCAST, dtype, count, root);
+  const auto running = begin(BPL_COLL_BROADCAST, dtype, count, root);
   if (count > 0) path_->broadcast(buf, count * plugin::dtype_size(dtype), root);
 }
 
 void GlooComm::run_reduce(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_reduce_op op, int root) {
-  begin(BPL_COLL_REDUCE, dtype, count, root, op);
+  const auto running = begin(BPL_COLL_REDUCE, dtype, count, root, op);
   if (count > 0) path_->reduce(send, recv, count, dtype, op, root);
 }
 
 void GlooComm::run_allgather(const void* send, void* recv, size_t count, bpl_dtype dtype) {
-  begin(BPL_COLL_ALLGATHER, dtype, count);
+  const auto running = begin(BPL_COLL_ALLGATHER, dtype, count);
   if (count > 0) path_->allgather(send, recv, count * plugin::dtype_size(dtype));
 }
 
 void GlooComm::run_reduce_scatter(const void* send, void* recv, size_t recvcount, bpl_dtype dtype, bpl_reduce_op op) {
-  begin(BPL_COLL_REDUCE_SCATTER, dtype, recvcount, -1, op);
+  const auto running = begin(BPL_COLL_REDUCE_SCATTER, dtype, recvcount, -1, op);
   if (recvcount > 0) path_->reduce_scatter(send, recv, recvcount, dtype, op);
 }
 
 void GlooComm::run_alltoall(const void* send, void* recv, size_t count, bpl_dtype dtype) {
-  begin(BPL_COLL_ALLTOALL, dtype, count);
+  const auto running = begin(BPL_COLL_ALLTOALL, dtype, count);
   if (count > 0) path_->alltoall(send, recv, count * plugin::dtype_size(dtype));
 }
 
 void GlooComm::run_barrier(bpl_collective as) {
-  begin(as);
+  const auto running = begin(as);
   path_->barrier();
 }
 
@@ -151,7 +151,7 @@ void GlooComm::exchange(const std::vector<Transfer>& transfers, const std::funct
 }
 
 void GlooComm::run_gather(const void* send, void* recv, size_t count, bpl_dtype dtype, int root) {
-  begin(BPL_COLL_GATHER, dtype, count, root);
+  const auto running = begin(BPL_COLL_GATHER, dtype, count, root);
   const size_t block = count * plugin::dtype_size(dtype);
   if (shm_) return shm_->gather(send, recv, block, root, timeout());
   if (rank() != root) return exchange({{const_cast<void*>(send), block, root, true}});
@@ -167,7 +167,7 @@ void GlooComm::run_gather(const void* send, void* recv, size_t count, bpl_dtype 
 }
 
 void GlooComm::run_scatter(const void* send, void* recv, size_t count, bpl_dtype dtype, int root) {
-  begin(BPL_COLL_SCATTER, dtype, count, root);
+  const auto running = begin(BPL_COLL_SCATTER, dtype, count, root);
   const size_t block = count * plugin::dtype_size(dtype);
   if (shm_) return shm_->scatter(send, recv, block, root, timeout());
   if (rank() != root) return exchange({{recv, block, root, false}});
@@ -189,7 +189,7 @@ void GlooComm::run_allgatherv(const void* send, size_t sendcount, void* recv, co
   const auto sent = [&](int) { return sendcount; };
   const auto received = [&](int q) { return recvcounts[static_cast<size_t>(q)]; };
   const int64_t pairing = pairing_share(rank(), size(), sent, received);
-  begin(BPL_COLL_ALLGATHERV, dtype, static_cast<int64_t>(total), -1, -1, pairing);
+  const auto running = begin(BPL_COLL_ALLGATHERV, dtype, static_cast<int64_t>(total), -1, -1, pairing);
   const size_t element = plugin::dtype_size(dtype);
   if (shm_) {
     return shm_->allgatherv(send, sendcount * element, recv, plugin::in_bytes(recvcounts, element),
@@ -213,7 +213,7 @@ void GlooComm::run_alltoallv(const void* send, const plugin::Counts& sendcounts,
   const auto sent = [&](int q) { return sendcounts[static_cast<size_t>(q)]; };
   const auto received = [&](int q) { return recvcounts[static_cast<size_t>(q)]; };
   const int64_t pairing = pairing_share(rank(), size(), sent, received);
-  begin(BPL_COLL_ALLTOALLV, dtype, -1, -1, -1, pairing);
+  const auto running = begin(BPL_COLL_ALLTOALLV, dtype, -1, -1, -1, pairing);
   const size_t element = plugin::dtype_size(dtype);
   if (shm_) {
     return shm_->alltoallv(send, plugin::in_bytes(sendcounts, element), plugin::in_bytes(sdispls, element), recv,

@@ -134,7 +134,12 @@ void GlooComm::watch_connections() {
     const std::string peer_end = address_of(socket.fd, false);
     if (!peer_end.empty()) peer_of_address_.emplace(peer_end, socket.peer);
   }
-  watched_ = shared_->watch->watch(watched, [this](int peer) { connection_ended(peer); });
+  // Shared memory says itself what its collectives wait for.
+  if (!shm_) stall_report_ = StallReport::make_if_wanted(shared_->board, uid_, rank(), size());
+  std::function<void()> check;
+  if (stall_report_) check = [this] { stall_report_->check(timeout()); };
+  watched_ = shared_->watch->watch(watched, [this](int peer) { connection_ended(peer); }, std::move(check),
+                                   StallReport::interval(timeout()));
 }
 
 void GlooComm::shut_down_connections() {

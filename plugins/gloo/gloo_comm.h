@@ -34,6 +34,7 @@
 #include "releasable_context.h"
 #include "rendezvous.h"
 #include "shm_group.h"
+#include "stall_report.h"
 
 namespace backplane::gloo_plugin {
 
@@ -230,8 +231,8 @@ class GlooComm {
   void exchange(const std::vector<Transfer>& transfers, const std::function<void()>& meanwhile = {});
   std::unique_ptr<GlooComm> run_split(int color, int key);
   // Numbers and fingerprints the collective about to run (fingerprint.h; sequence set here; -1: a
-  // field it does not have).
-  void begin(bpl_collective op, bpl_dtype dtype = static_cast<bpl_dtype>(-1), int64_t count = -1, int root = -1,
+  // field it does not have); it runs until the returned mark is dropped (stall_report.h).
+  [[nodiscard]] StallReport::Running begin(bpl_collective op, bpl_dtype dtype = static_cast<bpl_dtype>(-1), int64_t count = -1, int root = -1,
              int reduce_op = -1, int64_t pairing = 0);
   // The Gloo tag of the running collective: a hash of its number and fingerprint, so that ranks that
   // disagree on it post messages that never match (they stall, time out, and explain_stall says why)
@@ -350,6 +351,7 @@ class GlooComm {
   };
   std::vector<PairSocket> sockets_;
   ConnectionWatch::Handle watched_ = 0;
+  std::unique_ptr<StallReport> stall_report_;  // collectives over TCP, at info level; else null
   std::atomic<int> first_ended_{-1};  // the peer whose connection the watch saw end first
   std::unique_ptr<CollectivePath> path_;  // how the collectives travel (collective_paths.h)
   std::string path_name_ = "single rank";

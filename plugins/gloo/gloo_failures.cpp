@@ -189,25 +189,6 @@ std::string GlooComm::unreachable_peers_note() const {
   return note.str();
 }
 
-namespace {
-
-std::string words_text(const FingerprintWords& words) {
-  std::string text;
-  for (int64_t word : words) text += std::to_string(word) + " ";
-  return text;
-}
-
-std::optional<Fingerprint> fingerprint_of_text(const std::string& text) {
-  FingerprintWords words{};
-  std::istringstream in(text);
-  for (int64_t& word : words) {
-    if (!(in >> word)) return std::nullopt;
-  }
-  return decode(words);
-}
-
-}  // namespace
-
 Error GlooComm::failure(const std::exception& e) {
   if (aborted_.load()) {
     return Error(BPL_ERR_ABORTED, "the communicator was aborted (bpl_comm_abort) on this rank (" +
@@ -276,7 +257,8 @@ void GlooComm::leave_after_failure() {
   shared_->board->gather(running, explanation_window(timeout()));
 }
 
-void GlooComm::begin(bpl_collective op, bpl_dtype dtype, int64_t count, int root, int reduce_op, int64_t pairing) {
+StallReport::Running GlooComm::begin(bpl_collective op, bpl_dtype dtype, int64_t count, int root, int reduce_op,
+                                     int64_t pairing) {
   current_.sequence = static_cast<int64_t>(++collectives_);
   current_.op = op;
   current_.dtype = dtype;
@@ -286,6 +268,7 @@ void GlooComm::begin(bpl_collective op, bpl_dtype dtype, int64_t count, int root
   current_.pairing = pairing;
   if (shm_) shm_->set_call(current_);
   if (machine_shm_) machine_shm_->set_call(current_);
+  return StallReport::begin(stall_report_.get(), current_);
 }
 
 uint32_t GlooComm::tag() const {
@@ -299,13 +282,13 @@ std::optional<std::string> GlooComm::explain_stall(std::chrono::milliseconds wai
   // the failed operation must not read them as the collective it calls instead.
   if (failed_.load()) return std::nullopt;
   const std::string key = uid_ + "/stalled/" + std::to_string(current_.sequence) + "/";
-  shared_->board->publish(key + std::to_string(rank()), words_text(encode(current_)));
+  shared_->board->publish(key + std::to_string(rank()), encode_text(current_));
   std::vector<std::string> keys;
   for (int r = 0; r < size(); ++r) keys.push_back(key + std::to_string(r));
   const std::vector<std::optional<std::string>> said = shared_->board->gather(keys, wait);
   std::vector<std::optional<Fingerprint>> calls;
   for (const std::optional<std::string>& text : said) {
-    calls.push_back(text ? fingerprint_of_text(*text) : std::nullopt);
+    calls.push_back(text ? decode_text(*text) : std::nullopt);
     if (calls.back()) calls.back()->sequence = 0;  // this plugin's numbering, not the caller's
   }
   const auto [report, silent] = compare_stalled(calls);

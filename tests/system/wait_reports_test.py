@@ -1,6 +1,7 @@
 """A waiting job says what it waits for, at info level (BPL_LOG_LEVEL=info), and nothing at the default
 level: a rendezvous missing a rank names it every few seconds, a rank whose store never comes says so,
-and a collective stalled past a quarter of its timeout names the rank it waits for, then completes.
+and a collective stalled past a quarter of its timeout names the ranks it waits for (over shared memory and
+over Gloo's TCP pairs), then completes.
 
     wait_reports_test.py <bin dir> <late_rank program>
 """
@@ -54,6 +55,19 @@ def main():
            and "done 0 3" in stalled.stdout and "done 1 3" in stalled.stdout,
            f"a collective stalled past a quarter of its timeout names the rank it waits for: {stalled.returncode} "
            f"{stalled.stdout!r} {stalled.stderr[-1500:]!r}")
+
+    # Over Gloo's TCP pairs, three ranks: the two that wait name the late one and each other.
+    over_tcp = subprocess.run([os.path.join(bin_dir, "bpl-run"), "--nproc-per-node", "3", late_rank],
+                              env=dict(os.environ, BPL_TIMEOUT_MS="8000", BPL_LOG_LEVEL="info", NXD_CPU_MODE="1",
+                                       BPL_GLOO_SHM="0", BPL_TEST_LATE_S="5", BPL_TEST_LATE_RANK="2"),
+                              capture_output=True, text=True, timeout=60)
+    for rank, other in ((0, 1), (1, 0)):
+        said = re.findall(rf"\[rank{rank}\]:\[backplane:gloo\] INFO: TCP: still waiting after (\d+) s of the 8000 ms "
+                          rf"timeout in allreduce \(i32, count 1, sum\): ranks \[2\] have not arrived; "
+                          rf"ranks \[{other}\] wait in it too$", over_tcp.stderr, re.M)
+        expect(over_tcp.returncode == 0 and said == ["2", "4"] and f"done {rank} 6" in over_tcp.stdout,
+               f"rank {rank}, stalled over TCP, names rank 2 as not arrived at 2 s and 4 s: {said} "
+               f"{over_tcp.returncode} {over_tcp.stdout!r} {over_tcp.stderr[-2000:]!r}")
     if failures:
         sys.exit("FAILED:\n  " + "\n  ".join(failures))
     print("passed: waits say what they wait for")
