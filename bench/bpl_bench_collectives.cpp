@@ -510,7 +510,11 @@ int main(int argc, char** argv) {
         const char* addr = std::getenv("MASTER_ADDR");
         const char* port = std::getenv("MASTER_PORT");
         if (job.size > 1 && (addr == nullptr || port == nullptr)) fail("raw Gloo needs MASTER_ADDR and MASTER_PORT");
-        job.raw = open_raw_gloo(job.rank, job.size, addr ? addr : "127.0.0.1", port ? std::atoi(port) + 1 : 0,
+        // The launcher's store where it has one (bpl-run's), else one of rank 0's at the port after the
+        // plugin's own.
+        const char* launcher_store = std::getenv("BPL_STORE_PORT");
+        const int raw_port = launcher_store ? std::atoi(launcher_store) : port ? std::atoi(port) + 1 : 0;
+        job.raw = open_raw_gloo(job.rank, job.size, addr ? addr : "127.0.0.1", raw_port, launcher_store == nullptr,
                                 info.timeout_ms);
       } else if (backend == "mpi") {
         job.raw = open_raw_mpi();

@@ -1,6 +1,5 @@
-// Raw Gloo: the same calls the gloo plugin makes, made directly, meeting as PyTorch's Gloo does (a
-// c10d::TCPStore seen through c10d's Gloo store adapter, and a Gloo TCP device), with nothing of the
-// plugin's own.
+// Raw Gloo: the same calls the gloo plugin makes, made directly, meeting as PyTorch's Gloo does (a TCP
+// store seen as Gloo's store, and a Gloo TCP device), with nothing of the plugin's own.
 #include <c10/util/BFloat16.h>
 #include <gloo/allgather.h>
 #include <gloo/allgatherv.h>
@@ -73,11 +72,11 @@ std::shared_ptr<gloo::transport::Device> device_for(const std::string& master_ad
 
 class RawGloo : public RawLibrary {
  public:
-  // Meets as PyTorch's Gloo does, through a TCP store that rank 0 hosts at addr:port (backplane's own:
-  // only the meeting goes through it, none of the collectives).
-  RawGloo(int rank, int world, const std::string& addr, int port, int64_t timeout_ms)
+  // Meets as PyTorch's Gloo does, through a TCP store at addr:port (backplane's own, the launcher's or
+  // hosted by rank 0: only the meeting goes through it, none of the collectives).
+  RawGloo(int rank, int world, const std::string& addr, int port, bool rank0_hosts, int64_t timeout_ms)
       : timeout_(timeout_ms), rank_(rank), world_(world) {
-    if (rank == 0) store_server_ = std::make_unique<backplane::gloo_plugin::TcpStoreServer>(static_cast<uint16_t>(port));
+    if (rank == 0 && rank0_hosts) store_server_ = std::make_unique<backplane::gloo_plugin::TcpStoreServer>(static_cast<uint16_t>(port));
     auto client = std::make_shared<backplane::gloo_plugin::TcpStoreClient>(addr, static_cast<uint16_t>(port), timeout_,
                                                                            timeout_, "rank 0");
     backplane::gloo_plugin::GlooKvStore store(client, "bench-raw-gloo", timeout_);
@@ -226,8 +225,9 @@ class RawGloo : public RawLibrary {
 }  // namespace
 
 std::unique_ptr<RawLibrary> open_raw_gloo(int rank, int world_size, const std::string& master_addr, int port,
+                                          bool rank0_hosts,
                                           int64_t timeout_ms) {
-  return std::make_unique<RawGloo>(rank, world_size, master_addr, port, timeout_ms);
+  return std::make_unique<RawGloo>(rank, world_size, master_addr, port, rank0_hosts, timeout_ms);
 }
 
 }  // namespace backplane::bench

@@ -41,11 +41,11 @@ class RawLibrary {
   virtual void barrier() = 0;
 };
 
-// Gloo over the same TCP transport as the gloo plugin, meeting as PyTorch's Gloo does: through a
-// LibTorch TCPStore that rank 0 hosts at master_addr:port (the plugin's own store holds MASTER_PORT; the
-// benchmark gives MASTER_PORT + 1, which bpl-run keeps free with it). Throws on failure.
+// Gloo over the same TCP transport as the gloo plugin, meeting as PyTorch's Gloo does: through a store
+// at master_addr:port, the launcher's (bpl-run's bpl-store) or, with `rank0_hosts`, one rank 0 hosts
+// there (backplane's TCP store: only the meeting goes through it). Throws on failure.
 std::unique_ptr<RawLibrary> open_raw_gloo(int rank, int world_size, const std::string& master_addr, int port,
-                                          int64_t timeout_ms);
+                                          bool rank0_hosts, int64_t timeout_ms);
 
 // MPI on a duplicate of MPI_COMM_WORLD, in the MPI the mpi plugin has initialised. nullptr when this
 // build has no MPI.

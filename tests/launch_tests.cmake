@@ -14,6 +14,13 @@ if(TARGET backplane_torch AND TARGET backplane-mpi)
   set_tests_properties(slurm_srun_sbatch PROPERTIES TIMEOUT 600 PROCESSORS 2 SKIP_RETURN_CODE 77
     ENVIRONMENT "PYTHONPATH=${BPL_TORCH_MODULE_DIR};PYTHONWARNINGS=ignore")
 endif()
+# One port per job: bpl-store serves backplane's store and the program's torch store at MASTER_PORT.
+if(TARGET backplane_torch)
+  add_test(NAME bpl_run_one_port COMMAND ${BPL_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/system/one_port_test.py
+           ${CMAKE_RUNTIME_OUTPUT_DIRECTORY} $<TARGET_FILE:late_rank>)
+  set_tests_properties(bpl_run_one_port PROPERTIES TIMEOUT 300 PROCESSORS 2
+    ENVIRONMENT "PYTHONPATH=${BPL_TORCH_MODULE_DIR};PYTHONWARNINGS=ignore")
+endif()
 # A waiting job says what it waits for at info level: a rendezvous missing a rank, a store that never
 # comes, a collective stalled past a quarter of its timeout; nothing at the default level.
 add_executable(late_rank ${CMAKE_CURRENT_LIST_DIR}/system/late_rank.c)

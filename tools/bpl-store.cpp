@@ -1,7 +1,8 @@
 // bpl-store: backplane's TCP store (plugins/gloo/tcp_store.h) for a launcher, in a process of its own.
 //
 // --port P serves a job's store: bpl-run starts it beside the ranks, as torchrun's agent hosts the store
-// of its workers. The store then outlives any rank: the survivors of a rank's failure, rank 0's
+// of its workers. A torch.distributed client that connects there is served torch's own TCPStore
+// (store_torch_relay.h; --torch-store-module names the module that serves it), so a job needs one port. The store then outlives any rank: the survivors of a rank's failure, rank 0's
 // included, still meet there to agree and go on (docs/faults.md), and a rank that cannot reach it knows
 // it is cut off from the job. It says "bpl-store: listening on port P" on stdout once it serves, and
 // ends on SIGTERM or SIGINT, or when the process that started it ends, however it ends (the kernel tells
@@ -20,9 +21,11 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <sstream>
 
+#include "store_torch_relay.h"
 #include "tcp_store.h"
 
 namespace {
@@ -37,7 +40,7 @@ bool end_with_parent() {
   return getppid() == launcher;
 }
 
-int serve(int port) {
+int serve(int port, const std::string& torch_store_module) {
   sigset_t stop;
   sigemptyset(&stop);
   sigaddset(&stop, SIGTERM);
@@ -46,12 +49,17 @@ int serve(int port) {
   // one of them.
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
   if (!end_with_parent()) return 0;
-  TcpStoreServer server(static_cast<uint16_t>(port));
+  TorchStoreRelay torch_clients(torch_store_module);
+  TcpStoreServer server(static_cast<uint16_t>(port), [&torch_clients](int fd, std::vector<uint8_t> received) {
+    torch_clients.take(fd, std::move(received));
+  });
   std::printf("bpl-store: listening on port %d\n", port);
   std::fflush(stdout);
   int signal_number = 0;
   sigwait(&stop, &signal_number);
-  return 0;
+  // Now, connections and all: the kernel ends them, and torch's side (never torn down while its relays
+  // may run) gets no static destructors to run under them.
+  std::_Exit(0);
 }
 
 std::string to_hex(const std::vector<uint8_t>& bytes) {
@@ -125,7 +133,7 @@ int bridge(const std::string& where, int64_t timeout_ms) {
 
 int main(int argc, char** argv) {
   int port = 0;
-  std::string client;
+  std::string client, torch_store_module;
   int64_t timeout_ms = 30000;
   CLI::App app{"Serves backplane's store for a job (--port), or lends its client to a launcher (--client).",
                "bpl-store"};
@@ -134,6 +142,10 @@ int main(int argc, char** argv) {
                       ->check(CLI::Range(1, 65535));
   auto* bridging = app.add_option("--client", client, "HOST:PORT: requests on stdin, answers on stdout");
   serving->excludes(bridging);
+  app.add_option("--torch-store-module", torch_store_module,
+                 "--port: libbpl-torch-store.so, which serves torch.distributed's clients at the same port")
+      ->check(CLI::ExistingFile)
+      ->needs(serving);
   app.add_option("--timeout-ms", timeout_ms, "--client: the bound of the connection and of each request (default 30000)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   try {
@@ -143,7 +155,7 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;
   }
   try {
-    return client.empty() ? serve(port) : bridge(client, timeout_ms);
+    return client.empty() ? serve(port, torch_store_module) : bridge(client, timeout_ms);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bpl-store: %s\n", e.what());
     return 1;

@@ -54,8 +54,12 @@ SideModuleState side_module_state(const char* file, const std::string& what) {
 }
 
 SideModule load_side_module(const char* file, const std::string& what) {
+  return load_side_module_at(side_module_path(file), what);
+}
+
+SideModule load_side_module_at(const std::string& path, const std::string& what) {
   SideModule module;
-  module.path = side_module_path(file);
+  module.path = path;
   if (!installed(module.path)) {
     module.failure = what + " " + module.path + " is not installed";
     return module;

@@ -32,5 +32,7 @@ SideModuleState side_module_state(const char* file, const std::string& what);
 // "<what> <path> is not installed" or "<what> <path> could not be loaded: <the loader's reason>", which
 // says where LibTorch was looked for when it was not found.
 SideModule load_side_module(const char* file, const std::string& what);
+// The same for a module at `path` (a program that is no plugin: bpl-store, told where by its launcher).
+SideModule load_side_module_at(const std::string& path, const std::string& what);
 
 }  // namespace backplane::plugin

@@ -244,10 +244,10 @@ std::pair<std::shared_ptr<KvStore>, std::shared_ptr<KvStore>> connect_to_store(c
           std::make_shared<TcpStoreClient>(addr, tcp_port, timeout, board_timeout, store_host)};
 }
 
-// Where the job's store is. A torchrun agent hosts the store itself at MASTER_PORT and tells its workers
-// so; bpl-run hosts backplane's own in a process beside the ranks (bpl-store) at
-// MASTER_ADDR:BPL_STORE_PORT (a port of its own: a program's torch.distributed may serve its TCPStore at
-// MASTER_PORT); otherwise rank 0 hosts it at MASTER_PORT.
+// Where the job's store is. bpl-run hosts backplane's own in a process beside the ranks (bpl-store) at
+// MASTER_ADDR:BPL_STORE_PORT (MASTER_PORT, where the same process serves the program's torch store); a
+// torchrun agent hosts torch's store at MASTER_PORT and tells its workers so; otherwise rank 0 hosts
+// backplane's at MASTER_PORT.
 struct JobStore {
   bool agent_hosts = false;
   bool launcher_hosts = false;
@@ -259,9 +259,10 @@ struct JobStore {
 JobStore job_store(int master_port) {
   JobStore job;
   const char* agent_store = env("TORCHELASTIC_USE_AGENT_STORE");
-  job.agent_hosts = agent_store != nullptr && std::string(agent_store) == "True";
-  const int launcher_port = job.agent_hosts ? -1 : store_port_of_launcher();
+  const int launcher_port = store_port_of_launcher();
   job.launcher_hosts = launcher_port > 0;
+  // bpl-run's bpl-store serves both stores at one port: backplane's own protocol is the cheaper one.
+  job.agent_hosts = !job.launcher_hosts && agent_store != nullptr && std::string(agent_store) == "True";
   job.port = job.launcher_hosts ? launcher_port : master_port;
   job.host_name = job.agent_hosts ? "the torchrun agent" : job.launcher_hosts ? "the launcher's bpl-store" : "rank 0";
   // A restarted torchrun job reuses the agent's store: keep each attempt's keys apart.

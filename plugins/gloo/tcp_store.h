@@ -19,6 +19,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -34,7 +35,12 @@ namespace backplane::gloo_plugin {
 // naming the port when it cannot listen there (for example, another program holds it).
 class TcpStoreServer {
  public:
-  explicit TcpStoreServer(uint16_t port);
+  // Where a connection goes that opens as torch's TCPStore client does (wire::kTorchStoreGreeting):
+  // its socket (non-blocking, now the callee's) and the bytes read from it so far. Without one, such a
+  // connection is closed as any that is not this store's client.
+  using TorchClients = std::function<void(int fd, std::vector<uint8_t> received)>;
+
+  explicit TcpStoreServer(uint16_t port, TorchClients torch_clients = nullptr);
   ~TcpStoreServer();
   TcpStoreServer(const TcpStoreServer&) = delete;
   TcpStoreServer& operator=(const TcpStoreServer&) = delete;

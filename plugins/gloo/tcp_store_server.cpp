@@ -35,10 +35,12 @@ class TcpStoreServer::State {
     Clock::time_point waiting_until;
     // Set once the connection ends: how the job learns that the process behind it ended, at once.
     std::vector<std::pair<std::string, std::vector<uint8_t>>> when_closed;
+    bool handed_off = false;  // a torch client's, now the torch side's (see TorchClients)
   };
 
   std::list<Connection> connections;
   std::unordered_map<std::string, std::vector<uint8_t>> values;
+  TcpStoreServer::TorchClients torch_clients;
 
   ~State() {
     for (Connection& c : connections) ::close(c.fd);
@@ -109,7 +111,10 @@ class TcpStoreServer::State {
   void drop_closed() {
     std::vector<std::pair<std::string, std::vector<uint8_t>>> now_set;
     for (auto c = connections.begin(); c != connections.end();) {
-      if (c->closed) {
+      if (c->handed_off) {
+        torch_clients(c->fd, std::move(c->in));
+        c = connections.erase(c);
+      } else if (c->closed) {
         ::close(c->fd);
         now_set.insert(now_set.end(), c->when_closed.begin(), c->when_closed.end());
         c = connections.erase(c);
@@ -133,6 +138,12 @@ class TcpStoreServer::State {
   // Requests are served in order, one at a time per connection: a get that waits holds the ones behind it.
   void serve_requests(Connection& c) {
     if (!c.greeted) {
+      if (torch_clients && !c.in.empty() && c.in[0] == wire::kTorchStoreGreeting[0]) {
+        if (c.in.size() < sizeof(wire::kTorchStoreGreeting) && !c.closed) return;
+        c.handed_off = std::memcmp(c.in.data(), wire::kTorchStoreGreeting, sizeof(wire::kTorchStoreGreeting)) == 0;
+        c.closed = true;
+        return;
+      }
       if (c.in.size() < wire::kGreetingSize) return;
       if (std::memcmp(c.in.data(), wire::kGreeting, wire::kGreetingSize) != 0) {
         c.closed = true;  // not a client of this store
@@ -267,7 +278,8 @@ int listen_on(int family, uint16_t port) {
 
 }  // namespace
 
-TcpStoreServer::TcpStoreServer(uint16_t port) : state_(std::make_unique<State>()) {
+TcpStoreServer::TcpStoreServer(uint16_t port, TorchClients torch_clients) : state_(std::make_unique<State>()) {
+  state_->torch_clients = std::move(torch_clients);
   // Every interface, IPv6 and IPv4 alike, as torch's TCPStore listens; IPv4 alone on a host without IPv6.
   listen_fd_ = listen_on(AF_INET6, port);
   if (listen_fd_ < 0 && errno != EADDRINUSE) listen_fd_ = listen_on(AF_INET, port);

@@ -22,6 +22,9 @@ namespace backplane::gloo_plugin::wire {
 
 constexpr char kGreeting[] = "backplane-store 1\n";
 constexpr size_t kGreetingSize = sizeof(kGreeting) - 1;
+// How torch's TCPStore client opens a connection: its VALIDATE query (0) and validation number
+// 0x3C85F7CE, little-endian. A server that serves both stores tells the two clients apart by it.
+constexpr uint8_t kTorchStoreGreeting[] = {0x00, 0xCE, 0xF7, 0x85, 0x3C};
 // No frame of the rendezvous comes near this: a client refuses a larger value, and a server that reads a
 // larger length takes its peer for something that does not speak this protocol.
 constexpr uint32_t kMaxFrame = 64u << 20;

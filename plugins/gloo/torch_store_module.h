@@ -24,6 +24,9 @@ using TorchStoreOpen = bpl_status (*)(const bpl_host_api* host, const char* addr
 using TorchStoreClose = void (*)(bpl_store* store);
 constexpr const char* kTorchStoreOpenSymbol = "bpl_torch_store_open_v1";
 constexpr const char* kTorchStoreCloseSymbol = "bpl_torch_store_close_v1";
+// Serves a TCPStore on 127.0.0.1 at a port it writes to *port (bpl-store's torch side).
+using TorchStoreServe = bpl_status (*)(int32_t* port, char* error, size_t error_size);
+constexpr const char* kTorchStoreServeSymbol = "bpl_torch_store_serve_v1";
 
 // A connection to a torch TCPStore through the module, loaded on first use. Throws plugin::Error:
 // UNSUPPORTED when the module is not installed or cannot be loaded (naming it and where it was looked

@@ -1,6 +1,6 @@
 // libbpl-torch-store.so: torch's own TCPStore client, for the gloo plugin under a torchrun whose agent
 // hosts the job's store (plugins/gloo/torch_store_module.h). It hands the plugin a bpl_store whose every
-// call is bounded (bounded_store.h).
+// call is bounded (bounded_store.h). It also serves a TCPStore, for bpl-store's torch clients.
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -89,4 +89,22 @@ extern "C" __attribute__((visibility("default"))) bpl_status bpl_torch_store_ope
 
 extern "C" __attribute__((visibility("default"))) void bpl_torch_store_close_v1(bpl_store* store) {
   if (store != nullptr) delete static_cast<backplane::torch_store::BoundedStore*>(store->context);
+}
+
+// A TCPStore served on this host's loopback at a port of the system's choosing, for the rest of the
+// process; *port is that port. Called once (bpl-store's torch side).
+extern "C" __attribute__((visibility("default"))) bpl_status bpl_torch_store_serve_v1(int32_t* port, char* error,
+                                                                                      size_t error_size) {
+  using namespace backplane::torch_store;
+  static c10d::TCPStore* served = nullptr;  // never destroyed: it serves until the process ends
+  const bpl_status status = answered([&] {
+    c10d::TCPStoreOptions options;
+    options.port = 0;
+    options.isServer = true;
+    options.waitWorkers = false;
+    served = new c10d::TCPStore("127.0.0.1", options);
+    *port = static_cast<int32_t>(served->getPort());
+  });
+  if (status != BPL_OK && error_size > 0) std::snprintf(error, error_size, "%s", last_error.c_str());
+  return status;
 }

@@ -3,7 +3,6 @@ function's signature, the library's loading, and its errors as BackplaneError.""
 
 import ctypes
 import ctypes.util
-import importlib.util
 import os
 
 from . import _tree
@@ -156,11 +155,9 @@ def operation(name):
 def _point_at_this_environments_torch():
     """The modules that link LibTorch (the CPU kernels) find it through BPL_TORCH_DIR, among others
     (docs/install.md): from Python, the torch this interpreter would import, found without importing it."""
-    if os.environ.get("BPL_TORCH_DIR"):
-        return
-    spec = importlib.util.find_spec("torch")
-    if spec is not None and spec.submodule_search_locations:
-        os.environ["BPL_TORCH_DIR"] = list(spec.submodule_search_locations)[0]
+    torch = _tree.environments_torch() if not os.environ.get("BPL_TORCH_DIR") else None
+    if torch is not None:
+        os.environ["BPL_TORCH_DIR"] = torch
 
 
 def _load():

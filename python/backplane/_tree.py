@@ -3,6 +3,7 @@ the CMake package and the pkg-config file), include/, bin/ and libexec/. pip ins
 package (site-packages/backplane/), as torch keeps torch/lib; `cmake --install` around it (<prefix>, with
 this package in <prefix>/lib/python3.X/site-packages/backplane/)."""
 
+import importlib.util
 import os
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -50,3 +51,17 @@ def helper_program(name):
         if os.access(path, os.X_OK):
             return path
     return None
+
+
+def side_module(name):
+    """A module of the plugins' folder (libbpl-torch-store.so), or None where this build has none."""
+    lib = library_folder()
+    path = os.path.join(lib, "backplane", "plugins", name) if lib else None
+    return path if path and os.path.exists(path) else None
+
+
+def environments_torch():
+    """The torch this interpreter would import (its package folder), found without importing it, or None:
+    where the modules that link LibTorch look for it (BPL_TORCH_DIR, docs/install.md)."""
+    spec = importlib.util.find_spec("torch")
+    return list(spec.submodule_search_locations)[0] if spec is not None and spec.submodule_search_locations else None

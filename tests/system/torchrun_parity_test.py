@@ -17,9 +17,8 @@ from backplane.run.ports import free_port  # noqa: E402
 
 # Values that differ by design: chosen anew each run, or where each launcher keeps its own things.
 DIFFERING = {"MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE"}
-# torchrun's agent hosts a torch TCPStore for its workers ("True"); bpl-run does not ("False") and serves
-# backplane's store at BPL_STORE_PORT instead (docs/running.md).
-OWN = {"TORCHELASTIC_USE_AGENT_STORE", "BPL_STORE_PORT"}
+# bpl-run's own: where its bpl-store serves backplane's store (MASTER_PORT, with the torch store).
+OWN = {"BPL_STORE_PORT"}
 # One host, where torchrun names it "localhost": bpl-run gives the address, IPv4 for certain.
 LOOPBACK = {"localhost", "127.0.0.1"}
 

@@ -9,10 +9,10 @@ Python that runs bpl-run (python -u), -m runs a module, --run-path runs a script
 mpirun finds it, in the current folder. Every line a rank writes reaches the console whole, prefixed
 with its rank; --tee and --redirects also (or only) write it under --log-dir in torchrun's layout.
 
-backplane's store, where the ranks of a gloo job meet, is served by a process of bpl-run's own beside the
-ranks (bpl-store, on the first node, at MASTER_PORT + 2, which the ranks get as BPL_STORE_PORT), so that
-it outlives any rank: the survivors of a failure, rank 0's too, still meet there to go on. MASTER_PORT
-stays the program's (torch.distributed's store).
+The job's stores are served by a process of bpl-run's own beside the ranks (bpl-store, on the first node,
+at MASTER_PORT, which the ranks also get as BPL_STORE_PORT): backplane's, where the ranks of a gloo job
+meet, and the program's torch.distributed store (TORCHELASTIC_USE_AGENT_STORE=True, as under torchrun).
+It outlives any rank: the survivors of a failure, rank 0's too, still meet there to go on.
 
 Signals sent to bpl-run (--signals-to-handle) are passed on to every rank. When a rank fails (non-zero
 exit or killed by a signal), bpl-run stops the others (SIGTERM, then SIGKILL after --shutdown-timeout

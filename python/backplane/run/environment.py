@@ -38,8 +38,8 @@ def rank_environment(args, launch, local_rank, restart, error_file, newcomer=Fal
         "TORCHELASTIC_RESTART_COUNT": str(restart),
         "TORCHELASTIC_MAX_RESTARTS": str(args.max_restarts),
         "TORCHELASTIC_RUN_ID": args.rdzv_id,
-        # No torch store of the launcher's: the program's init_process_group serves its own at MASTER_PORT.
-        "TORCHELASTIC_USE_AGENT_STORE": "False",
+        # bpl-store serves the program's torch.distributed store at MASTER_PORT, as torchrun's agent does.
+        "TORCHELASTIC_USE_AGENT_STORE": str(launch.hosts_torch_store),
         "TORCHELASTIC_ERROR_FILE": error_file,
         "TORCHELASTIC_SIGNALS_TO_HANDLE": args.signals_to_handle,
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),

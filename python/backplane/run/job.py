@@ -15,7 +15,7 @@ from .environment import command_of, rank_environment
 from .logs import LogLayout, error_message
 from .options import streams_for
 from .output import FilteredLog, RankOutput, tell
-from .ports import STORE_OFFSET, free_port, start_store
+from .ports import NEURON_BOOTSTRAP_OFFSET, busy_port, free_port, listen_host, ports_taken, start_store
 from .rendezvous import C10dRendezvous
 
 
@@ -28,6 +28,7 @@ class Launch:
     nnodes: int
     world: int
     store_port: int  # None: rank 0 serves backplane's store
+    hosts_torch_store: bool  # bpl-store serves the program's torch.distributed store at MASTER_PORT
     command: list
     shares: list  # each local rank's CPUs (--bind-to core), or None
 
@@ -108,21 +109,24 @@ class Job:
             flag = f"MASTER_PORT {port}, which the rendezvous chose"
         else:
             node_rank, nnodes, (addr, port) = args.node_rank, args.max_nodes, args.endpoint
-            port = port if port is not None else (self.launch.port if self.launch else free_port(addr))
+            port = port if port is not None else (self.launch.port if self.launch else free_port(addr, ports_taken()))
             flag = f"--master-port {port}" if args.master_port is not None else (
                 f"--rdzv-endpoint {args.rdzv_endpoint}" if args.rdzv_endpoint else f"MASTER_PORT={port}"
                 if os.environ.get("MASTER_PORT") else f"port {port}")
         world = args.nproc_per_node * nnodes
-        # The first node serves the store at MASTER_PORT + 2 (MASTER_PORT stays free for a program's own
-        # torch.distributed store, and the neuron backend takes MASTER_PORT + 1); every node's ranks are
-        # told. It lasts the job, or, where the rendezvous places the nodes anew, the round.
-        store_port = port + STORE_OFFSET
-        if self.store is not None and (self.launch.port != port or node_rank != 0):
+        # The first node serves the job's stores at MASTER_PORT (a program's torch.distributed one too, as
+        # torchrun's agent does); every node's ranks are told. Each attempt gets a store of its own, as
+        # under torchrun (torch's rendezvous keeps no attempt apart in the agent's store).
+        if self.store is not None:
             self.close_store()
-        if world > 1 and node_rank == 0 and self.store is None:
-            self.store = start_store(store_port, flag)
-        launcher_store = world > 1 and (self.store is not None or node_rank > 0)
-        self.launch = Launch(addr, port, node_rank, nnodes, world, store_port if launcher_store else None,
+        if node_rank == 0 and self.store is None:
+            if ports_taken() > 1 and busy_port(listen_host(addr), port + NEURON_BOOTSTRAP_OFFSET) is not None:
+                raise SystemExit(f"bpl-run: {flag}: the Neuron backend bootstraps its collectives at MASTER_PORT + "
+                                 f"{NEURON_BOOTSTRAP_OFFSET}, {port + NEURON_BOOTSTRAP_OFFSET}, which is taken; "
+                                 f"choose a port whose next one is free too")
+            self.store = start_store(port, flag)
+        served = self.store is not None or node_rank > 0
+        self.launch = Launch(addr, port, node_rank, nnodes, world, port if served and world > 1 else None, served,
                              command_of(args), self.shares)
         events.record(args, "start", world_size=world, master=f"{addr}:{port}", restart=self.restart)
         self.start_group()

@@ -63,7 +63,7 @@ def build_parser():
     flag("--master-addr", default=None, help="the first node's host (default: $MASTER_ADDR or 127.0.0.1)")
     flag("--master-port", type=int, default=None,
          help=f"the job's port on the first node (default: $MASTER_PORT, {DEFAULT_MASTER_PORT} with several nodes, "
-              "a free one on one node); the job's store takes this port + 2")
+              "a free one on one node), where the job's store serves")
     flag("--local-addr", default=None, help="this node's address as the others reach it (default: its host name)")
     flag("--logs-specs", default=None, help="torchrun's LogsSpecs plugin: not applicable (bpl-run's layout is torchrun's)")
     flag("--numa-binding", default=None, choices=("node", "socket", "exclusive", "core-complex"),
@@ -110,8 +110,8 @@ def parse_args(argv):
     args.nproc_per_node = local_world_size(args.nproc_per_node, refuse)
     if not 0 <= args.node_rank < args.max_nodes:
         refuse(f"--node-rank {args.node_rank}: expected 0..{args.max_nodes - 1}")
-    if args.master_port is not None and not 1 <= args.master_port <= 65533:
-        refuse(f"--master-port {args.master_port}: expected 1..65533 (the job's store takes it + 2)")
+    if args.master_port is not None and not 1 <= args.master_port <= 65534:
+        refuse(f"--master-port {args.master_port}: expected 1..65534 (the Neuron backend takes the next one)")
     if args.standalone and args.max_nodes != 1:
         refuse(f"--standalone runs a single node, and --nnodes {args.nnodes} asks for more: drop one of them")
     if args.rdzv_backend == "static" and args.min_nodes != args.max_nodes:
@@ -255,8 +255,8 @@ def endpoint(args, refuse):
     port = args.master_port
     if port is None and os.environ.get("MASTER_PORT"):
         text = os.environ["MASTER_PORT"]
-        if not text.isdigit() or not 1 <= int(text) <= 65533:
-            refuse(f"MASTER_PORT={text}: expected 1..65533 (the job's store takes it + 2)")
+        if not text.isdigit() or not 1 <= int(text) <= 65534:
+            refuse(f"MASTER_PORT={text}: expected 1..65534 (the Neuron backend takes the next one)")
         port = int(text)
     if port is None and args.max_nodes > 1:
         port = DEFAULT_MASTER_PORT
