@@ -211,10 +211,12 @@ def main():
         expect(default_port.stdout == "[rank1]:29500 2\n", f"--nnodes 2: MASTER_PORT 29500: {default_port}")
         with socket.socket() as taken:
             taken.bind(("127.0.0.1", 0))
-            port = taken.getsockname()[1] - 2
+            taken.listen()
+            port = taken.getsockname()[1]
             busy = run(bpl_run, ["--nproc-per-node", "2", "--master-port", str(port), "who.py"], folder)
-        expect(busy.returncode != 0 and f"--master-port {port}: the job's store takes port {port + 2}" in busy.stderr,
-               f"a taken MASTER_PORT + 2 names the flag: {busy.stderr!r}")
+        expect(busy.returncode != 0 and f"--master-port {port}: the job's store serves at MASTER_PORT, and cannot serve "
+               f"there: bpl-store: cannot serve the store on port {port}: Address already in use" in busy.stderr,
+               f"a taken MASTER_PORT names the flag: {busy.stderr!r}")
         for flags, named in ((["--rdzv-conf", "last_call_timeout=soon"], "last_call_timeout='soon'"),
                              (["--nnodes", "2:1"], "--nnodes 2:1"), (["--nproc-per-node", "many"], "--nproc-per-node many"),
                              (["--max-restarts", "1", "--nnodes", "2"], "--max-restarts 1 with --nnodes 2")):
