@@ -10,13 +10,25 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <mutex>
 #include <thread>
 
+#include "plugin_support.h"
 #include "side_module.h"
 #include "torch_store_module.h"
 
 namespace {
+
+// The module loader reads the environment (BPL_TORCH_DIR, VIRTUAL_ENV) through its host, as in a plugin:
+// bpl-store is its own host.
+void log_to_stderr(int32_t, const char* source, const char* message) {
+  std::fprintf(stderr, "bpl-store: %s: %s\n", source, message);
+}
+const char* environment(const char* name) { return ::secure_getenv(name); }
+void keep_no_error(const char*) {}
+const bpl_host_api kStoreHost = {sizeof(bpl_host_api), BPL_ABI_MAJOR, BPL_ABI_MINOR, BPL_LOG_WARN, 0,
+                                 log_to_stderr, environment, keep_no_error};
 
 bool send_all(int fd, const uint8_t* data, size_t size) {
   while (size > 0) {
@@ -100,6 +112,7 @@ struct TorchStoreRelay::TorchSide {
 
 TorchStoreRelay::TorchStoreRelay(std::string module_path) : torch_(std::make_shared<TorchSide>()) {
   torch_->module_path = std::move(module_path);
+  if (backplane::plugin::host() == nullptr) backplane::plugin::host() = &kStoreHost;
 }
 
 void TorchStoreRelay::take(int fd, std::vector<uint8_t> received) {

@@ -119,6 +119,14 @@ inline const char*& name() {
   return backend;
 }
 
+// "[1, 2, 3]": numbers (ranks, a shape) in a message.
+template <typename Number>
+std::string list_text(const std::vector<Number>& numbers) {
+  std::string text = "[";
+  for (size_t i = 0; i < numbers.size(); ++i) text += (i ? ", " : "") + std::to_string(numbers[i]);
+  return text + "]";
+}
+
 // Bytes per element (plugins do not link libbackplane, so this mirrors bpl_dtype_size).
 inline size_t dtype_size(bpl_dtype dtype) {
   switch (dtype) {

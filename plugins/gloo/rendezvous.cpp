@@ -67,17 +67,18 @@ void check_arrivals(KvStore& store, const std::string& prefix, int32_t rank, int
   if (store.add(prefix + "joined", 1) == world_size) store.set(all_joined, bytes_of("1"));
   // "<joined>/<world> joined, missing ranks [...]"; `first` becomes the lowest rank that joined.
   auto arrivals = [&](int32_t& first) {
-    std::string missing;
+    std::vector<int32_t> missing;
     int32_t joined = 0;
     first = -1;
     for (int32_t r = 0; r < world_size; ++r) {
       if (!store.check(prefix + "rank/" + std::to_string(r))) {
-        missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+        missing.push_back(r);
       } else if (joined++ == 0) {
         first = r;
       }
     }
-    return std::to_string(joined) + "/" + std::to_string(world_size) + " joined, missing ranks [" + missing + "]";
+    return std::to_string(joined) + "/" + std::to_string(world_size) + " joined, missing ranks " +
+           plugin::list_text(missing);
   };
   const auto deadline = plugin::deadline_after(timeout);
   plugin::WaitReport report(plugin::kWaitReportInterval);

@@ -7,12 +7,6 @@
 namespace backplane::gloo_plugin {
 namespace {
 
-std::string rank_list(const std::vector<int>& ranks) {
-  std::string text = "ranks [";
-  for (size_t i = 0; i < ranks.size(); ++i) text += (i ? ", " : "") + std::to_string(ranks[i]);
-  return text + "]";
-}
-
 // The call as the caller knows it: the sequence is this plugin's numbering, not the core's.
 std::string as_called(Fingerprint call) {
   call.sequence = 0;
@@ -95,9 +89,9 @@ std::string StallReport::describe_waiting(const Fingerprint& call, std::chrono::
   }
   std::string line = "TCP: still waiting after " + std::to_string(waited.count() / 1000) + " s of the " +
                      std::to_string(timeout.count()) + " ms timeout in " + as_called(call) + ": ";
-  line += absent.empty() ? "every rank has arrived" : rank_list(absent) + " have not arrived";
-  if (!in_it.empty()) line += "; " + rank_list(in_it) + " wait in it too";
-  if (!past.empty()) line += "; " + rank_list(past) + " have gone past it";
+  line += absent.empty() ? "every rank has arrived" : "ranks " + plugin::list_text(absent) + " have not arrived";
+  if (!in_it.empty()) line += "; ranks " + plugin::list_text(in_it) + " wait in it too";
+  if (!past.empty()) line += "; ranks " + plugin::list_text(past) + " have gone past it";
   return line + elsewhere;
 }
 

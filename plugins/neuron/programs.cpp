@@ -27,12 +27,6 @@ using plugin::Error;
 
 namespace {
 
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::string text = "[";
-  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
-  return text + "]";
-}
-
 std::string dtype_text(bpl_dtype dtype) {
   const std::string name = bpl_dtype_name(dtype);  // the ABI's names (core/diagnosis/names.cpp)
   return name == "unknown" ? "dtype " + std::to_string(dtype) : name;
@@ -154,8 +148,8 @@ void check_port(const NeffPort& port, const bpl_tensor& tensor, const std::strin
   }
   const std::vector<int64_t> shape(tensor.shape, tensor.shape + tensor.ndim);
   if (!port.shape.empty() && shape != port.shape) {
-    throw Error(BPL_ERR_INVALID_ARGUMENT, which + ": shape " + shape_text(shape) + ", but the NEFF declares " +
-                                              shape_text(port.shape));
+    throw Error(BPL_ERR_INVALID_ARGUMENT, which + ": shape " + plugin::list_text(shape) + ", but the NEFF declares " +
+                                              plugin::list_text(port.shape));
   }
   size_t bytes = plugin::dtype_size(tensor.dtype);
   for (int64_t extent : shape) bytes *= static_cast<size_t>(extent);

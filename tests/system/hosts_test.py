@@ -43,7 +43,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from hosts import SKIPPED, TestHosts, why_hosts_cannot_be_made  # noqa: E402
 
 MASTER_PORT = "29500"  # every test host has a network stack of its own: no other job shares its ports
-STORE_PORT = str(int(MASTER_PORT) + 2)  # where bpl-run's bpl-store serves backplane's store
 TIMEOUT_S = 240
 
 
@@ -97,7 +96,7 @@ def info_and_conformance(bin_dir, count, ranks_per_host, path, env_extra=None, t
         info = launch(hosts, bin_dir, ranks_per_host, [os.path.join(bin_dir, "bpl-info"), "--init"], env_extra)
         expect_all_passed(info, "bpl-info --init")
         details = info[0][1]
-        expect(f"store={hosts.address(0)}:{STORE_PORT} (the launcher's bpl-store)" in details,
+        expect(f"store={hosts.address(0)}:{MASTER_PORT} (the launcher's bpl-store)" in details,
                "the store on host 0's address, served by its bpl-run", info)
         expected_transport = transport or f"transport=tcp host {hosts.host(0)}"
         expect(expected_transport in details, f"'{expected_transport}'", info)
@@ -586,7 +585,7 @@ def fault_master_unreachable(bin_dir):
         nobody = f"{hosts.address(0).rsplit('.', 1)[0]}.99"
         code, out, seconds = alone(hosts, 1, bin_dir, nobody, 1, 5000)
         results = [(code, out)]
-        expect(code != 0 and f"rendezvous at {nobody}:{STORE_PORT} as rank 1" in out, "an error naming the address",
+        expect(code != 0 and f"rendezvous at {nobody}:{MASTER_PORT} as rank 1" in out, "an error naming the address",
                results)
         expect(seconds < 15, f"within the 5 s timeout and its slack (took {seconds:.1f} s)", results)
     print(f"passed: MASTER_ADDR unreachable: an error naming {nobody} after {seconds:.1f} s")

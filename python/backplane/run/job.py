@@ -15,7 +15,8 @@ from .environment import command_of, rank_environment
 from .logs import LogLayout, error_message
 from .options import streams_for
 from .output import FilteredLog, RankOutput, tell
-from .ports import NEURON_BOOTSTRAP_OFFSET, busy_port, free_port, listen_host, ports_taken, start_store
+from . import store
+from .ports import NEURON_BOOTSTRAP_OFFSET, busy_port, free_port, listen_host, ports_taken
 from .rendezvous import C10dRendezvous
 
 
@@ -124,7 +125,7 @@ class Job:
                 raise SystemExit(f"bpl-run: {flag}: the Neuron backend bootstraps its collectives at MASTER_PORT + "
                                  f"{NEURON_BOOTSTRAP_OFFSET}, {port + NEURON_BOOTSTRAP_OFFSET}, which is taken; "
                                  f"choose a port whose next one is free too")
-            self.store = start_store(port, flag)
+            self.store = store.start(port, command_of(args), flag)
         served = self.store is not None or node_rank > 0
         self.launch = Launch(addr, port, node_rank, nnodes, world, port if served and world > 1 else None, served,
                              command_of(args), self.shares)
@@ -229,6 +230,11 @@ class Job:
             running = [e for e in self.ranks.values() if e.process.returncode is None]
             failed = [e for e in self.ranks.values()
                       if e.process.returncode not in (None, 0) and e.process.pid not in self.reported]
+            if self.store is not None and self.store.unserved is not None and self.stopping is False:
+                self.reported.update(self.ranks)  # they end as asked
+                self.stop_ranks()
+                return 1, [f"bpl-run: a rank's torch.distributed store cannot be served: {self.store.unserved}; "
+                           f"stopped the ranks"]
             if failed and self.args.keep_going:
                 self.go_on_without(failed, running)
             elif failed and self.stopping is False:  # else: ranks ending because we passed them a signal
@@ -358,12 +364,7 @@ class Job:
 
     def close_store(self):
         if self.store is not None:
-            self.store.terminate()
-            try:
-                self.store.wait(timeout=self.args.shutdown_timeout)
-            except subprocess.TimeoutExpired:
-                self.store.kill()
-                self.store.wait()
+            self.store.close(self.args.shutdown_timeout)
             self.store = None
 
     def close(self):

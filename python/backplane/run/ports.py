@@ -1,15 +1,10 @@
-"""The job's port: MASTER_PORT, where bpl-store serves the job's stores, backplane's and the program's
-torch.distributed one (TORCHELASTIC_USE_AGENT_STORE=True, as under torchrun), and, where the Neuron
+"""The job's ports: MASTER_PORT, where bpl-store serves the job's stores (store.py), and, where the Neuron
 backend may run, MASTER_PORT + 1, where it bootstraps its collectives."""
 
 import glob
 import os
 import random
 import socket
-import subprocess
-import threading
-
-from .. import _tree
 
 NEURON_BOOTSTRAP_OFFSET = 1
 
@@ -66,40 +61,3 @@ def busy_port(host, port, count=1):
     finally:
         for probe in probes:
             probe.close()
-
-
-def start_store(port, master_flag, deadline_s=30.0):
-    """Starts bpl-store on `port` and returns it once it listens; None where the build has none (no gloo
-    backend: rank 0 then serves backplane's store, and the program its own). It serves torch.distributed's
-    clients too, through the torch store module and the torch of this interpreter's environment, loaded
-    only when one connects. It ends with bpl-run, however bpl-run ends (the kernel tells it).
-    `master_flag` names where MASTER_PORT came from, for the message when the port is taken."""
-    program = _tree.helper_program("bpl-store")
-    if program is None:
-        return None
-    command = [program, "--port", str(port)]
-    torch_module = _tree.side_module("libbpl-torch-store.so")
-    if torch_module is not None:
-        command += ["--torch-store-module", torch_module]
-    env = dict(os.environ)
-    torch = _tree.environments_torch() if not env.get("BPL_TORCH_DIR") else None
-    if torch is not None:
-        env["BPL_TORCH_DIR"] = torch
-    store = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-    ready = []
-    reader = threading.Thread(target=lambda: ready.append(store.stdout.readline()), daemon=True)
-    reader.start()
-    reader.join(timeout=deadline_s)
-    if not ready or not ready[0].startswith(b"bpl-store: listening"):
-        store.kill()
-        error = store.stderr.read().decode(errors="replace").strip() if store.wait() is not None else ""
-        raise SystemExit(f"bpl-run: {master_flag}: the job's store serves at MASTER_PORT, and cannot serve there: "
-                         f"{error or 'bpl-store did not start'}")
-    threading.Thread(target=lambda: relay_lines(store.stderr), daemon=True).start()
-    return store
-
-
-def relay_lines(stream):
-    """bpl-store's word after it started (a torch client it cannot serve), on bpl-run's stderr."""
-    for line in stream:
-        os.write(2, line)
