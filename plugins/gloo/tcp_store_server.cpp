@@ -140,7 +140,8 @@ class TcpStoreServer::State {
     if (!c.greeted) {
       if (torch_clients && !c.in.empty() && c.in[0] == wire::kTorchStoreGreeting[0]) {
         if (c.in.size() < sizeof(wire::kTorchStoreGreeting) && !c.closed) return;
-        c.handed_off = std::memcmp(c.in.data(), wire::kTorchStoreGreeting, sizeof(wire::kTorchStoreGreeting)) == 0;
+        c.handed_off = c.in.size() >= sizeof(wire::kTorchStoreGreeting) &&
+                       std::memcmp(c.in.data(), wire::kTorchStoreGreeting, sizeof(wire::kTorchStoreGreeting)) == 0;
         c.closed = true;
         return;
       }

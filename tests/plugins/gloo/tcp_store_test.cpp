@@ -1,7 +1,7 @@
 // backplane's own TCP store (plugins/gloo/tcp_store.h) on loopback: what the rendezvous relies on
 // (values, counters, a get that waits for its key and is woken by a set, from several clients at
-// once), and that every call keeps its deadline: a get whose key never comes, a server that stops
-// answering, something at the port that is not a store.
+// once), that every call keeps its deadline: a get whose key never comes, a server that stops
+// answering, something at the port that is not a store; and that a torch client is handed off.
 #include <gtest/gtest.h>
 
 #include <netinet/in.h>
@@ -11,12 +11,14 @@
 
 #include <atomic>
 #include <chrono>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "support/process.h"
 #include "tcp_store.h"
+#include "tcp_store_wire.h"
 
 namespace {
 
@@ -188,6 +190,47 @@ TEST(TcpStoreEnds, APortHeldByAnotherProgramIsNamed) {
   EXPECT_EQ(taken.status(), BPL_ERR_IO) << taken.what();
   EXPECT_NE(std::string(taken.what()).find("port " + std::to_string(port)), std::string::npos) << taken.what();
   ::close(listener);
+}
+
+// A connection that opens as torch's TCPStore client does goes to the torch side with every byte read
+// from it; one that sends a single byte of that greeting and closes does not, and backplane's own
+// clients are served beside them at the same port.
+TEST(TcpStoreTorchClients, ATorchGreetingIsHandedOffWithItsBytes) {
+  const auto port = static_cast<uint16_t>(backplane::test::free_port());
+  std::mutex mutex;
+  std::vector<std::vector<uint8_t>> handed;
+  TcpStoreServer server(port, [&](int fd, std::vector<uint8_t> received) {
+    std::lock_guard<std::mutex> lock(mutex);
+    handed.push_back(std::move(received));
+    ::close(fd);
+  });
+  // Sends `opening` (then, with `ends`, nothing more) and waits for the server to close the connection.
+  auto send_and_close = [&](const std::vector<uint8_t>& opening, bool ends) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    address.sin_port = htons(port);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+    ASSERT_EQ(::send(fd, opening.data(), opening.size(), 0), static_cast<ssize_t>(opening.size()));
+    if (ends) ::shutdown(fd, SHUT_WR);
+    char answer = 0;
+    pollfd polled{fd, POLLIN, 0};
+    ASSERT_EQ(::poll(&polled, 1, 2000), 1);  // the torch side closes it, or the server
+    EXPECT_LE(::recv(fd, &answer, 1, 0), 0);
+    ::close(fd);
+  };
+  std::vector<uint8_t> torch(std::begin(backplane::gloo_plugin::wire::kTorchStoreGreeting),
+                             std::end(backplane::gloo_plugin::wire::kTorchStoreGreeting));
+  torch.push_back(13);  // the start of the client's next query
+  send_and_close(torch, false);
+  send_and_close({0}, true);
+  TcpStoreClient client("127.0.0.1", port, milliseconds(2000), milliseconds(2000), "bpl-store");
+  client.set("key", bytes("value"));
+  EXPECT_EQ(client.get("key", milliseconds(1000)), bytes("value"));
+  std::lock_guard<std::mutex> lock(mutex);
+  ASSERT_EQ(handed.size(), 1u);
+  EXPECT_EQ(handed[0], torch);
 }
 
 }  // namespace
