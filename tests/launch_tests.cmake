@@ -21,6 +21,12 @@ if(TARGET backplane_torch)
   set_tests_properties(bpl_run_one_port PROPERTIES TIMEOUT 300 PROCESSORS 2
     ENVIRONMENT "PYTHONPATH=${BPL_TORCH_MODULE_DIR};PYTHONWARNINGS=ignore")
 endif()
+# Only the job's processes use its store: the secret bpl-run hands them, the address it listens at.
+if(TARGET bpl-store)
+  add_test(NAME store_admission COMMAND ${BPL_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/system/store_admission_test.py
+           ${CMAKE_RUNTIME_OUTPUT_DIRECTORY} $<TARGET_FILE:late_rank>)
+  set_tests_properties(store_admission PROPERTIES TIMEOUT 180 PROCESSORS 2)
+endif()
 # A waiting job says what it waits for at info level: a rendezvous missing a rank, a store that never
 # comes, a collective stalled past a quarter of its timeout; nothing at the default level.
 add_executable(late_rank ${CMAKE_CURRENT_LIST_DIR}/system/late_rank.c)

@@ -52,6 +52,22 @@ if(TARGET backplane_torch)
         ENVIRONMENT "${BPL_TORCH_TEST_ENV}")
     endforeach()
   endforeach()
+  # What torch's Gloo takes beyond one tensor per call, against torch's Gloo in the same job, 2 and 3 ranks.
+  foreach(ranks 2 3)
+    add_test(NAME torch_backend_gloo_parity_${ranks}ranks
+      COMMAND ${BPL_EXPECT_OUTPUT} 0 "rank 0: OK" -- ${CMAKE_RUNTIME_OUTPUT_DIRECTORY}/bpl-run --nproc-per-node ${ranks}
+              ${BPL_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/torch_backend/test_gloo_parity.py)
+    set_tests_properties(torch_backend_gloo_parity_${ranks}ranks PROPERTIES TIMEOUT 240 PROCESSORS 2
+      ENVIRONMENT "${BPL_TORCH_TEST_ENV}")
+  endforeach()
+  # torch.profiler's events of the group's operations, and BPL_TRACE's timeline of the same, 2 and 3 ranks.
+  foreach(ranks 2 3)
+    add_test(NAME torch_backend_profiler_events_${ranks}ranks
+      COMMAND ${BPL_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/torch_backend/test_profiler_events.py
+              ${CMAKE_RUNTIME_OUTPUT_DIRECTORY} ${ranks})
+    set_tests_properties(torch_backend_profiler_events_${ranks}ranks PROPERTIES TIMEOUT 300 PROCESSORS 2
+      ENVIRONMENT "${BPL_TORCH_TEST_ENV}")
+  endforeach()
   # PyTorch's own distributed suite: CI's selection (every operation, groups, DDP, error handling) on
   # backplane at 2 and 3 ranks; the whole suite against gloo is torch_suite.py without --ci.
   foreach(ranks 2 3)

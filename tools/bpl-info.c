@@ -46,7 +46,7 @@ static void describe_runtime(bpl_runtime* runtime) {
   printf("  timeout      %lld ms\n", (long long)info.timeout_ms);
   print_collectives(info.collectives);
   print_mask("dtypes", info.dtypes, bpl_dtype_name, BPL_DTYPE_F32, BPL_DTYPE_I64);
-  print_mask("reduce ops", info.reduce_ops, bpl_reduce_op_name, BPL_OP_SUM, BPL_OP_AVG);
+  print_mask("reduce ops", info.reduce_ops, bpl_reduce_op_name, BPL_OP_SUM, BPL_OP_BXOR);
   print_mask("kernels", info.kernels, kernel_name, BPL_KERNEL_GEMM, BPL_KERNEL_CAST);
   printf("  programs     %s\n", info.program_formats[0] ? info.program_formats : "none");
 }

@@ -1,7 +1,8 @@
 // bpl-store: backplane's TCP store (plugins/gloo/tcp_store.h) for a launcher, in a process of its own.
 //
 // --port P serves a job's store: bpl-run starts it beside the ranks, as torchrun's agent hosts the store
-// of its workers. A torch.distributed client that connects there is served torch's own TCPStore
+// of its workers; --host H listens only where the job's processes connect (MASTER_ADDR), and
+// BPL_STORE_SECRET, where set, admits only the processes that have it (tcp_store.h). A torch.distributed client that connects there is served torch's own TCPStore
 // (store_torch_relay.h; --torch-store-module names the module that serves it), so a job needs one port. The store then outlives any rank: the survivors of a rank's failure, rank 0's
 // included, still meet there to agree and go on (docs/faults.md), and a rank that cannot reach it knows
 // it is cut off from the job. It says "bpl-store: listening on port P" on stdout once it serves, and
@@ -40,7 +41,7 @@ bool end_with_parent() {
   return getppid() == launcher;
 }
 
-int serve(int port, const std::string& torch_store_module) {
+int serve(int port, const std::string& host, const std::string& torch_store_module) {
   sigset_t stop;
   sigemptyset(&stop);
   sigaddset(&stop, SIGTERM);
@@ -49,10 +50,14 @@ int serve(int port, const std::string& torch_store_module) {
   // one of them.
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
   if (!end_with_parent()) return 0;
+  // Also bpl-store's host (store_torch_relay.cpp): what the store says of the connections it ends (a
+  // process without the job's secret, one that is no client of the store) goes to stderr.
   TorchStoreRelay torch_clients(torch_store_module);
-  TcpStoreServer server(static_cast<uint16_t>(port), [&torch_clients](int fd, std::vector<uint8_t> received) {
-    torch_clients.take(fd, std::move(received));
-  });
+  TcpStoreServer server(
+      static_cast<uint16_t>(port),
+      [&torch_clients](int fd, std::vector<uint8_t> received) { torch_clients.take(fd, std::move(received)); },
+      backplane::gloo_plugin::TcpStoreLimits(),
+      backplane::gloo_plugin::TcpStoreAdmission{host, backplane::gloo_plugin::store_secret_from_environment()});
   std::printf("bpl-store: listening on port %d\n", port);
   std::fflush(stdout);
   int signal_number = 0;
@@ -133,13 +138,14 @@ int bridge(const std::string& where, int64_t timeout_ms) {
 
 int main(int argc, char** argv) {
   int port = 0;
-  std::string client, torch_store_module;
+  std::string client, host, torch_store_module;
   int64_t timeout_ms = 30000;
   CLI::App app{"Serves backplane's store for a job (--port), or lends its client to a launcher (--client).",
                "bpl-store"};
   app.set_version_flag("--version", std::string("bpl-store (backplane) ") + BPL_VERSION);
-  auto* serving = app.add_option("--port", port, "serve the store on this TCP port, every interface")
-                      ->check(CLI::Range(1, 65535));
+  auto* serving = app.add_option("--port", port, "serve the store on this TCP port")->check(CLI::Range(1, 65535));
+  app.add_option("--host", host, "--port: listen only at this address of this machine (default: every interface)")
+      ->needs(serving);
   auto* bridging = app.add_option("--client", client, "HOST:PORT: requests on stdin, answers on stdout");
   serving->excludes(bridging);
   app.add_option("--torch-store-module", torch_store_module,
@@ -155,7 +161,7 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;
   }
   try {
-    return client.empty() ? serve(port, torch_store_module) : bridge(client, timeout_ms);
+    return client.empty() ? serve(port, host, torch_store_module) : bridge(client, timeout_ms);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bpl-store: %s\n", e.what());
     return 1;

@@ -137,18 +137,18 @@ c10::intrusive_ptr<c10d::Backend> BackendBackplane::shrink(const std::vector<int
                                                opts_override ? opts_override->timeout : timeout_, communicator_);
 }
 
-c10::intrusive_ptr<c10d::Work> BackendBackplane::post(c10d::OpType type, const char* name,
+c10::intrusive_ptr<c10d::Work> BackendBackplane::post(const Operation& operation,
                                                            const std::function<bpl_status(bpl_request**)>& start,
                                                            std::function<void()> finish, std::vector<at::Tensor> outputs,
                                                            std::vector<at::Tensor> keep) {
   bpl_request* request = nullptr;
-  check(start(&request), name);
+  check(start(&request), operation.name);
   ++sequence_;
-  return c10::make_intrusive<BackplaneWork>(communicator_, completions_, getRank(), type, name, Requests{request},
+  return c10::make_intrusive<BackplaneWork>(communicator_, completions_, getRank(), operation, Requests{request},
                                             std::move(finish), std::move(outputs), std::move(keep));
 }
 
-c10::intrusive_ptr<c10d::Work> BackendBackplane::post_each(c10d::OpType type, const char* name, int count,
+c10::intrusive_ptr<c10d::Work> BackendBackplane::post_each(const Operation& operation, int count,
                                                                 const std::function<bpl_status(int, bpl_request**)>& start,
                                                                 std::function<void()> finish, std::vector<at::Tensor> outputs,
                                                                 std::vector<at::Tensor> keep) {
@@ -159,16 +159,16 @@ c10::intrusive_ptr<c10d::Work> BackendBackplane::post_each(c10d::OpType type, co
     if (status != BPL_OK) {
       const std::string message = bpl_last_error();
       for (bpl_request* posted : requests) bpl_request_free(posted);  // waits, bounded, for what was posted
-      fail(std::string(name) + " failed (" + bpl_status_name(status) + "): " + message);
+      fail(std::string(operation.name) + " failed (" + bpl_status_name(status) + "): " + message);
     }
     requests.push_back(request);
   }
   ++sequence_;
-  return c10::make_intrusive<BackplaneWork>(communicator_, completions_, getRank(), type, name, std::move(requests),
+  return c10::make_intrusive<BackplaneWork>(communicator_, completions_, getRank(), operation, std::move(requests),
                                             std::move(finish), std::move(outputs), std::move(keep));
 }
 
-c10::intrusive_ptr<c10d::Work> BackendBackplane::post_pairs(c10d::OpType type, const char* name,
+c10::intrusive_ptr<c10d::Work> BackendBackplane::post_pairs(const Operation& operation,
                                                            const std::vector<at::Tensor>& sources,
                                                            const std::vector<at::Tensor>& results,
                                                            const std::vector<at::Tensor>& outputs,
@@ -176,7 +176,7 @@ c10::intrusive_ptr<c10d::Work> BackendBackplane::post_pairs(c10d::OpType type, c
   std::vector<at::Tensor> keep = sources;
   keep.insert(keep.end(), results.begin(), results.end());
   return post_each(
-      type, name, static_cast<int>(results.size()), start,
+      operation, static_cast<int>(results.size()), start,
       [results, outputs] {
         for (size_t i = 0; i < outputs.size(); ++i) copy_back(outputs[i], results[i]);
       },

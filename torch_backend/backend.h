@@ -24,6 +24,14 @@ class Runtime;
 class Communicator;
 // A Work's backplane requests, in posting order: most operations have one.
 using Requests = c10::SmallVector<bpl_request*, 1>;
+
+// An operation of the group: its kind and name (its messages say it), and the tensors torch.profiler
+// shows as its inputs, as torch's own backends record them.
+struct Operation {
+  c10d::OpType type;
+  const char* name;
+  std::vector<at::Tensor> inputs;
+};
 class CompletionQueue;
 class ScratchBuffers;
 
@@ -116,24 +124,30 @@ class BackendBackplane : public c10d::Backend {
  private:
   // Starts an operation: `start(req)` posts it; `finish` runs once it succeeded (copies results into
   // the caller's tensors); `outputs` are the Work's result; `keep` stays alive until it ends.
-  c10::intrusive_ptr<c10d::Work> post(c10d::OpType type, const char* name, const std::function<bpl_status(bpl_request**)>& start,
+  c10::intrusive_ptr<c10d::Work> post(const Operation& operation, const std::function<bpl_status(bpl_request**)>& start,
                                       std::function<void()> finish, std::vector<at::Tensor> outputs,
                                       std::vector<at::Tensor> keep);
   // The same for an operation of `count` requests, `start(i, req)` posting the i-th; its Work ends
   // when all have, or with the first that failed.
-  c10::intrusive_ptr<c10d::Work> post_each(c10d::OpType type, const char* name, int count,
+  c10::intrusive_ptr<c10d::Work> post_each(const Operation& operation, int count,
                                            const std::function<bpl_status(int, bpl_request**)>& start,
                                            std::function<void()> finish, std::vector<at::Tensor> outputs,
                                            std::vector<at::Tensor> keep);
 
   // A coalesced operation on pairs of tensors: pair i posted by `start(i, req)` from sources[i] into
   // results[i]; once every one ended, results[i] is copied into outputs[i] (unless it is outputs[i]).
-  c10::intrusive_ptr<c10d::Work> post_pairs(c10d::OpType type, const char* name, const std::vector<at::Tensor>& sources,
+  c10::intrusive_ptr<c10d::Work> post_pairs(const Operation& operation, const std::vector<at::Tensor>& sources,
                                             const std::vector<at::Tensor>& results, const std::vector<at::Tensor>& outputs,
                                             const std::function<bpl_status(int, bpl_request**)>& start);
 
-  // all_reduce of a sparse COO tensor (composed_operations.cpp).
-  c10::intrusive_ptr<c10d::Work> sparse_allreduce(at::Tensor& tensor, const c10d::AllreduceOptions& opts);
+  // all_reduce of sparse COO tensors, summed here first (composed_operations.cpp).
+  c10::intrusive_ptr<c10d::Work> sparse_allreduce(const std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts);
+  // all_gather of several inputs at once (gathers.cpp).
+  c10::intrusive_ptr<c10d::Work> allgather_several(std::vector<std::vector<at::Tensor>>& outputs,
+                                                   std::vector<at::Tensor>& inputs);
+  // reduce_scatter of a list whose blocks differ in size (reductions.cpp).
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_uneven(at::Tensor& output, std::vector<at::Tensor>& inputs,
+                                                       const c10d::ReduceScatterOptions& opts);
 
   // Shared with the group's works, which may outlive it: the destructor waits for neither (torch may
   // drop a group while holding Python's GIL, which its futures' callbacks need).

@@ -70,14 +70,25 @@ void BackendBackplane::monitoredBarrier(const c10d::BarrierOptions& opts, bool w
   store_->set(passed, std::vector<uint8_t>{1});
 }
 
-// Every rank's coalesced entries gathered (their counts first, then indices and values as allgatherv),
-// summed as one sparse tensor (coalesce adds the entries at the same index); the result replaces the
-// tensor's contents on every rank, as with torch's Gloo. SUM only, as there.
-c10::intrusive_ptr<c10d::Work> BackendBackplane::sparse_allreduce(at::Tensor& tensor, const c10d::AllreduceOptions& opts) {
+// The tensors summed here, then every rank's coalesced entries gathered (their counts first, then indices
+// and values as allgatherv), summed as one sparse tensor (coalesce adds the entries at the same index);
+// the result replaces every tensor's contents on every rank, as with torch's Gloo. SUM only, as there.
+c10::intrusive_ptr<c10d::Work> BackendBackplane::sparse_allreduce(const std::vector<at::Tensor>& tensors,
+                                                                  const c10d::AllreduceOptions& opts) {
   const char* op_name = "allreduce (sparse)";
   if (opts.reduceOp != c10d::ReduceOp::SUM) fail(std::string(op_name) + ": sparse tensors are reduced with SUM only");
-  if (!tensor.is_sparse() || tensor.layout() != at::kSparse) fail(std::string(op_name) + ": expected a sparse COO tensor");
-  const at::Tensor input = tensor.coalesce();
+  at::Tensor local;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (!tensors[i].is_sparse() || tensors[i].layout() != at::kSparse) {
+      fail(std::string(op_name) + ": tensor " + std::to_string(i) + " is not a sparse COO tensor: the tensors of a call "
+                                  "are all sparse or all dense");
+    }
+    if (i > 0 && tensors[i].sizes() != tensors[0].sizes()) {
+      fail(std::string(op_name) + ": invalid tensor size at index " + std::to_string(i));
+    }
+    local = i == 0 ? tensors[0] : local + tensors[i];
+  }
+  const at::Tensor input = local.coalesce();
   const at::Tensor indices = input._indices().t().contiguous();  // nnz rows of sparse_dim indices
   const at::Tensor values = input._values().contiguous();        // nnz rows of the dense part
   const bpl_dtype value_dtype = dtype_of(values, op_name);
@@ -103,18 +114,18 @@ c10::intrusive_ptr<c10d::Work> BackendBackplane::sparse_allreduce(at::Tensor& te
   at::Tensor all_values = at::empty(value_shape, values.options());
   const int me = getRank();
   return post_each(
-      c10d::OpType::ALLREDUCE, op_name, 2,
+      {c10d::OpType::ALLREDUCE, op_name, tensors}, 2,
       [&](int i, bpl_request** req) {
         return i == 0 ? bpl_allgatherv(comm_, indices.data_ptr(), index_counts[me], all_indices.data_ptr(),
                                        index_counts.data(), index_displs.data(), BPL_DTYPE_I64, req)
                       : bpl_allgatherv(comm_, values.data_ptr(), value_counts[me], all_values.data_ptr(),
                                        value_counts.data(), value_displs.data(), value_dtype, req);
       },
-      [tensor, all_indices, all_values] {
-        at::Tensor sum = at::sparse_coo_tensor(all_indices.t(), all_values, tensor.sizes()).coalesce();
-        const_cast<at::Tensor&>(tensor).copy_(sum);
+      [tensors, all_indices, all_values] {
+        at::Tensor sum = at::sparse_coo_tensor(all_indices.t(), all_values, tensors[0].sizes()).coalesce();
+        for (const at::Tensor& t : tensors) const_cast<at::Tensor&>(t).copy_(sum);
       },
-      {tensor}, {indices, values, all_indices, all_values});
+      tensors, {indices, values, all_indices, all_values});
 }
 
 }  // namespace backplane::torch_backend

@@ -78,7 +78,7 @@ c10::intrusive_ptr<c10d::Work> BackendBackplane::alltoall_base(at::Tensor& outpu
   at::Tensor result = contiguous(output);
   const bool even = sent.even() && received.even() && sent.counts[0] == received.counts[0];
   return post(
-      c10d::OpType::ALLTOALL_BASE, op_name,
+      {c10d::OpType::ALLTOALL_BASE, op_name, {input}},
       [&](bpl_request** req) {
         if (even) return bpl_alltoall(comm_, source.data_ptr(), result.data_ptr(), sent.counts[0], dtype, req);
         return bpl_alltoallv(comm_, source.data_ptr(), sent.counts.data(), sent.displs.data(), result.data_ptr(),
@@ -114,7 +114,7 @@ c10::intrusive_ptr<c10d::Work> BackendBackplane::alltoall(std::vector<at::Tensor
   std::vector<at::Tensor> targets = outputs;
   const bool even = sent.even() && received.even() && sent.counts[0] == received.counts[0];
   return post(
-      c10d::OpType::ALLTOALL, op_name,
+      {c10d::OpType::ALLTOALL, op_name, inputs},
       [&](bpl_request** req) {
         if (even) return bpl_alltoall(comm_, source.data_ptr(), result.data_ptr(), sent.counts[0], dtype, req);
         return bpl_alltoallv(comm_, source.data_ptr(), sent.counts.data(), sent.displs.data(), result.data_ptr(),
@@ -125,7 +125,7 @@ c10::intrusive_ptr<c10d::Work> BackendBackplane::alltoall(std::vector<at::Tensor
 
 c10::intrusive_ptr<c10d::Work> BackendBackplane::barrier(const c10d::BarrierOptions&) {
   return post(
-      c10d::OpType::BARRIER, "barrier", [&](bpl_request** req) { return bpl_barrier(comm_, req); }, nullptr, {}, {});
+      {c10d::OpType::BARRIER, "barrier", {}}, [&](bpl_request** req) { return bpl_barrier(comm_, req); }, nullptr, {}, {});
 }
 
 c10::intrusive_ptr<c10d::Work> BackendBackplane::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
@@ -135,7 +135,7 @@ c10::intrusive_ptr<c10d::Work> BackendBackplane::send(std::vector<at::Tensor>& t
   checked_rank(dst_rank, getSize(), op_name, "destination");
   at::Tensor buffer = contiguous(tensor);
   return post(
-      c10d::OpType::SEND, op_name,
+      {c10d::OpType::SEND, op_name, tensors},
       [&](bpl_request** req) { return bpl_send(comm_, buffer.data_ptr(), buffer.numel(), dtype, dst_rank, tag, req); }, nullptr,
       tensors, {buffer});
 }
@@ -147,7 +147,7 @@ c10::intrusive_ptr<c10d::Work> BackendBackplane::recv(std::vector<at::Tensor>& t
   checked_rank(src_rank, getSize(), op_name, "source");
   at::Tensor buffer = contiguous(tensor);
   return post(
-      c10d::OpType::RECV, op_name,
+      {c10d::OpType::RECV, op_name, tensors},
       [&](bpl_request** req) { return bpl_recv(comm_, buffer.data_ptr(), buffer.numel(), dtype, src_rank, tag, req); },
       [buffer, tensor] { copy_back(tensor, buffer); }, tensors, {buffer});
 }
@@ -159,7 +159,7 @@ c10::intrusive_ptr<c10d::Work> BackendBackplane::recvAnysource(std::vector<at::T
   at::Tensor buffer = contiguous(tensor);
   auto source = std::make_shared<int32_t>(-1);
   c10::intrusive_ptr<c10d::Work> work = post(
-      c10d::OpType::RECVANYSOURCE, op_name,
+      {c10d::OpType::RECVANYSOURCE, op_name, tensors},
       [&](bpl_request** req) {
         return bpl_recv_any(comm_, buffer.data_ptr(), buffer.numel(), dtype, tag, source.get(), req);
       },

@@ -35,28 +35,38 @@ constexpr int64_t kBroadcastListBytes = 256 * 1024;
 c10::intrusive_ptr<c10d::Work> BackendBackplane::broadcast(std::vector<at::Tensor>& tensors,
                                                                 const c10d::BroadcastOptions& opts) {
   const char* op_name = "broadcast";
-  const at::Tensor& tensor = single(tensors, op_name);
+  // Several tensors (as Gloo's CPU broadcast takes): the root's tensor `rootTensor` goes to every one of
+  // them on every rank.
+  const int64_t root_tensor = checked_root_tensor(tensors, opts.rootTensor, op_name);
+  const at::Tensor& tensor = tensors[static_cast<size_t>(root_tensor)];
+  for (size_t i = 0; i < tensors.size(); ++i) require_same(tensor, tensors[i], op_name, "tensor " + std::to_string(i), i);
   const bpl_dtype dtype = dtype_of(tensor, op_name);
   const int64_t root = checked_rank(opts.rootRank, getSize(), op_name);
   at::Tensor buffer = contiguous(tensor);
+  std::vector<at::Tensor> targets = tensors;
   return post(
-      c10d::OpType::BROADCAST, op_name,
+      {c10d::OpType::BROADCAST, op_name, tensors},
       [&](bpl_request** req) {
         return bpl_broadcast(comm_, buffer.data_ptr(), buffer.numel(), dtype, static_cast<int32_t>(root), req);
       },
-      [buffer, tensor] { copy_back(tensor, buffer); }, tensors, {buffer});
+      [buffer, targets] {
+        for (const at::Tensor& t : targets) copy_back(t, buffer);
+      },
+      tensors, {buffer});
 }
 
 c10::intrusive_ptr<c10d::Work> BackendBackplane::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                                 std::vector<at::Tensor>& inputs,
                                                                 const c10d::AllgatherOptions&) {
   const char* op_name = "allgather";
-  const at::Tensor& input = single(inputs, op_name);
+  require_some(inputs, op_name);
+  if (inputs.size() > 1) return allgather_several(outputs, inputs);
+  const at::Tensor& input = inputs[0];
   const bpl_dtype dtype = dtype_of(input, op_name);
   if (outputs.size() != 1 || static_cast<int>(outputs[0].size()) != getSize()) {
     fail(std::string(op_name) + ": expected one list of " + std::to_string(getSize()) + " output tensors (one per rank)");
   }
-  for (size_t r = 0; r < outputs[0].size(); ++r) require_same(input, outputs[0][r], op_name, "output tensor " + std::to_string(r));
+  for (size_t r = 0; r < outputs[0].size(); ++r) require_same(input, outputs[0][r], op_name, "output tensor " + std::to_string(r), r);
   at::Tensor source = contiguous(input);
   std::vector<at::Tensor> targets = outputs[0];
   if (source.nbytes() >= kBroadcastListBytes) {
@@ -69,7 +79,7 @@ c10::intrusive_ptr<c10d::Work> BackendBackplane::allgather(std::vector<std::vect
     for (const at::Tensor& t : targets) blocks.push_back(t.is_contiguous() ? t : at::empty_like(t, at::MemoryFormat::Contiguous));
     copy_back(blocks[static_cast<size_t>(getRank())], source);
     return post_each(
-        c10d::OpType::ALLGATHER, op_name, getSize(),
+        {c10d::OpType::ALLGATHER, op_name, inputs}, getSize(),
         [&](int root, bpl_request** req) {
           return bpl_broadcast(comm_, blocks[static_cast<size_t>(root)].data_ptr(), source.numel(), dtype, root, req);
         },
@@ -80,9 +90,45 @@ c10::intrusive_ptr<c10d::Work> BackendBackplane::allgather(std::vector<std::vect
   }
   at::Tensor gathered = scratch_->take(getSize() * input.numel(), input.scalar_type());
   return post(
-      c10d::OpType::ALLGATHER, op_name,
+      {c10d::OpType::ALLGATHER, op_name, inputs},
       [&](bpl_request** req) { return bpl_allgather(comm_, source.data_ptr(), gathered.data_ptr(), source.numel(), dtype, req); },
       [gathered, targets] { copy_slices(gathered, targets); }, targets, {source, gathered});
+}
+
+// Several inputs (as Gloo's CPU allgather takes): every rank's every input, rank by rank, in each of the
+// output lists (outputs[i][r * inputs + j]: rank r's input j).
+c10::intrusive_ptr<c10d::Work> BackendBackplane::allgather_several(std::vector<std::vector<at::Tensor>>& outputs,
+                                                                   std::vector<at::Tensor>& inputs) {
+  const char* op_name = "allgather";
+  if (outputs.size() != inputs.size()) {
+    fail(std::string(op_name) + " requires input/output tensor lists to have the same length (" +
+         std::to_string(inputs.size()) + " inputs, " + std::to_string(outputs.size()) + " output lists)");
+  }
+  const size_t expected = inputs.size() * static_cast<size_t>(getSize());
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    if (outputs[i].size() != expected) {
+      fail(std::string(op_name) + ": invalid output tensor list at index " + std::to_string(i) + " (expected length " +
+           std::to_string(expected) + ", got " + std::to_string(outputs[i].size()) + ")");
+    }
+    for (size_t j = 0; j < expected; ++j) {
+      require_same(inputs[0], outputs[i][j], op_name, "output " + std::to_string(i) + "." + std::to_string(j), j);
+    }
+  }
+  for (size_t j = 0; j < inputs.size(); ++j) require_same(inputs[0], inputs[j], op_name, "input " + std::to_string(j), j);
+  const bpl_dtype dtype = dtype_of(inputs[0], op_name);
+  const int64_t block = static_cast<int64_t>(inputs.size()) * inputs[0].numel();
+  at::Tensor source = flat_of(inputs, at::empty({block}, inputs[0].options()));
+  at::Tensor gathered = at::empty({block * getSize()}, inputs[0].options());
+  std::vector<std::vector<at::Tensor>> targets = outputs;
+  std::vector<at::Tensor> result;
+  for (const std::vector<at::Tensor>& list : outputs) result.insert(result.end(), list.begin(), list.end());
+  return post(
+      {c10d::OpType::ALLGATHER, op_name, inputs},
+      [&](bpl_request** req) { return bpl_allgather(comm_, source.data_ptr(), gathered.data_ptr(), block, dtype, req); },
+      [gathered, targets] {
+        for (const std::vector<at::Tensor>& list : targets) copy_slices(gathered, list);
+      },
+      result, {source, gathered});
 }
 
 c10::intrusive_ptr<c10d::Work> BackendBackplane::_allgather_base(at::Tensor& output, at::Tensor& input,
@@ -98,7 +144,7 @@ c10::intrusive_ptr<c10d::Work> BackendBackplane::_allgather_base(at::Tensor& out
   at::Tensor source = contiguous(input);
   at::Tensor gathered = contiguous(output);
   return post(
-      c10d::OpType::_ALLGATHER_BASE, op_name,
+      {c10d::OpType::_ALLGATHER_BASE, op_name, {input}},
       [&](bpl_request** req) { return bpl_allgather(comm_, source.data_ptr(), gathered.data_ptr(), source.numel(), dtype, req); },
       [gathered, output] { copy_back(output, gathered); }, {output}, {source, gathered});
 }
@@ -122,7 +168,7 @@ c10::intrusive_ptr<c10d::Work> BackendBackplane::allgather_into_tensor_coalesced
     sources.push_back(contiguous(inputs[i]));
     results.push_back(contiguous(outputs[i]));
   }
-  return post_pairs(AllgatherIntoTensorCoalesced<c10d::OpType>::value, op_name, sources, results, outputs,
+  return post_pairs({AllgatherIntoTensorCoalesced<c10d::OpType>::value, op_name, inputs}, sources, results, outputs,
                     [&](int i, bpl_request** req) {
                       return bpl_allgather(comm_, sources[i].data_ptr(), results[i].data_ptr(), sources[i].numel(),
                                            dtypes[i], req);
@@ -144,7 +190,7 @@ c10::intrusive_ptr<c10d::Work> BackendBackplane::allgather_coalesced(std::vector
            " tensors; expected one per input (" + std::to_string(inputs.size()) + ")");
     }
     for (size_t i = 0; i < inputs.size(); ++i) {
-      require_same(inputs[i], output_lists[r][i], op_name, "output " + std::to_string(i) + " of list " + std::to_string(r));
+      require_same(inputs[i], output_lists[r][i], op_name, "output " + std::to_string(i) + " of list " + std::to_string(r), i);
     }
   }
   // Each input gathered into a flat tensor of world x input, then spread over the lists.
@@ -160,7 +206,7 @@ c10::intrusive_ptr<c10d::Work> BackendBackplane::allgather_coalesced(std::vector
   std::vector<at::Tensor> keep = sources;
   keep.insert(keep.end(), flats.begin(), flats.end());
   return post_each(
-      c10d::OpType::ALLGATHER_COALESCED, op_name, static_cast<int>(inputs.size()),
+      {c10d::OpType::ALLGATHER_COALESCED, op_name, inputs}, static_cast<int>(inputs.size()),
       [&](int i, bpl_request** req) {
         return bpl_allgather(comm_, sources[i].data_ptr(), flats[i].data_ptr(), sources[i].numel(), dtypes[i], req);
       },
@@ -184,7 +230,7 @@ c10::intrusive_ptr<c10d::Work> BackendBackplane::gather(std::vector<std::vector<
     if (outputs.size() != 1 || static_cast<int>(outputs[0].size()) != getSize()) {
       fail(std::string(op_name) + ": the root expects one list of " + std::to_string(getSize()) + " output tensors");
     }
-    for (size_t r = 0; r < outputs[0].size(); ++r) require_same(input, outputs[0][r], op_name, "output tensor " + std::to_string(r));
+    for (size_t r = 0; r < outputs[0].size(); ++r) require_same(input, outputs[0][r], op_name, "output tensor " + std::to_string(r), r);
   } else if (!outputs.empty() && !outputs[0].empty()) {
     fail(std::string(op_name) + ": only the root (rank " + std::to_string(root) + ") gives output tensors");
   }
@@ -192,7 +238,7 @@ c10::intrusive_ptr<c10d::Work> BackendBackplane::gather(std::vector<std::vector<
   at::Tensor gathered = at_root ? scratch_->take(getSize() * input.numel(), input.scalar_type()) : at::Tensor();
   std::vector<at::Tensor> targets = at_root ? outputs[0] : std::vector<at::Tensor>{};
   return post(
-      c10d::OpType::GATHER, op_name,
+      {c10d::OpType::GATHER, op_name, inputs},
       [&](bpl_request** req) {
         return bpl_gather(comm_, source.data_ptr(), at_root ? gathered.data_ptr() : nullptr, source.numel(), dtype,
                           static_cast<int32_t>(root), req);
@@ -215,14 +261,14 @@ c10::intrusive_ptr<c10d::Work> BackendBackplane::scatter(std::vector<at::Tensor>
     if (inputs.size() != 1 || static_cast<int>(inputs[0].size()) != getSize()) {
       fail(std::string(op_name) + ": the root expects one list of " + std::to_string(getSize()) + " input tensors");
     }
-    for (size_t r = 0; r < inputs[0].size(); ++r) require_same(output, inputs[0][r], op_name, "input tensor " + std::to_string(r));
+    for (size_t r = 0; r < inputs[0].size(); ++r) require_same(output, inputs[0][r], op_name, "input tensor " + std::to_string(r), r);
     parts = flat_of(inputs[0], scratch_->take(getSize() * output.numel(), output.scalar_type()));
   } else if (!inputs.empty() && !inputs[0].empty()) {
     fail(std::string(op_name) + ": only the root (rank " + std::to_string(root) + ") gives input tensors");
   }
   at::Tensor result = contiguous(output);
   return post(
-      c10d::OpType::SCATTER, op_name,
+      {c10d::OpType::SCATTER, op_name, inputs.empty() ? outputs : inputs[0]},
       [&](bpl_request** req) {
         return bpl_scatter(comm_, parts.defined() ? parts.data_ptr() : nullptr, result.data_ptr(), result.numel(), dtype,
                            static_cast<int32_t>(root), req);

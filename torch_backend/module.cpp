@@ -35,7 +35,10 @@ PYBIND11_MODULE(_C, m) {
   py::module_::import("torch.distributed");
   py::class_<BackendBackplane, c10d::Backend, c10::intrusive_ptr<BackendBackplane>>(m, "BackendBackplane")
       .def("describe", &BackendBackplane::describe,
-           "What backplane chose for this process: the backend, why, and its details.");
+           "What backplane chose for this process: the backend, why, and its details.")
+      // As torch's ProcessGroupGloo has it: the timeout of the group's operations from now on.
+      .def("_set_default_timeout", &BackendBackplane::setTimeout, py::arg("timeout"),
+           py::call_guard<py::gil_scoped_release>());
   m.def(
       "describe", [](const c10::intrusive_ptr<c10d::ProcessGroup>& group) { return backend_of(group)->describe(); },
       py::arg("group"), "What backplane chose for the group's process: the backend, why, and its details.");

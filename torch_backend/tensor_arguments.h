@@ -41,6 +41,9 @@ inline bpl_reduce_op reduce_op_of(const c10d::ReduceOp& op, const char* name, st
     case c10d::ReduceOp::PRODUCT: return BPL_OP_PROD;
     case c10d::ReduceOp::MIN: return BPL_OP_MIN;
     case c10d::ReduceOp::MAX: return BPL_OP_MAX;
+    case c10d::ReduceOp::BAND: return BPL_OP_BAND;  // integer tensors: backplane refuses others, naming the dtype
+    case c10d::ReduceOp::BOR: return BPL_OP_BOR;
+    case c10d::ReduceOp::BXOR: return BPL_OP_BXOR;
     case c10d::ReduceOp::PREMUL_SUM: {
       // The name every supported torch has (later ones call it PreMulSumSupplement, and keep this alias).
       auto* supplement = dynamic_cast<c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
@@ -51,29 +54,51 @@ inline bpl_reduce_op reduce_op_of(const c10d::ReduceOp& op, const char* name, st
     }
     default:
       fail(std::string(name) + ": reduce op " + std::to_string(static_cast<int>(op.op_)) +
-           " (BAND, BOR or BXOR) is not one backplane has: it reduces with SUM, AVG, PRODUCT, MIN, MAX and PREMUL_SUM");
+           " is not one backplane has: it reduces with SUM, AVG, PRODUCT, MIN, MAX, PREMUL_SUM, BAND, BOR and BXOR");
   }
 }
 
-// One tensor per call, as on CPU every backend of torch but Gloo's multi-tensor allreduce.
+// Where torch's backends phrase a mistake ("requires non-empty tensor list"), the message carries
+// their phrase beside backplane's detail, for whoever looks for it.
+
+inline void require_some(const std::vector<at::Tensor>& tensors, const char* op) {
+  if (tensors.empty()) fail(std::string(op) + " requires non-empty tensor list (got no tensor)");
+}
+
+// One tensor per call, as torch's CPU backends take for every operation but a few of Gloo's.
 inline const at::Tensor& single(const std::vector<at::Tensor>& tensors, const char* op) {
-  if (tensors.size() != 1) fail(std::string(op) + " takes one tensor per call (got " + std::to_string(tensors.size()) + ")");
+  if (tensors.size() != 1) {
+    fail(std::string(op) + " requires a single-element tensor list (got " + std::to_string(tensors.size()) + ")");
+  }
   return tensors[0];
+}
+
+// The tensor of a call of several whose contents go out (BroadcastOptions::rootTensor).
+inline int64_t checked_root_tensor(const std::vector<at::Tensor>& tensors, int64_t root_tensor, const char* op) {
+  require_some(tensors, op);
+  if (root_tensor < 0 || root_tensor >= static_cast<int64_t>(tensors.size())) {
+    fail(std::string(op) + ": invalid root tensor: " + std::to_string(root_tensor) + " (the call has " +
+         std::to_string(tensors.size()) + " tensors)");
+  }
+  return root_tensor;
 }
 
 // `role` is what the rank is to the operation: "root", "destination", "source".
 inline int64_t checked_rank(int64_t rank, int size, const char* op, const char* role = "root") {
   if (rank < 0 || rank >= size) {
-    fail(std::string(op) + ": " + role + " rank " + std::to_string(rank) + " is not a rank of this group (0.." +
+    fail(std::string(op) + ": invalid " + role + " rank: " + std::to_string(rank) + " (a rank of this group is 0.." +
          std::to_string(size - 1) + ")");
   }
   return rank;
 }
 
-inline void require_same(const at::Tensor& a, const at::Tensor& b, const char* op, const std::string& what) {
+// `b`, the tensor at `index` of its list (`what` names it), has `a`'s dtype and number of elements.
+inline void require_same(const at::Tensor& a, const at::Tensor& b, const char* op, const std::string& what, size_t index) {
   if (a.scalar_type() != b.scalar_type() || a.numel() != b.numel()) {
-    fail(std::string(op) + ": " + what + " is " + std::string(c10::toString(b.scalar_type())) + "[" + std::to_string(b.numel()) +
-         "] where " + std::string(c10::toString(a.scalar_type())) + "[" + std::to_string(a.numel()) + "] is expected");
+    const char* differs = a.scalar_type() != b.scalar_type() ? "type" : "size";
+    fail(std::string(op) + ": invalid tensor " + differs + " at index " + std::to_string(index) + ": " + what + " is " +
+         std::string(c10::toString(b.scalar_type())) + "[" + std::to_string(b.numel()) + "] where " +
+         std::string(c10::toString(a.scalar_type())) + "[" + std::to_string(a.numel()) + "] is expected");
   }
 }
 

@@ -21,13 +21,38 @@ void CompletionQueue::run() {
   }
 }
 
+// What torch.profiler names an operation: as torch's own backends name theirs ("gloo:all_reduce"), with
+// the public function's name where torch's suite looks for it.
+const char* profiling_title(c10d::OpType type) {
+  switch (type) {
+    case c10d::OpType::BROADCAST: return "backplane:broadcast";
+    case c10d::OpType::ALLREDUCE: return "backplane:all_reduce";
+    case c10d::OpType::ALLREDUCE_COALESCED: return "backplane:all_reduce_coalesced";
+    case c10d::OpType::REDUCE: return "backplane:reduce";
+    case c10d::OpType::ALLGATHER: return "backplane:all_gather";
+    case c10d::OpType::_ALLGATHER_BASE: return "backplane:all_gather_into_tensor";
+    case c10d::OpType::ALLGATHER_COALESCED: return "backplane:all_gather_coalesced";
+    case c10d::OpType::GATHER: return "backplane:gather";
+    case c10d::OpType::SCATTER: return "backplane:scatter";
+    case c10d::OpType::REDUCE_SCATTER: return "backplane:reduce_scatter";
+    case c10d::OpType::_REDUCE_SCATTER_BASE: return "backplane:reduce_scatter_tensor";
+    case c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED: return "backplane:reduce_scatter_tensor_coalesced";
+    case c10d::OpType::ALLTOALL_BASE: case c10d::OpType::ALLTOALL: return "backplane:all_to_all";
+    case c10d::OpType::SEND: return "backplane:send";
+    case c10d::OpType::RECV: return "backplane:recv";
+    case c10d::OpType::RECVANYSOURCE: return "backplane:recvAnySource";
+    case c10d::OpType::BARRIER: return "backplane:barrier";
+    default: return "backplane:coalesced";  // all_gather_into_tensor_coalesced: its own kind in newer torch only
+  }
+}
+
 BackplaneWork::BackplaneWork(std::shared_ptr<Communicator> communicator, std::shared_ptr<CompletionQueue> completions,
-                             int rank, c10d::OpType type, const char* name, Requests requests,
-                             std::function<void()> finish, std::vector<at::Tensor> outputs, std::vector<at::Tensor> keep)
-    : c10d::Work(rank, type),
+                             int rank, const Operation& operation, Requests requests, std::function<void()> finish,
+                             std::vector<at::Tensor> outputs, std::vector<at::Tensor> keep)
+    : c10d::Work(rank, operation.type, profiling_title(operation.type), operation.inputs),
       communicator_(std::move(communicator)),
       completions_(std::move(completions)),
-      name_(name),
+      name_(operation.name),
       requests_(std::move(requests)),
       finish_(std::move(finish)),
       outputs_(std::move(outputs)),

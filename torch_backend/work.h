@@ -86,8 +86,9 @@ class BackplaneWork : public c10d::Work {
  public:
   // `finish` runs once the requests succeeded (copies results into the caller's tensors); `outputs` are
   // the result; `keep` stays alive until the work ends.
+  // torch.profiler sees it as "backplane:<operation>" (profiling_title), from now until it ends.
   BackplaneWork(std::shared_ptr<Communicator> communicator, std::shared_ptr<CompletionQueue> completions, int rank,
-                c10d::OpType type, const char* name, Requests requests, std::function<void()> finish,
+                const Operation& operation, Requests requests, std::function<void()> finish,
                 std::vector<at::Tensor> outputs, std::vector<at::Tensor> keep);
   ~BackplaneWork() override;
 

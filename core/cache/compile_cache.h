@@ -1,4 +1,4 @@
-// The persistent compile cache (DESIGN.md, "Persistent compile cache"; reference: "Persistent cache for
+// The persistent compile cache (docs/embedding.md, "The compile cache"; reference: "Persistent cache for
 // compiled graphs"). Every backend's bpl_program_compile goes through it, and bpl-cache looks after it
 // through this header alone: this folder is the cache's stated interface (the bpl_compile_cache
 // library), the rest of the core stays private to libbackplane.

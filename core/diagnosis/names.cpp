@@ -59,6 +59,9 @@ const char* bpl_reduce_op_name(bpl_reduce_op op) {
     case BPL_OP_MIN: return "min";
     case BPL_OP_MAX: return "max";
     case BPL_OP_AVG: return "avg";
+    case BPL_OP_BAND: return "band";
+    case BPL_OP_BOR: return "bor";
+    case BPL_OP_BXOR: return "bxor";
     default: return "unknown";
   }
 }

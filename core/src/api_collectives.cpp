@@ -18,9 +18,9 @@ bpl_status bpl_allreduce(bpl_comm* comm, const void* send, void* recv, int64_t c
                          bpl_reduce_op op, bpl_request** req) {
   return guarded("bpl_allreduce", [&] {
     bpl_comm* c = check_comm(comm);
-    auto fn = require_collective(c, c->runtime->api().allreduce, BPL_COLL_ALLREDUCE);
+    auto fn = require_collective<BPL_COLL_ALLREDUCE>(c);
     size_t bytes = check_count(count, check_dtype(c, dtype), 1, "count");
-    check_op(c, op);
+    check_op(c, op, dtype);
     check_buffer(send, bytes, "send");
     check_buffer(recv, bytes, "recv");
     REQUIRE(send == recv || !overlap(send, bytes, recv, bytes), "send and recv overlap without being equal (in place)");
@@ -33,7 +33,7 @@ bpl_status bpl_allreduce(bpl_comm* comm, const void* send, void* recv, int64_t c
 bpl_status bpl_broadcast(bpl_comm* comm, void* buf, int64_t count, bpl_dtype dtype, int32_t root, bpl_request** req) {
   return guarded("bpl_broadcast", [&] {
     bpl_comm* c = check_comm(comm);
-    auto fn = require_collective(c, c->runtime->api().broadcast, BPL_COLL_BROADCAST);
+    auto fn = require_collective<BPL_COLL_BROADCAST>(c);
     size_t bytes = check_count(count, check_dtype(c, dtype), 1, "count");
     check_buffer(buf, bytes, "buf");
     check_rank(c, root, "root");
@@ -47,9 +47,9 @@ bpl_status bpl_reduce(bpl_comm* comm, const void* send, void* recv, int64_t coun
                       int32_t root, bpl_request** req) {
   return guarded("bpl_reduce", [&] {
     bpl_comm* c = check_comm(comm);
-    auto fn = require_collective(c, c->runtime->api().reduce, BPL_COLL_REDUCE);
+    auto fn = require_collective<BPL_COLL_REDUCE>(c);
     size_t bytes = check_count(count, check_dtype(c, dtype), 1, "count");
-    check_op(c, op);
+    check_op(c, op, dtype);
     check_rank(c, root, "root");
     check_buffer(send, bytes, "send");
     if (c->rank == root) {
@@ -66,7 +66,7 @@ bpl_status bpl_allgather(bpl_comm* comm, const void* send, void* recv, int64_t c
                          bpl_request** req) {
   return guarded("bpl_allgather", [&] {
     bpl_comm* c = check_comm(comm);
-    auto fn = require_collective(c, c->runtime->api().allgather, BPL_COLL_ALLGATHER);
+    auto fn = require_collective<BPL_COLL_ALLGATHER>(c);
     size_t element = check_dtype(c, dtype);
     size_t total = check_count(count, element, c->size, "count");
     size_t block = total / static_cast<size_t>(c->size);
@@ -85,11 +85,11 @@ bpl_status bpl_reduce_scatter(bpl_comm* comm, const void* send, void* recv, int6
                               bpl_reduce_op op, bpl_request** req) {
   return guarded("bpl_reduce_scatter", [&] {
     bpl_comm* c = check_comm(comm);
-    auto fn = require_collective(c, c->runtime->api().reduce_scatter, BPL_COLL_REDUCE_SCATTER);
+    auto fn = require_collective<BPL_COLL_REDUCE_SCATTER>(c);
     size_t element = check_dtype(c, dtype);
     size_t total = check_count(recvcount, element, c->size, "recvcount");
     size_t block = total / static_cast<size_t>(c->size);
-    check_op(c, op);
+    check_op(c, op, dtype);
     check_buffer(send, total, "send");
     check_buffer(recv, block, "recv");
     const void* own_block = static_cast<const char*>(send) + block * static_cast<size_t>(c->rank);
@@ -105,7 +105,7 @@ bpl_status bpl_alltoall(bpl_comm* comm, const void* send, void* recv, int64_t co
                         bpl_request** req) {
   return guarded("bpl_alltoall", [&] {
     bpl_comm* c = check_comm(comm);
-    auto fn = require_collective(c, c->runtime->api().alltoall, BPL_COLL_ALLTOALL);
+    auto fn = require_collective<BPL_COLL_ALLTOALL>(c);
     size_t total = check_count(count, check_dtype(c, dtype), c->size, "count");
     check_buffer(send, total, "send");
     check_buffer(recv, total, "recv");
@@ -119,7 +119,7 @@ bpl_status bpl_alltoall(bpl_comm* comm, const void* send, void* recv, int64_t co
 bpl_status bpl_barrier(bpl_comm* comm, bpl_request** req) {
   return guarded("bpl_barrier", [&] {
     bpl_comm* c = check_comm(comm);
-    auto fn = require_collective(c, c->runtime->api().barrier, BPL_COLL_BARRIER);
+    auto fn = require_collective<BPL_COLL_BARRIER>(c);
     return run_operation("bpl_barrier", c, fingerprint_of(BPL_COLL_BARRIER), Traced{BPL_COLL_BARRIER, 0, 0}, req,
                          [&](bpl_plugin_request** preq) { return fn(c->impl, preq); });
   });
@@ -129,7 +129,7 @@ bpl_status bpl_gather(bpl_comm* comm, const void* send, void* recv, int64_t coun
                       bpl_request** req) {
   return guarded("bpl_gather", [&] {
     bpl_comm* c = check_comm(comm);
-    auto fn = require_collective(c, c->runtime->plugin->optional(&bpl_plugin_api::gather), BPL_COLL_GATHER);
+    auto fn = require_collective<BPL_COLL_GATHER>(c);
     const size_t total = check_count(count, check_dtype(c, dtype), c->size, "count");
     const size_t block = total / static_cast<size_t>(c->size);
     check_rank(c, root, "root");
@@ -150,7 +150,7 @@ bpl_status bpl_scatter(bpl_comm* comm, const void* send, void* recv, int64_t cou
                        bpl_request** req) {
   return guarded("bpl_scatter", [&] {
     bpl_comm* c = check_comm(comm);
-    auto fn = require_collective(c, c->runtime->plugin->optional(&bpl_plugin_api::scatter), BPL_COLL_SCATTER);
+    auto fn = require_collective<BPL_COLL_SCATTER>(c);
     const size_t total = check_count(count, check_dtype(c, dtype), c->size, "count");
     const size_t block = total / static_cast<size_t>(c->size);
     check_rank(c, root, "root");
@@ -171,7 +171,7 @@ bpl_status bpl_allgatherv(bpl_comm* comm, const void* send, int64_t sendcount, v
                           const int64_t* displs, bpl_dtype dtype, bpl_request** req) {
   return guarded("bpl_allgatherv", [&] {
     bpl_comm* c = check_comm(comm);
-    auto fn = require_collective(c, c->runtime->plugin->optional(&bpl_plugin_api::allgatherv), BPL_COLL_ALLGATHERV);
+    auto fn = require_collective<BPL_COLL_ALLGATHERV>(c);
     const size_t element = check_dtype(c, dtype);
     const size_t bytes = check_count(sendcount, element, 1, "sendcount");
     check_buffer(send, bytes, "send");
@@ -201,7 +201,7 @@ bpl_status bpl_alltoallv(bpl_comm* comm, const void* send, const int64_t* sendco
                          const int64_t* recvcounts, const int64_t* rdispls, bpl_dtype dtype, bpl_request** req) {
   return guarded("bpl_alltoallv", [&] {
     bpl_comm* c = check_comm(comm);
-    auto fn = require_collective(c, c->runtime->plugin->optional(&bpl_plugin_api::alltoallv), BPL_COLL_ALLTOALLV);
+    auto fn = require_collective<BPL_COLL_ALLTOALLV>(c);
     const size_t element = check_dtype(c, dtype);
     const size_t sent = check_layout(sendcounts, sdispls, c->size, element, send, "sendcounts", "sdispls", "send");
     const size_t received = check_layout(recvcounts, rdispls, c->size, element, recv, "recvcounts", "rdispls", "recv");
@@ -245,7 +245,7 @@ bpl_status bpl_send(bpl_comm* comm, const void* buf, int64_t count, bpl_dtype dt
                     bpl_request** req) {
   return guarded("bpl_send", [&] {
     bpl_comm* c = check_comm(comm);
-    auto fn = require_collective(c, c->runtime->api().send, BPL_COLL_SEND);
+    auto fn = require_collective<BPL_COLL_SEND>(c);
     const size_t bytes = check_point_to_point(c, buf, count, dtype, peer, tag);
     return run_operation("bpl_send", c, kPointToPoint, Traced{BPL_COLL_SEND, bytes, dtype}, req,
                          [&](bpl_plugin_request** preq) { return fn(c->impl, buf, count, dtype, peer, tag, preq); });
@@ -256,7 +256,7 @@ bpl_status bpl_recv(bpl_comm* comm, void* buf, int64_t count, bpl_dtype dtype, i
                     bpl_request** req) {
   return guarded("bpl_recv", [&] {
     bpl_comm* c = check_comm(comm);
-    auto fn = require_collective(c, c->runtime->api().recv, BPL_COLL_RECV);
+    auto fn = require_collective<BPL_COLL_RECV>(c);
     const size_t bytes = check_point_to_point(c, buf, count, dtype, peer, tag);
     return run_operation("bpl_recv", c, kPointToPoint, Traced{BPL_COLL_RECV, bytes, dtype}, req,
                          [&](bpl_plugin_request** preq) { return fn(c->impl, buf, count, dtype, peer, tag, preq); });
@@ -267,7 +267,7 @@ bpl_status bpl_recv_any(bpl_comm* comm, void* buf, int64_t count, bpl_dtype dtyp
                         bpl_request** req) {
   return guarded("bpl_recv_any", [&] {
     bpl_comm* c = check_comm(comm);
-    auto fn = require_collective(c, c->runtime->plugin->optional(&bpl_plugin_api::recv_any), BPL_COLL_RECV_ANY);
+    auto fn = require_collective<BPL_COLL_RECV_ANY>(c);
     const size_t bytes = check_transfer(c, buf, count, dtype, tag);
     REQUIRE(source != nullptr, "source is NULL: expected where to write the sender's rank");
     REQUIRE(c->size > 1, "the communicator has one rank: no other rank can send to it");

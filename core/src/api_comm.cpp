@@ -25,7 +25,7 @@ bpl_comm* adopt_comm(bpl_runtime* rt, bpl_plugin_comm* impl, std::string name, i
   try {
     wrapped = wrap_comm(rt, impl, false, std::move(name), timeout_ms);
     wrapped->store = std::move(store);
-    if (auto set_timeout = rt->plugin->optional(&bpl_plugin_api::comm_set_timeout)) {
+    if (auto set_timeout = rt->api().comm_set_timeout) {
       const bpl_status status = set_timeout(impl, timeout_ms);
       if (status != BPL_OK) throw Error(status, "comm_set_timeout on the new communicator failed: " + last_error());
     }
@@ -63,7 +63,7 @@ bpl_status bpl_comm_split(bpl_comm* parent, int32_t color, int32_t key, bpl_comm
     REQUIRE(color >= BPL_COLOR_UNDEFINED,
             "color = " + std::to_string(color) + ": expected >= 0, or BPL_COLOR_UNDEFINED (-1)");
     bpl_runtime* rt = comm->runtime;
-    auto fn = require_collective(comm, rt->api().comm_split, BPL_COLL_COMM_SPLIT);
+    auto fn = require_collective<BPL_COLL_COMM_SPLIT>(comm);
     bpl_plugin_comm* child = nullptr;
     bpl_status status = run_operation("bpl_comm_split", comm, fingerprint_of(BPL_COLL_COMM_SPLIT),
                                       Traced{BPL_COLL_COMM_SPLIT, 0, 0}, nullptr,
@@ -82,6 +82,7 @@ bpl_status bpl_comm_create_from_store(bpl_runtime* runtime, const bpl_store* sto
                                       bpl_comm** out) {
   return guarded("bpl_comm_create_from_store", [&] {
     bpl_runtime* rt = check_runtime(runtime);
+    const RuntimeCall in_progress(rt);
     REQUIRE(out != nullptr, "out is NULL");
     *out = nullptr;
     REQUIRE(store != nullptr, "store is NULL");
@@ -89,7 +90,7 @@ bpl_status bpl_comm_create_from_store(bpl_runtime* runtime, const bpl_store* sto
     REQUIRE(size >= 1, "size = " + std::to_string(size) + ": expected at least 1");
     REQUIRE(rank >= 0 && rank < size,
             "rank = " + std::to_string(rank) + ": expected 0.." + std::to_string(size - 1) + " (size " + std::to_string(size) + ")");
-    auto fn = rt->plugin->optional(&bpl_plugin_api::comm_create_from_store);
+    auto fn = rt->api().comm_create_from_store;
     if (fn == nullptr) {
       throw Error(BPL_ERR_UNSUPPORTED, std::string(rt->backend()) + " (plugin ABI " + std::to_string(rt->api().abi_major) +
                                            "." + std::to_string(rt->api().abi_minor) +
@@ -111,6 +112,7 @@ bpl_status bpl_comm_destroy(bpl_comm* comm) {
   return guarded("bpl_comm_destroy", [&] {
     if (comm == nullptr) return BPL_OK;
     check_comm(comm);
+    const RuntimeCall in_progress(comm->runtime);
     REQUIRE(!comm->is_world, "comm is the world communicator, which the runtime owns: it ends with bpl_finalize");
     const int64_t pending = comm->live_requests.load();
     REQUIRE(pending == 0, "comm still has " + std::to_string(pending) +
@@ -152,7 +154,7 @@ bpl_status bpl_comm_set_timeout(bpl_comm* comm, int64_t timeout_ms) {
             "timeout_ms = " + std::to_string(timeout_ms) + ": expected > 0 (milliseconds) or BPL_TIMEOUT_DEFAULT (-1)");
     bpl_runtime* rt = c->runtime;
     timeout_ms = timeout_ms == BPL_TIMEOUT_DEFAULT ? rt->launch.timeout_ms : std::min(timeout_ms, kLongestTimeoutMs);
-    auto fn = rt->plugin->optional(&bpl_plugin_api::comm_set_timeout);
+    auto fn = rt->api().comm_set_timeout;
     if (fn == nullptr) {
       throw Error(BPL_ERR_UNSUPPORTED, std::string("backend '") + rt->backend() + "' (plugin ABI " +
                                            std::to_string(rt->api().abi_major) + "." + std::to_string(rt->api().abi_minor) +
@@ -180,7 +182,7 @@ bpl_status bpl_comm_abort(bpl_comm* comm) {
     if (!c->state.abort()) return BPL_OK;
     bpl_runtime* rt = c->runtime;
     log(BPL_LOG_INFO, "core", "communicator " + c->label + " aborted");
-    auto fn = rt->plugin->optional(&bpl_plugin_api::comm_abort);
+    auto fn = rt->api().comm_abort;
     if (fn == nullptr) return BPL_OK;  // the core alone refuses new operations and releases waits
     clear_last_error();
     return forward("bpl_comm_abort", rt, fn(c->impl));
@@ -198,7 +200,7 @@ namespace {
 // The plugin's fault-tolerance entry `field`, or UNSUPPORTED naming the backend and what it lacks.
 template <typename Fn>
 Fn require_fault_tolerance(const bpl_runtime* rt, Fn bpl_plugin_api::*field, const char* function) {
-  Fn fn = rt->plugin->optional(field);
+  Fn fn = rt->api().*field;
   if (fn == nullptr) {
     throw Error(BPL_ERR_UNSUPPORTED, std::string(function) + ": backend '" + rt->backend() + "' (plugin ABI " +
                                          std::to_string(rt->api().abi_major) + "." + std::to_string(rt->api().abi_minor) +
@@ -220,6 +222,7 @@ extern "C" {
 bpl_status bpl_comm_revoke(bpl_comm* comm) {
   return guarded("bpl_comm_revoke", [&] {
     bpl_comm* c = check_comm(comm);
+    const RuntimeCall in_progress(c->runtime);
     bpl_runtime* rt = c->runtime;
     auto fn = require_fault_tolerance(rt, &bpl_plugin_api::comm_revoke, "bpl_comm_revoke");
     if (!c->state.revoke(c->rank)) return BPL_OK;
@@ -232,6 +235,7 @@ bpl_status bpl_comm_revoke(bpl_comm* comm) {
 bpl_status bpl_comm_agree(bpl_comm* comm, int32_t* flags, int32_t* failed, int32_t* num_failed) {
   return guarded("bpl_comm_agree", [&] {
     bpl_comm* c = check_comm(comm);
+    const RuntimeCall in_progress(c->runtime);
     REQUIRE(flags != nullptr, "flags is NULL");
     bpl_runtime* rt = c->runtime;
     auto fn = require_fault_tolerance(rt, &bpl_plugin_api::comm_agree, "bpl_comm_agree");
@@ -248,6 +252,7 @@ bpl_status bpl_comm_agree(bpl_comm* comm, int32_t* flags, int32_t* failed, int32
 bpl_status bpl_comm_shrink(bpl_comm* comm, int32_t* failed, int32_t* num_failed, bpl_comm** out) {
   return guarded("bpl_comm_shrink", [&] {
     bpl_comm* c = check_comm(comm);
+    const RuntimeCall in_progress(c->runtime);
     REQUIRE(out != nullptr, "out is NULL");
     *out = nullptr;
     bpl_runtime* rt = c->runtime;
@@ -271,6 +276,7 @@ bpl_status bpl_comm_shrink(bpl_comm* comm, int32_t* failed, int32_t* num_failed,
 bpl_status bpl_comm_grow(bpl_comm* comm, int32_t joiners, bpl_comm** out) {
   return guarded("bpl_comm_grow", [&] {
     bpl_comm* c = check_comm(comm);
+    const RuntimeCall in_progress(c->runtime);
     REQUIRE(out != nullptr, "out is NULL");
     *out = nullptr;
     REQUIRE(joiners >= 1, "joiners = " + std::to_string(joiners) + ": expected at least 1");
@@ -290,6 +296,7 @@ bpl_status bpl_comm_grow(bpl_comm* comm, int32_t joiners, bpl_comm** out) {
 bpl_status bpl_comm_join(bpl_runtime* runtime, bpl_comm** out) {
   return guarded("bpl_comm_join", [&] {
     bpl_runtime* rt = check_runtime(runtime);
+    const RuntimeCall in_progress(rt);
     REQUIRE(out != nullptr, "out is NULL");
     *out = nullptr;
     auto fn = require_fault_tolerance(rt, &bpl_plugin_api::comm_join, "bpl_comm_join");

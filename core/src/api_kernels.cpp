@@ -19,6 +19,7 @@ namespace {
 bpl_status elementwise(const char* function, const char* name, bpl_runtime* runtime, const bpl_elementwise_args* args,
                        bpl_kernel kernel) {
   bpl_runtime* rt = check_runtime(runtime);
+  const RuntimeCall in_progress(rt);
   REQUIRE(args != nullptr, "args is NULL");
   const bpl_elementwise_args defaults = BPL_ELEMENTWISE_ARGS_INIT;
   const bpl_elementwise_args e = read_input(args, defaults, "args");
@@ -50,6 +51,7 @@ extern "C" {
 bpl_status bpl_gemm(bpl_runtime* runtime, const bpl_gemm_args* args) {
   return guarded("bpl_gemm", [&] {
     bpl_runtime* rt = check_runtime(runtime);
+    const RuntimeCall in_progress(rt);
     REQUIRE(args != nullptr, "args is NULL");
     const bpl_gemm_args defaults = BPL_GEMM_ARGS_INIT;
     const bpl_gemm_args g = read_input(args, defaults, "args");
@@ -91,6 +93,7 @@ bpl_status bpl_axpby(bpl_runtime* runtime, const bpl_elementwise_args* args) {
 bpl_status bpl_cast(bpl_runtime* runtime, const bpl_cast_args* args) {
   return guarded("bpl_cast", [&] {
     bpl_runtime* rt = check_runtime(runtime);
+    const RuntimeCall in_progress(rt);
     REQUIRE(args != nullptr, "args is NULL");
     const bpl_cast_args defaults = BPL_CAST_ARGS_INIT;
     const bpl_cast_args c = read_input(args, defaults, "args");
@@ -117,19 +120,20 @@ bpl_status bpl_program_compile(bpl_runtime* runtime, const void* source, size_t 
                                const bpl_program_options* options, bpl_program** out) {
   return guarded("bpl_program_compile", [&] {
     bpl_runtime* rt = check_runtime(runtime);
+    const RuntimeCall in_progress(rt);
     REQUIRE(out != nullptr, "out is NULL");
     *out = nullptr;
     REQUIRE(source != nullptr && source_size > 0, "source is empty (source_size = " + std::to_string(source_size) + ")");
     const bpl_program_options defaults = BPL_PROGRAM_OPTIONS_INIT;
     const bpl_program_options opts = read_input(options, defaults, "options");
     const Plugin& plugin = *rt->plugin;
-    auto compiler_of = plugin.optional(&bpl_plugin_api::program_compiler);
-    auto compile = plugin.optional(&bpl_plugin_api::program_compile);
-    auto artifact_free = plugin.optional(&bpl_plugin_api::artifact_free);
-    auto load = plugin.optional(&bpl_plugin_api::program_load);
+    auto compiler_of = plugin.api().program_compiler;
+    auto compile = plugin.api().program_compile;
+    auto artifact_free = plugin.api().artifact_free;
+    auto load = plugin.api().program_load;
     const std::string formats = rt->caps.program_formats != nullptr ? rt->caps.program_formats : "";
-    if (!compiler_of || !compile || !artifact_free || !load || !plugin.optional(&bpl_plugin_api::program_run) ||
-        !plugin.optional(&bpl_plugin_api::program_destroy) || formats.empty()) {
+    if (!compiler_of || !compile || !artifact_free || !load || !plugin.api().program_run ||
+        !plugin.api().program_destroy || formats.empty()) {
       throw Error(BPL_ERR_UNSUPPORTED,
                   std::string("backend '") + rt->backend() + "' does not provide programs" + kernels_note(rt));
     }
@@ -175,11 +179,12 @@ bpl_status bpl_program_run(bpl_program* program, const bpl_tensor* inputs, int32
                            int32_t num_outputs) {
   return guarded("bpl_program_run", [&] {
     bpl_program* p = check_program(program);
+    const RuntimeCall in_progress(p->runtime);
     check_tensors(inputs, num_inputs, "inputs");
     check_tensors(outputs, num_outputs, "outputs");
     bpl_runtime* rt = p->runtime;
     return forward("bpl_program_run", rt,
-                   rt->plugin->optional(&bpl_plugin_api::program_run)(p->impl, inputs, num_inputs, outputs, num_outputs));
+                   rt->api().program_run(p->impl, inputs, num_inputs, outputs, num_outputs));
   });
 }
 
@@ -187,12 +192,13 @@ bpl_status bpl_program_destroy(bpl_program* program) {
   return guarded("bpl_program_destroy", [&] {
     if (program == nullptr) return BPL_OK;
     bpl_program* p = check_program(program);
+    const RuntimeCall in_progress(p->runtime);
     bpl_runtime* rt = p->runtime;
     {
       std::lock_guard<std::mutex> lock(rt->mutex);
       rt->programs.erase(p);
     }
-    bpl_status status = rt->plugin->optional(&bpl_plugin_api::program_destroy)(p->impl);
+    bpl_status status = rt->api().program_destroy(p->impl);
     p->magic = 0;
     delete p;
     return forward("bpl_program_destroy", rt, status);

@@ -19,6 +19,7 @@ extern "C" {
 bpl_status bpl_request_test(bpl_request* req, int32_t* done) {
   return guarded("bpl_request_test", [&] {
     bpl_request* r = check_request(req);
+    const RuntimeCall in_progress(r->comm->runtime);
     REQUIRE(done != nullptr, "done is NULL");
     const bpl_status status = r->comm->runtime->api().request_test(r->impl, done);
     if (status == BPL_OK && *done != 0) trace_request_end(r, BPL_OK);
@@ -29,6 +30,7 @@ bpl_status bpl_request_test(bpl_request* req, int32_t* done) {
 bpl_status bpl_request_wait(bpl_request* req, int64_t timeout_ms) {
   return guarded("bpl_request_wait", [&] {
     bpl_request* r = check_request(req);
+    const RuntimeCall in_progress(r->comm->runtime);
     REQUIRE(timeout_ms >= BPL_TIMEOUT_DEFAULT,
             "timeout_ms = " + std::to_string(timeout_ms) + ": expected >= 0, or BPL_TIMEOUT_DEFAULT (-1)");
     bpl_comm* comm = r->comm;
@@ -47,7 +49,7 @@ bpl_status bpl_request_wait(bpl_request* req, int64_t timeout_ms) {
     // this wait within one slice whatever the backend. A plugin whose comm_abort ends its own waits is
     // waited for at once to the end instead, when the wait is as long as the communicator's bound:
     // told so, it may run the operation on this thread rather than hand it to another.
-    const bool abort_ends_plugin_waits = comm->runtime->plugin->optional(&bpl_plugin_api::comm_abort) != nullptr;
+    const bool abort_ends_plugin_waits = comm->runtime->api().comm_abort != nullptr;
     const int64_t slice_ms = overran_if_timed_out && abort_ends_plugin_waits ? kLongestTimeoutMs : 100;
     for (;;) {
       const int64_t left_ms = std::max<int64_t>(
@@ -64,7 +66,7 @@ bpl_status bpl_request_wait(bpl_request* req, int64_t timeout_ms) {
       if (done || status != BPL_OK) return finish_request("bpl_request_wait", r, status);  // ended with TIMEOUT
       const std::string label = "bpl_request_wait: " + operation_label(r->function, comm, r->sequence);
       if (comm->state.aborted()) {
-        set_last_error(label + ": released by bpl_comm_abort; the operation may still be in flight "
+        set_last_error(label + ": released: " + comm->state.cause() + "; the operation may still be in flight "
                                "(bpl_request_free waits for it, bounded by the communicator's timeout)");
         return BPL_ERR_ABORTED;
       }
@@ -87,6 +89,7 @@ bpl_status bpl_request_free(bpl_request* req) {
   return guarded("bpl_request_free", [&] {
     if (req == nullptr) return BPL_OK;
     bpl_request* r = check_request(req);
+    const RuntimeCall in_progress(r->comm->runtime, RuntimeCall::kEnds);
     clear_last_error();
     bpl_status status = r->comm->runtime->api().request_free(r->impl);
     if (status == BPL_OK) trace_request_end(r, BPL_OK);  // ended without a wait

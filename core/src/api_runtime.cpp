@@ -1,9 +1,11 @@
 // The C API of runtimes: init and finalize, what was chosen and why, backends and plugins.
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "backplane/backplane.h"
 #include "backplane/plugin.h"
@@ -76,6 +78,50 @@ std::string start_up_line(const bpl_runtime& runtime) {
   return line;
 }
 
+
+// bpl_finalize while other threads of this rank are in calls on its handles: no call starts from now;
+// those in progress are ended by aborting every communicator (the plugins release their waits), and
+// waited for, bounded, before anything they use is freed, and so, for a moment, are the frees of the
+// requests whose waits it ended. Throws TIMEOUT, freeing nothing, if the calls do not end.
+void end_calls_in_progress(bpl_runtime* runtime) {
+  runtime->finalizing.store(true);  // sequentially consistent, against RuntimeCall's count
+  if (runtime->calls_in_progress.load() == 0) return;
+  std::vector<bpl_comm*> comms = {runtime->world};
+  {
+    std::lock_guard<std::mutex> lock(runtime->mutex);
+    comms.insert(comms.end(), runtime->split_comms.begin(), runtime->split_comms.end());
+  }
+  auto abort = runtime->api().comm_abort;
+  for (bpl_comm* comm : comms) {
+    if (comm->state.abort("bpl_finalize ended it: it was called on another thread of this rank") && abort != nullptr) {
+      abort(comm->impl);
+    }
+  }
+  // As long as an operation may take to notice (its communicator's bound), and the plugin to report it.
+  const auto bound = std::chrono::milliseconds(runtime->launch.timeout_ms) + std::chrono::seconds(2);
+  const auto requests_left = [&] {
+    int64_t left = 0;
+    for (bpl_comm* comm : comms) left += comm->live_requests.load();
+    return left;
+  };
+  std::unique_lock<std::mutex> lock(runtime->calls_mutex);
+  const auto ended = [&] { return runtime->calls_in_progress.load() == 0; };
+  const auto deadline = std::chrono::steady_clock::now() + bound;
+  const auto wait_for_calls = [&] {
+    if (runtime->calls_ended.wait_until(lock, deadline, ended)) return;
+    runtime->finalizing.store(false);
+    throw Error(BPL_ERR_TIMEOUT, std::to_string(runtime->calls_in_progress.load()) +
+                                     " call(s) on other threads of this rank did not end within " +
+                                     std::to_string(bound.count()) + " ms of their communicators' abort: nothing "
+                                     "was freed (call bpl_finalize again once they have returned)");
+  };
+  wait_for_calls();
+  // The threads whose waits it ended free their requests right after: a moment for them to begin, and
+  // any free that began runs to its end (a request's free may wait for its operation's peers).
+  runtime->calls_ended.wait_for(lock, std::chrono::seconds(1), [&] { return ended() && requests_left() == 0; });
+  wait_for_calls();
+}
+
 }  // namespace
 
 extern "C" {
@@ -92,6 +138,7 @@ bpl_status bpl_init(const bpl_init_options* options, bpl_runtime** out) {
     bpl_init_options opts = read_input(options, kDefaultInitOptions, "options");
     EnvLookup env = process_environment();
     auto runtime = std::make_unique<bpl_runtime>();
+    runtime->process = this_process_id();
     if (opts.store != nullptr) runtime->store = read_store(opts.store, "options->store");
     runtime->launch = resolve_launch(opts, env);
     runtime->debug_detail = debug_detail(env);
@@ -154,6 +201,7 @@ bpl_status bpl_finalize(bpl_runtime* runtime) {
   return guarded("bpl_finalize", [&] {
     if (runtime == nullptr) return BPL_OK;
     check_runtime(runtime);
+    end_calls_in_progress(runtime);
     if (runtime->trace) runtime->trace->write();
     std::set<bpl_comm*> leftover;
     {

@@ -46,11 +46,11 @@ class CommState {
     failed_.store(true, std::memory_order_release);
   }
 
-  // Marks the communicator aborted (and failed, unless it already had failed). False if it already
-  // was aborted: a second abort is a no-op.
-  bool abort() {
+  // Marks the communicator aborted (and failed, unless it already had failed), for `cause`. False if
+  // it already was aborted: a second abort is a no-op.
+  bool abort(const std::string& cause = "the communicator was aborted by bpl_comm_abort on this rank") {
     if (aborted_.exchange(true, std::memory_order_acq_rel)) return false;
-    fail(BPL_ERR_ABORTED, "the communicator was aborted by bpl_comm_abort on this rank");
+    fail(BPL_ERR_ABORTED, cause);
     return true;
   }
 

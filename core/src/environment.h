@@ -1,4 +1,4 @@
-// Reading and parsing the environment contract of DESIGN.md ("Selection and launch").
+// Reading and parsing the environment contract (docs/environment.md).
 //
 // Everything here reads variables through an EnvLookup so that tests can give any environment
 // without touching the process's.

@@ -3,11 +3,14 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <set>
 #include <string>
+
+#include <sys/types.h>
 
 #include "backplane/backplane.h"
 #include "backplane/plugin.h"
@@ -25,6 +28,7 @@ constexpr uint64_t kRequestMagic = 0x62706c2d72657175ull;  // "bpl-requ"
 
 struct bpl_runtime {
   uint64_t magic = kRuntimeMagic;
+  pid_t process = 0;  // the process that made it (bpl_init): a child forked since is none of its ranks
   std::shared_ptr<backplane::Plugin> plugin;
   bpl_plugin_runtime* impl = nullptr;
   backplane::LaunchInfo launch;
@@ -38,6 +42,12 @@ struct bpl_runtime {
   std::mutex mutex;                  // guards split_comms and programs
   std::set<bpl_comm*> split_comms;   // destroyed at finalize if the caller forgot
   std::set<bpl_program*> programs;   // likewise
+  // Calls on this runtime's handles in progress on any thread (backplane::RuntimeCall): bpl_finalize
+  // ends them and waits for them before it frees what they use.
+  std::atomic<int32_t> calls_in_progress{0};
+  std::atomic<bool> finalizing{false};
+  std::mutex calls_mutex;
+  std::condition_variable calls_ended;
 
   const bpl_plugin_api& api() const { return plugin->api(); }
   const char* backend() const { return plugin->api().name; }
@@ -82,40 +92,97 @@ struct bpl_request {
 
 namespace backplane {
 
+// This process's id, kept current across fork (pthread_atfork, registered on the first call).
+pid_t this_process_id();
+// A process forked after bpl_init is no rank of its parent's job (it shares the parent's sockets, shared
+// memory and MPI, and would be taken for it): every handle it inherited is refused. Throws
+// INVALID_ARGUMENT naming `param` when `runtime` is another process's.
+void refuse_in_forked_child(const bpl_runtime* runtime, const char* param);
+
 inline bpl_runtime* check_runtime(const bpl_runtime* runtime, const char* param = "runtime") {
   REQUIRE(runtime != nullptr, std::string(param) + " is NULL");
   REQUIRE(runtime->magic == kRuntimeMagic, std::string(param) + " is not a live bpl_runtime (finalized or foreign pointer)");
+  refuse_in_forked_child(runtime, param);
   return const_cast<bpl_runtime*>(runtime);
 }
 
 inline bpl_comm* check_comm(const bpl_comm* comm) {
   REQUIRE(comm != nullptr, "comm is NULL");
   REQUIRE(comm->magic == kCommMagic, "comm is not a live bpl_comm (destroyed or foreign pointer)");
+  refuse_in_forked_child(comm->runtime, "comm");
   return const_cast<bpl_comm*>(comm);
 }
 
 inline bpl_request* check_request(bpl_request* req) {
   REQUIRE(req != nullptr, "req is NULL");
   REQUIRE(req->magic == kRequestMagic, "req is not a live bpl_request (freed or foreign pointer)");
+  refuse_in_forked_child(req->comm->runtime, "req");
   return req;
 }
 
 inline bpl_program* check_program(bpl_program* program) {
   REQUIRE(program != nullptr, "program is NULL");
   REQUIRE(program->magic == kProgramMagic, "program is not a live bpl_program (destroyed or foreign pointer)");
+  refuse_in_forked_child(program->runtime, "program");
   return program;
 }
 
+// A call in progress on `runtime`'s handles, from its start to its return: counted, so that bpl_finalize
+// on another thread ends it (it aborts the communicators) and waits for it before freeing what it uses.
+// Refused, ABORTED, once bpl_finalize has begun, but for what only ends something (kEnds:
+// bpl_request_free, which bpl_finalize waits a moment for, after the calls it ended).
+class RuntimeCall {
+ public:
+  enum Kind { kStarts, kEnds };
+  explicit RuntimeCall(bpl_runtime* runtime, Kind kind = kStarts) : runtime_(runtime) {
+    runtime_->calls_in_progress.fetch_add(1);  // sequentially consistent, against finalize's flag
+    if (kind == kStarts && runtime_->finalizing.load()) {
+      leave();
+      throw Error(BPL_ERR_ABORTED, "not started: bpl_finalize has begun on another thread of this rank");
+    }
+  }
+  ~RuntimeCall() { leave(); }
+  RuntimeCall(const RuntimeCall&) = delete;
+  RuntimeCall& operator=(const RuntimeCall&) = delete;
+
+ private:
+  void leave() {
+    if (runtime_->calls_in_progress.fetch_sub(1) == 1 && runtime_->finalizing.load()) {
+      std::lock_guard<std::mutex> lock(runtime_->calls_mutex);
+      runtime_->calls_ended.notify_all();
+    }
+  }
+  bpl_runtime* runtime_;
+};
+
 // What the runtime's backend provides: UNSUPPORTED naming the backend and the missing function,
 // dtype, reduce op or kernel; INVALID_ARGUMENT for values outside the ABI's ranges.
-// Fails with UNSUPPORTED unless the plugin provides `op` (the function exists and the capability is set).
-template <typename Fn>
-Fn require_collective(const bpl_comm* comm, Fn fn, bpl_collective op) {
-  if (fn == nullptr || (comm->runtime->caps.collectives & BPL_BIT(op)) == 0) {
+
+// The plugin table's entry of each operation kind, from its row of BPL_OPERATION_KINDS.
+template <int Kind>
+struct OperationEntry;
+#define BPL_OPERATION_ENTRY_OF_(X, code, name, minor, form) \
+  template <>                                               \
+  struct OperationEntry<code> {                             \
+    static constexpr auto field = &bpl_plugin_api::name;    \
+  };
+BPL_OPERATION_KINDS(BPL_OPERATION_ENTRY_OF_, )
+#undef BPL_OPERATION_ENTRY_OF_
+
+// Whether the runtime's backend provides the operation `Kind`: its table entry and its capability.
+template <int Kind>
+bool provides(const bpl_runtime* runtime) {
+  return runtime->api().*OperationEntry<Kind>::field != nullptr && (runtime->caps.collectives & BPL_BIT(Kind)) != 0;
+}
+
+// The plugin's entry of the operation `Kind`; UNSUPPORTED, naming the backend and `Kind`, unless provided.
+template <int Kind>
+auto require_collective(const bpl_comm* comm) {
+  if (!provides<Kind>(comm->runtime)) {
     throw Error(BPL_ERR_UNSUPPORTED, std::string("backend '") + comm->runtime->backend() + "' does not provide " +
-                                         bpl_collective_name(op));
+                                         bpl_collective_name(Kind));
   }
-  return fn;
+  return comm->runtime->api().*OperationEntry<Kind>::field;
 }
 
 inline size_t check_dtype(const bpl_comm* comm, bpl_dtype dtype) {
@@ -128,9 +195,13 @@ inline size_t check_dtype(const bpl_comm* comm, bpl_dtype dtype) {
   return size;
 }
 
-inline void check_op(const bpl_comm* comm, bpl_reduce_op op) {
+inline void check_op(const bpl_comm* comm, bpl_reduce_op op, bpl_dtype dtype) {
   REQUIRE(std::strcmp(bpl_reduce_op_name(op), "unknown") != 0,
-          "op = " + std::to_string(op) + " is not a bpl_reduce_op (expected BPL_OP_SUM .. BPL_OP_AVG)");
+          "op = " + std::to_string(op) + " is not a bpl_reduce_op (expected BPL_OP_SUM .. BPL_OP_BXOR)");
+  const bool bitwise = op == BPL_OP_BAND || op == BPL_OP_BOR || op == BPL_OP_BXOR;
+  const bool integer = dtype == BPL_DTYPE_I8 || dtype == BPL_DTYPE_U8 || dtype == BPL_DTYPE_I32 || dtype == BPL_DTYPE_I64;
+  REQUIRE(!bitwise || integer, std::string("op ") + bpl_reduce_op_name(op) + " takes an integer dtype (i8, u8, i32, i64), not " +
+                                   bpl_dtype_name(dtype));
   if ((comm->runtime->caps.reduce_ops & BPL_BIT(op)) == 0) {
     throw Error(BPL_ERR_UNSUPPORTED, std::string("backend '") + comm->runtime->backend() +
                                          "' does not support reduce op " + bpl_reduce_op_name(op));
@@ -177,7 +248,7 @@ inline std::string kernels_note(const bpl_runtime* rt) {
 // Fails with UNSUPPORTED unless the plugin provides `kernel`.
 template <typename Fn>
 Fn require_kernel(const bpl_runtime* rt, Fn bpl_plugin_api::*field, bpl_kernel kernel, const char* what) {
-  Fn fn = rt->plugin->optional(field);
+  Fn fn = rt->api().*field;
   if (fn == nullptr || (rt->caps.kernels & BPL_BIT(kernel)) == 0) {
     throw Error(BPL_ERR_UNSUPPORTED, std::string("backend '") + rt->backend() + "' does not provide the " + what +
                                          " kernel" + kernels_note(rt));

@@ -2,8 +2,10 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdlib>
+#include <cstring>
 
 #include "elf_dynamic.h"
 #include "environment.h"
@@ -131,7 +133,14 @@ std::shared_ptr<Plugin> Plugin::load(const std::string& path) {
   // leak checkers can only name frames of code still mapped at exit. Refused plugins are unloaded.
   // Boost.DLL has no RTLD_NODELETE mode; glibc pins an already-loaded object with RTLD_NOLOAD.
   dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD | RTLD_NODELETE);
-  return std::make_shared<Plugin>(std::move(library), api, path);
+  return std::make_shared<Plugin>(std::move(library), *api, path);
+}
+
+Plugin::Plugin(boost::dll::shared_library library, const bpl_plugin_api& table, std::string path)
+    : library_(std::move(library)), table_{}, path_(std::move(path)) {
+  // Whole entries only: one the plugin's struct_size cuts short stays NULL.
+  const size_t copied = std::min(table.struct_size, sizeof(table_)) / alignof(bpl_plugin_api) * alignof(bpl_plugin_api);
+  std::memcpy(static_cast<void*>(&table_), &table, copied);
 }
 
 }  // namespace backplane

@@ -1,4 +1,4 @@
-// Loading a plugin with Boost.DLL and checking what it hands back (DESIGN.md ABI rules 1 and 2).
+// Loading a plugin with Boost.DLL and checking what it hands back (docs/abi.md, "Plugins").
 #pragma once
 
 #include <boost/dll/shared_library.hpp>
@@ -18,24 +18,16 @@ class Plugin {
   // or the status the plugin's open returned, with its message.
   static std::shared_ptr<Plugin> load(const std::string& path);
 
-  const bpl_plugin_api& api() const { return *api_; }
-
-  // A function of the table, or nullptr when it is NULL or the plugin was built against an older
-  // ABI 1.x whose table ends before it.
-  template <typename Fn>
-  Fn optional(Fn bpl_plugin_api::*field) const {
-    const size_t end = static_cast<size_t>(reinterpret_cast<const char*>(&(api_->*field)) -
-                                           reinterpret_cast<const char*>(api_)) + sizeof(Fn);
-    return end <= api_->struct_size ? api_->*field : nullptr;
-  }
+  // The plugin's table as this ABI declares it: copied at load into a zero-filled table, so that an
+  // entry a plugin of an older ABI 1.x lacks (its table ends before it) reads NULL, as one it left NULL.
+  const bpl_plugin_api& api() const { return table_; }
   const std::string& path() const { return path_; }
 
-  Plugin(boost::dll::shared_library library, const bpl_plugin_api* api, std::string path)
-      : library_(std::move(library)), api_(api), path_(std::move(path)) {}
+  Plugin(boost::dll::shared_library library, const bpl_plugin_api& table, std::string path);
 
  private:
   boost::dll::shared_library library_;
-  const bpl_plugin_api* api_;
+  bpl_plugin_api table_;
   std::string path_;
 };
 

@@ -33,7 +33,9 @@ inline std::string plugin_message(const bpl_comm* comm, bpl_status status) {
 // have diverged fails the communicator for good (comm_state.h), and BPL_TRACE's file is written then,
 // while the process still can.
 inline bpl_status operation_failed(const std::string& label, bpl_comm* comm, bpl_status status) {
-  std::string message = label + ": " + plugin_message(comm, status);
+  // Ended by bpl_finalize on another thread: that is the cause, whatever the plugin saw of the abort.
+  const bool finalized = status == BPL_ERR_ABORTED && comm->runtime->finalizing.load() && comm->state.aborted();
+  std::string message = label + ": " + (finalized ? comm->state.cause() : plugin_message(comm, status));
   if (CommState::poisons(status)) {
     comm->state.fail(status, message);
     if (comm->runtime->trace) comm->runtime->trace->write();
@@ -52,7 +54,7 @@ struct Traced {
 // The start of an operation in BPL_TRACE's ring (the caller checked that tracing is on).
 inline uint64_t trace_begin(bpl_comm* comm, const char* function, uint64_t sequence, const Traced& traced) {
   const char* path = "";
-  auto describe = comm->runtime->plugin->optional(&bpl_plugin_api::comm_path);
+  auto describe = comm->runtime->api().comm_path;
   if (describe != nullptr && traced.kind != BPL_COLL_COMM_SPLIT) {
     if (describe(comm->impl, traced.kind, traced.bytes, &path) != BPL_OK || path == nullptr) path = "";
   }
@@ -108,7 +110,7 @@ inline bpl_status finish_request(const char* function, bpl_request* r, bpl_statu
 inline bpl_status check_fingerprints(bpl_comm* comm, const Fingerprint& mine) {
   bpl_runtime* rt = comm->runtime;
   if (comm->size == 1) return BPL_OK;
-  if (rt->api().allgather == nullptr || (rt->caps.collectives & BPL_BIT(BPL_COLL_ALLGATHER)) == 0 ||
+  if (!provides<BPL_COLL_ALLGATHER>(rt) ||
       (rt->caps.dtypes & BPL_BIT(BPL_DTYPE_I64)) == 0) {
     static std::once_flag warned;
     std::call_once(warned, [&] {
@@ -149,6 +151,7 @@ inline bpl_status check_fingerprints(bpl_comm* comm, const Fingerprint& mine) {
 template <typename Call>
 bpl_status run_operation(const char* function, bpl_comm* comm, Fingerprint fingerprint, const Traced& traced,
                          bpl_request** req, Call&& call) {
+  const RuntimeCall in_progress(comm->runtime);
   const uint64_t sequence = comm->state.next_sequence();
   if (comm->state.failed()) {
     const std::string cause = comm->state.cause();

@@ -1,4 +1,4 @@
-// Backend selection and plugin lookup (DESIGN.md, "Selection and launch").
+// Backend selection and plugin lookup (docs/environment.md, docs/backends.md).
 #pragma once
 
 #include <string>

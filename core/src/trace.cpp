@@ -5,9 +5,11 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -16,6 +18,28 @@
 #include "log.h"
 
 namespace backplane {
+
+namespace {
+
+// The traces alive in this process. Never destroyed: the exit handler runs while static objects end.
+struct LiveTraces {
+  std::mutex mutex;
+  std::set<Trace*> traces;
+};
+LiveTraces& live_traces() {
+  static LiveTraces* live = new LiveTraces;
+  return *live;
+}
+
+}  // namespace
+
+void Trace::write_those_alive_at_exit() {
+  LiveTraces& live = live_traces();
+  std::lock_guard<std::mutex> lock(live.mutex);
+  for (Trace* trace : live.traces) {
+    if (trace->process_ == ::getpid()) trace->write();
+  }
+}
 
 std::unique_ptr<Trace> Trace::from_environment(const EnvLookup& env, int32_t rank, int32_t world_size,
                                                const std::string& backend) {
@@ -39,7 +63,20 @@ Trace::Trace(std::string dir, size_t capacity, int32_t rank, int32_t world_size,
       wall_origin_us_(std::chrono::duration_cast<std::chrono::microseconds>(
                           std::chrono::system_clock::now().time_since_epoch())
                           .count()),
-      ring_(capacity) {}
+      process_(::getpid()),
+      ring_(capacity) {
+  static const bool registered = std::atexit(write_those_alive_at_exit) == 0;
+  if (!registered) log(BPL_LOG_WARN, "core", "BPL_TRACE: cannot have the trace written at exit (atexit failed)");
+  LiveTraces& live = live_traces();
+  std::lock_guard<std::mutex> lock(live.mutex);
+  live.traces.insert(this);
+}
+
+Trace::~Trace() {
+  LiveTraces& live = live_traces();
+  std::lock_guard<std::mutex> lock(live.mutex);
+  live.traces.erase(this);
+}
 
 int64_t Trace::now_us() const {
   return wall_origin_us_ +

@@ -2,11 +2,14 @@
 // send/recv, blocking or as requests) is recorded with its communicator and number there, bytes, dtype,
 // the path the backend takes for it, start, end and status, in a ring of the last BPL_TRACE_EVENTS
 // (default 100000); the rank writes DIR/rank-<R>.json (Chrome's trace-event format, which Perfetto and
-// chrome://tracing open) at bpl_finalize and when an operation fails. tools/bpl-trace merges the ranks'
+// chrome://tracing open) at bpl_finalize and when an operation fails, and at the process's exit for a
+// runtime never finalized (a program that forgot to, or whose runtime something still holds). tools/bpl-trace merges the ranks'
 // files into one timeline and says which rank the others waited for.
 //
 // Off (BPL_TRACE unset), an operation costs one pointer test.
 #pragma once
+
+#include <sys/types.h>
 
 #include <chrono>
 #include <cstdint>
@@ -46,8 +49,14 @@ class Trace {
   // A failure to write is logged, never raised: tracing never fails the job.
   void write();
 
+  ~Trace();
+  Trace(const Trace&) = delete;
+  Trace& operator=(const Trace&) = delete;
+
  private:
   Trace(std::string dir, size_t capacity, int32_t rank, int32_t world_size, std::string backend);
+  // At exit, the traces still alive in the process that made them write themselves.
+  static void write_those_alive_at_exit();
 
   struct Event {
     const char* op = "";
@@ -70,6 +79,7 @@ class Trace {
   // the wall clock so that the ranks' files line up.
   const std::chrono::steady_clock::time_point steady_origin_;
   const int64_t wall_origin_us_;
+  const pid_t process_;  // a forked child's exit writes none of its parent's traces
   std::mutex mutex_;
   std::vector<Event> ring_;
   uint64_t begun_ = 0;  // tickets handed out; event `ticket` lives in ring_[ticket % size] while it is one of the last size

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <optional>
 #include <sstream>
@@ -57,7 +58,7 @@ std::string checksum_of(const std::string& bytes) {
 
 std::string read_bytes(const fs::path& file) {
   std::ifstream in(file, std::ios::binary);
-  if (!in) throw Error(BPL_ERR_IO, "checkpoint file " + file.string() + " cannot be read");
+  if (!in) throw Error(BPL_ERR_IO, "checkpoint file " + file.string() + " cannot be read: " + std::strerror(errno));
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
@@ -69,21 +70,33 @@ std::string shard_name(int dp, int tp, int pp) {
 
 // Writes `bytes` to `file` so that `file` is either absent, its old version, or complete: a temporary
 // name, fsync, rename.
+// Each failure names the file and the system's reason (a full disk: "No space left on device").
 void write_bytes_atomically(const fs::path& file, const std::string& bytes) {
   const fs::path temporary = temporary_of(file);
-  {
-    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    out.flush();
-    if (!out) throw Error(BPL_ERR_IO, "writing " + temporary.string() + " failed");
+  const auto failed = [&](const char* doing) {
+    return Error(BPL_ERR_IO, std::string(doing) + " " + temporary.string() + " failed: " + std::strerror(errno));
+  };
+  const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw failed("creating");
+  for (size_t done = 0; done < bytes.size();) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const Error error = failed("writing");
+      ::close(fd);
+      throw error;
+    }
+    done += static_cast<size_t>(n);
   }
-  const int fd = ::open(temporary.c_str(), O_RDONLY);
-  if (fd < 0 || ::fsync(fd) != 0) {
-    if (fd >= 0) ::close(fd);
-    throw Error(BPL_ERR_IO, "syncing " + temporary.string() + " failed");
+  if (::fsync(fd) != 0) {
+    const Error error = failed("syncing");
+    ::close(fd);
+    throw error;
   }
-  ::close(fd);
-  fs::rename(temporary, file);
+  if (::close(fd) != 0) throw failed("closing");  // a network file system may say only now
+  std::error_code error;
+  fs::rename(temporary, file, error);
+  if (error) throw Error(BPL_ERR_IO, "renaming " + temporary.string() + " to " + file.string() + " failed: " + error.message());
 }
 
 // The file, then its checksum: a file without one is either being written or from before checksums.

@@ -24,7 +24,8 @@ constexpr uint32_t kAllDtypes = static_cast<uint32_t>(
     BPL_BIT(BPL_DTYPE_F32) | BPL_BIT(BPL_DTYPE_F64) | BPL_BIT(BPL_DTYPE_F16) | BPL_BIT(BPL_DTYPE_BF16) |
     BPL_BIT(BPL_DTYPE_I8) | BPL_BIT(BPL_DTYPE_U8) | BPL_BIT(BPL_DTYPE_I32) | BPL_BIT(BPL_DTYPE_I64));
 constexpr uint32_t kAllReduceOps = static_cast<uint32_t>(BPL_BIT(BPL_OP_SUM) | BPL_BIT(BPL_OP_PROD) | BPL_BIT(BPL_OP_MIN) |
-                                                         BPL_BIT(BPL_OP_MAX) | BPL_BIT(BPL_OP_AVG));
+                                                         BPL_BIT(BPL_OP_MAX) | BPL_BIT(BPL_OP_AVG) | BPL_BIT(BPL_OP_BAND) |
+                                                         BPL_BIT(BPL_OP_BOR) | BPL_BIT(BPL_OP_BXOR));
 
 namespace host_device {
 

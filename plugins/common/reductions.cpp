@@ -79,6 +79,15 @@ struct Min {
 struct Max {
   template <typename T> static T call(T x, T y) { return x < y ? y : x; }
 };
+struct BitAnd {
+  template <typename T> static T call(T x, T y) { return static_cast<T>(x & y); }
+};
+struct BitOr {
+  template <typename T> static T call(T x, T y) { return static_cast<T>(x | y); }
+};
+struct BitXor {
+  template <typename T> static T call(T x, T y) { return static_cast<T>(x ^ y); }
+};
 
 template <typename T, typename Op>
 ReduceFn with_stores(Stores stores) {
@@ -98,8 +107,17 @@ ReduceFn for_op(bpl_reduce_op op, Stores stores) {
     case BPL_OP_PROD: return with_stores<T, Prod>(stores);
     case BPL_OP_MIN: return with_stores<T, Min>(stores);
     case BPL_OP_MAX: return with_stores<T, Max>(stores);
-    default: return nullptr;
+    default: break;
   }
+  if constexpr (std::is_integral_v<T>) {
+    switch (op) {
+      case BPL_OP_BAND: return with_stores<T, BitAnd>(stores);
+      case BPL_OP_BOR: return with_stores<T, BitOr>(stores);
+      case BPL_OP_BXOR: return with_stores<T, BitXor>(stores);
+      default: break;
+    }
+  }
+  return nullptr;
 }
 
 // The 16-bit types to and from f32 in loops the compiler vectorises (half.h: branch-free, and several

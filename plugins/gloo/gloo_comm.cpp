@@ -87,6 +87,7 @@ void GlooComm::set_timeout(std::chrono::milliseconds timeout) {
 
 void GlooComm::abort() {
   failed_ = true;
+  ended_own_connections_ = true;
   if (aborted_.exchange(true)) return;
   const std::string reason = "the communicator was aborted (bpl_comm_abort) by rank " + std::to_string(rank()) +
                              " of this communicator";
@@ -151,7 +152,7 @@ void GlooComm::shut_down_connections() {
 }
 
 void GlooComm::connection_ended(int peer) {
-  if (aborted_.load()) return;  // this rank's own abort shut them down
+  if (ended_own_connections_.load()) return;  // this rank shut them down: no peer's end to follow
   int cause = peer;
   if (shm_) {
     if (shm_->has_left(peer)) return;  // the segment says who left (and the peers' processes who ended)

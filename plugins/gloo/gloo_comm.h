@@ -322,6 +322,10 @@ class GlooComm {
                           const std::vector<int32_t>& counted_out = {});
   // Whether member `member`'s process is known to have ended (gloo_fault_tolerance.cpp).
   bool has_ended(int member) const;
+  // A step of a recovery, told to newcomers waiting in the lobby; and the members a shrink counts out,
+  // told to the launcher (arrival.h's counted_out_key).
+  void say_recovering();
+  void say_counted_out(const std::vector<int32_t>& members);
   // The rank of the member that revoked this communicator, when one did (read from the store), or -1.
   int revoked_by() const;
   // Records a REMOTE, TIMEOUT or MISMATCH failure as the communicator's first unless one was recorded
@@ -353,6 +357,9 @@ class GlooComm {
   ConnectionWatch::Handle watched_ = 0;
   std::unique_ptr<StallReport> stall_report_;  // collectives over TCP, at info level; else null
   std::atomic<int> first_ended_{-1};  // the peer whose connection the watch saw end first
+  // This rank ended its connections for a cause of its own (its abort, revoke, or a failure no peer's
+  // end caused): the ends its watch then sees follow no peer's.
+  std::atomic<bool> ended_own_connections_{false};
   std::unique_ptr<CollectivePath> path_;  // how the collectives travel (collective_paths.h)
   std::string path_name_ = "single rank";
   plugin::OpQueue queue_;

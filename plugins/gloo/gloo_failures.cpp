@@ -136,9 +136,18 @@ std::string GlooComm::failed_peers_note(const std::string& message, bpl_status s
     const auto wanted = status == BPL_ERR_TIMEOUT ? plugin::ProcessState::kStopped : plugin::ProcessState::kEnded;
     const auto give_up = std::chrono::steady_clock::now() +
                          (status == BPL_ERR_TIMEOUT ? std::chrono::milliseconds(0) : std::chrono::milliseconds(200));
+    // The peer whose connection the watch saw end first, where its process ended, is the cause: a peer
+    // whose process ended after it (it failed in turn and exited) followed it, and is not named.
+    std::vector<pid_t> suspects = local_pid_of_peer_;
+    const int first = first_ended_.load();
+    if (status == BPL_ERR_REMOTE && first >= 0 && local_pid(first) != 0 &&
+        plugin::process_state(local_pid(first)) == plugin::ProcessState::kEnded) {
+      suspects.assign(suspects.size(), 0);
+      suspects[static_cast<size_t>(first)] = local_pid(first);
+    }
     for (;;) {
       const std::string note =
-          plugin::local_peers_note(local_pid_of_peer_, [&](plugin::ProcessState state) { return state == wanted; });
+          plugin::local_peers_note(suspects, [&](plugin::ProcessState state) { return state == wanted; });
       if (!note.empty()) return note;
       if (std::chrono::steady_clock::now() >= give_up) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -302,6 +311,9 @@ Error GlooComm::recorded_failure(bpl_status status, const std::string& message, 
   // "<status>|<rank>|<message>": the first failure recorded for this communicator.
   const std::string mine = std::to_string(status) + "|" + std::to_string(rank()) + "|" + message;
   failed_ = true;
+  // A connection that ended is a peer's end, which the watch may still be following; any other failure
+  // is this rank's own, and the ends the watch then sees are of the connections shut down here.
+  if (status != BPL_ERR_REMOTE) ended_own_connections_ = true;
   const std::string first = shared_->board->record_first(uid_ + "/first_failure", mine, defer);
   shut_down_connections();
   // A rank that found the ranks disagreeing says so, whatever another rank recorded before it knew.

@@ -27,6 +27,16 @@ namespace {
 // wait is the store server's, so a member that waits uses no core.
 constexpr std::chrono::milliseconds kLookAgain{20};
 
+// A member still connecting a shrunk communicator is waited for this many timeouts: Gloo's connecting
+// of a mesh whose member died midway ends only after several of its timeouts (its pairs wait for that
+// member one after another), and a member counted out while it still connects would leave a live rank
+// out of the job.
+constexpr int kConnectingTimeouts = 6;
+
+// How many timeouts a recovery may go on without a word in the lobby (a shrink's connect between its
+// two agreements): a newcomer waits that long after the last word before it gives up.
+constexpr int kRecoveryQuietTimeouts = kConnectingTimeouts + 2;
+
 // "flags|r1,r2,…": an outcome as it is recorded.
 std::string text_of_outcome(int32_t flags, const std::vector<int32_t>& failed) {
   std::string text = std::to_string(flags) + "|";
@@ -46,12 +56,15 @@ std::pair<int32_t, std::vector<int32_t>> outcome_of_text(const std::string& text
 
 void GlooComm::revoke() {
   failed_ = true;
+  ended_own_connections_ = true;
   if (revoked_.exchange(true)) return;
   const std::string reason =
       "the communicator was revoked (bpl_comm_revoke) by rank " + std::to_string(rank()) + " of this communicator";
   if (size() > 1) {
     // In the store before anything is failed: a member whose operation fails then reads who revoked it.
-    shared_->board->publish(uid_ + "/revoked", std::to_string(rank()));
+    // The first revoke stands: the members it reached revoke too (as a survivor does), and must not be
+    // named in its place.
+    shared_->board->record_first(uid_ + "/revoked", std::to_string(rank()), std::chrono::milliseconds(0));
     shared_->board->record_first(uid_ + "/first_failure",
                                  std::to_string(BPL_ERR_REVOKED) + "|" + std::to_string(rank()) + "|" + reason,
                                  std::chrono::milliseconds(0));
@@ -145,7 +158,9 @@ void GlooComm::agree(int32_t* flags, int32_t* failed, int32_t* num_failed) {
 std::unique_ptr<GlooComm> GlooComm::shrink(int32_t* failed, int32_t* num_failed) {
   for (int attempt = 0; attempt < size(); ++attempt) {
     const uint32_t number = agreements_;  // names the new communicator alike on every survivor
+    say_recovering();
     const Agreement alive = run_agreement(~0, timeout());
+    say_counted_out(alive.failed);
     std::vector<int> survivors;
     for (int r = 0; r < size(); ++r) {
       if (!std::binary_search(alive.failed.begin(), alive.failed.end(), r)) survivors.push_back(r);
@@ -159,10 +174,6 @@ std::unique_ptr<GlooComm> GlooComm::shrink(int32_t* failed, int32_t* num_failed)
     } catch (const std::exception& e) {
       why_not = e.what();
     }
-    // A member still connecting is waited for: Gloo's connecting of a mesh whose member died midway ends
-    // only after several of its timeouts (its pairs wait for that member one after another), and a
-    // member counted out while it still connects would leave a live rank out of the job.
-    constexpr int kConnectingTimeouts = 6;
     const Agreement connected = run_agreement(shrunk ? 1 : 0, kConnectingTimeouts * timeout(), alive.failed);
     if (connected.flags == 1 && connected.failed == alive.failed) {
       std::copy(alive.failed.begin(), alive.failed.end(), failed);
@@ -175,6 +186,18 @@ std::unique_ptr<GlooComm> GlooComm::shrink(int32_t* failed, int32_t* num_failed)
   }
   throw Error(BPL_ERR_REMOTE, "shrink: members kept failing while the survivors connected, " + std::to_string(size()) +
                                   " times");
+}
+
+void GlooComm::say_counted_out(const std::vector<int32_t>& members) {
+  if (!shared_->kv || process_of_rank_.empty()) return;
+  try {
+    for (int32_t r : members) {
+      const std::string& process = process_of_rank_[static_cast<size_t>(r)];
+      if (!process.empty()) shared_->kv->set(counted_out_key(process), bytes_of("1"));
+    }
+  } catch (const std::exception& e) {  // the agreement that follows finds the store gone, and says so
+    plugin::log(BPL_LOG_WARN, "gloo", std::string("shrink: cannot say in the store who was counted out: ") + e.what());
+  }
 }
 
 // The lobby, every key under the job's prefix: a newcomer takes ticket t (lobby/arrived counts them)
@@ -190,6 +213,17 @@ std::string lobby(const Shared& job, const std::string& key) { return job.prefix
 
 }  // namespace
 
+// Each step of a recovery (a shrink's attempt, a grow) counts in the lobby, so that a newcomer waiting
+// there knows the members are still on their way to admit it.
+void GlooComm::say_recovering() {
+  if (!shared_->kv) return;
+  try {
+    shared_->kv->add(lobby(*shared_, "recovering"), 1);
+  } catch (const std::exception& e) {  // the agreement that follows finds the store gone, and says so
+    plugin::log(BPL_LOG_WARN, "gloo", std::string("cannot say in the lobby that a recovery goes on: ") + e.what());
+  }
+}
+
 std::unique_ptr<GlooComm> GlooComm::grow(int32_t joiners) {
   if (!shared_->kv) throw Error(BPL_ERR_UNSUPPORTED, "grow: a world of one, started without a job's store, has no lobby");
   KvStore& store = *shared_->kv;
@@ -198,6 +232,7 @@ std::unique_ptr<GlooComm> GlooComm::grow(int32_t joiners) {
   const std::string uid = uid_ + "/grow/" + std::to_string(number);
   const int new_size = size() + joiners;
   int64_t first_ticket = 0;
+  say_recovering();
   try {
     const bool claimer = store.add(grow_key + "/claimed", 1) == 1;
     if (claimer) {
@@ -250,11 +285,25 @@ std::unique_ptr<GlooComm> GlooComm::join(std::shared_ptr<Shared> job, std::chron
   try {
     const std::string ticket = std::to_string(store.add(lobby(*job, "arrived"), 1));
     store.set(lobby(*job, ticket + "/process"), bytes_of(this_process_key()));
-    if (!store.wait_for(lobby(*job, ticket + "/admitted"), timeout)) {
-      throw Error(BPL_ERR_TIMEOUT, "join: no member of the job admitted this process (bpl_comm_grow) within " +
-                                       std::to_string(timeout.count()) + " ms; it came as newcomer " + ticket);
+    // The members may be a long way from their grow (a second failure while they shrink): this waits
+    // as long as they go on recovering, and gives up only after a quiet as long as a recovery's longest.
+    const std::string admitted = lobby(*job, ticket + "/admitted"), recovering = lobby(*job, "recovering");
+    const auto quiet = kRecoveryQuietTimeouts * timeout;
+    auto give_up = plugin::deadline_after(quiet);
+    int64_t steps_seen = store.add(recovering, 0);
+    while (!store.wait_for(admitted, kLookAgain * 10)) {
+      const int64_t steps = store.add(recovering, 0);
+      if (steps != steps_seen) {
+        steps_seen = steps;
+        give_up = plugin::deadline_after(quiet);
+      } else if (std::chrono::steady_clock::now() >= give_up) {
+        throw Error(BPL_ERR_TIMEOUT, "join: no member of the job admitted this process (bpl_comm_grow) within " +
+                                         std::to_string(quiet.count()) + " ms of the members' last step of recovery (" +
+                                         std::to_string(kRecoveryQuietTimeouts) + " x the timeout, " +
+                                         std::to_string(timeout.count()) + " ms); it came as newcomer " + ticket);
+      }
     }
-    place = text_of(store.get(lobby(*job, ticket + "/admitted"), timeout));
+    place = text_of(store.get(admitted, timeout));
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {

@@ -26,6 +26,11 @@ class KvStore {
   // Adds `delta` to the integer under `key` (absent: 0) and returns the sum.
   virtual int64_t add(const std::string& key, int64_t delta) = 0;
   virtual bool check(const std::string& key) = 0;
+  // Forgets every key that starts with `prefix`; false where the store cannot (a caller's, torch's).
+  virtual bool erase_prefix(const std::string& prefix) {
+    (void)prefix;
+    return false;
+  }
 };
 
 // A bpl_store's callbacks (a caller's, or the torch store module's) as a KvStore.

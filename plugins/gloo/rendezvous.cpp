@@ -32,75 +32,6 @@ bool is_loopback(const std::string& addr) {
   return addr == "localhost" || addr == "::1" || addr.rfind("127.", 0) == 0;
 }
 
-// Before any connection is made, every rank announces itself in the store and waits, bounded by the
-// timeout, for all the others. The first rank to find the rendezvous failed (a duplicate rank, ranks
-// disagreeing on the world size, or, at its timeout, ranks missing) records why in the store, and
-// every rank waiting there fails at once with the same message.
-void check_arrivals(KvStore& store, const std::string& prefix, int32_t rank, int32_t world_size,
-                    std::chrono::milliseconds timeout) {
-  using backplane::plugin::Error;
-  const std::string outcome_key = prefix + "failed";
-  char host[256] = {};
-  ::gethostname(host, sizeof(host) - 1);
-  const std::string me = "rank " + std::to_string(rank) + " (" + host + " pid " + std::to_string(::getpid()) + ")";
-  // "<status>|<message>": the first failure recorded wins, so that every rank reports the same one.
-  auto fail_everyone = [&](bpl_status status, const std::string& reason) {
-    const std::string first =
-        text_of(set_first(store, outcome_key, bytes_of(std::to_string(status) + "|" + reason), timeout));
-    const size_t bar = first.find('|');
-    throw Error(static_cast<bpl_status>(std::atoi(first.c_str())), first.substr(bar == std::string::npos ? 0 : bar + 1));
-  };
-
-  const std::string world = std::to_string(world_size);
-  const std::string agreed = text_of(set_first(store, prefix + "world_size", bytes_of(world), timeout));
-  if (agreed != world) {
-    fail_everyone(BPL_ERR_MISMATCH, me + " was started with WORLD_SIZE=" + world + " but an earlier rank with WORLD_SIZE=" +
-                                        agreed + ": every rank must be given the same world size");
-  }
-  const std::string rank_key = prefix + "rank/" + std::to_string(rank);
-  if (store.add(rank_key, 1) > 1) {
-    fail_everyone(BPL_ERR_MISMATCH, me + " joined, but another process already joined as rank " +
-                                        std::to_string(rank) + ": each rank must be started once (check RANK / the launcher)");
-  }
-  // The last to arrive says so; the others wait for that word, looking for a failure between waits.
-  const std::string all_joined = prefix + "all_joined";
-  if (store.add(prefix + "joined", 1) == world_size) store.set(all_joined, bytes_of("1"));
-  // "<joined>/<world> joined, missing ranks [...]"; `first` becomes the lowest rank that joined.
-  auto arrivals = [&](int32_t& first) {
-    std::vector<int32_t> missing;
-    int32_t joined = 0;
-    first = -1;
-    for (int32_t r = 0; r < world_size; ++r) {
-      if (!store.check(prefix + "rank/" + std::to_string(r))) {
-        missing.push_back(r);
-      } else if (joined++ == 0) {
-        first = r;
-      }
-    }
-    return std::to_string(joined) + "/" + std::to_string(world_size) + " joined, missing ranks " +
-           plugin::list_text(missing);
-  };
-  const auto deadline = plugin::deadline_after(timeout);
-  plugin::WaitReport report(plugin::kWaitReportInterval);
-  for (;;) {
-    if (store.check(outcome_key)) fail_everyone(BPL_ERR_INTERNAL, "");  // reports the recorded failure
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) break;
-    if (store.wait_for(all_joined, std::min(left, std::chrono::milliseconds(50)))) return;
-    int32_t first = -1;
-    if (report.due()) {  // one line a report, from the lowest rank that joined
-      const std::string state = arrivals(first);
-      if (first == rank) {
-        plugin::log(BPL_LOG_INFO, "gloo", "rendezvous: " + state + " after " + report.waited() + " of " +
-                                              std::to_string(timeout.count()) + " ms (BPL_TIMEOUT_MS)");
-      }
-    }
-  }
-  int32_t first = -1;
-  fail_everyone(BPL_ERR_TIMEOUT, "timed out after " + std::to_string(timeout.count()) + " ms (BPL_TIMEOUT_MS): " +
-                                     arrivals(first));
-}
-
 // GLOO_SOCKET_IFNAME must name an interface of this host (Gloo's own check ends in an internal error).
 void require_interface(const std::string& name) {
   using backplane::plugin::Error;
@@ -197,16 +128,16 @@ std::shared_ptr<::gloo::transport::Device> make_device(bool on_this_host, std::s
   return ::gloo::transport::tcp::CreateDevice(attr);
 }
 
-// Checks the arrivals of the `size` ranks on `store` (every key under `prefix`), then makes the Gloo
-// view of it and the failure board on `board_store`, a connection of its own whose calls give up soon.
-Rendezvous meet(std::shared_ptr<KvStore> store, std::shared_ptr<KvStore> board_store, const std::string& prefix,
+// Waits for the arrivals of the `size` ranks in `world` on `store`, then makes the Gloo view of it and
+// the failure board on `board_store`, a connection of its own whose calls give up soon.
+Rendezvous meet(std::shared_ptr<KvStore> store, std::shared_ptr<KvStore> board_store, const World& world,
                 int32_t rank, int32_t size, std::chrono::milliseconds timeout) {
-  check_arrivals(*store, prefix + "/arrival/", rank, size, timeout);
+  arrive(*store, world, rank, size, timeout);
   Rendezvous result;
   result.kv = store;
-  result.prefix = prefix;
-  result.store = std::make_shared<GlooKvStore>(std::move(store), prefix, timeout);
-  result.board = make_store_board(std::move(board_store), prefix);
+  result.prefix = world.prefix;
+  result.store = std::make_shared<GlooKvStore>(std::move(store), world.prefix, timeout);
+  result.board = make_store_board(std::move(board_store), world.prefix);
   return result;
 }
 
@@ -217,8 +148,10 @@ Rendezvous meet_through(const bpl_store& caller, int32_t rank, int32_t size, std
                         std::shared_ptr<::gloo::transport::Device> device, const std::string& transport) {
   Rendezvous result;
   try {
-    result = meet(std::make_shared<CallbackKvStore>(caller, "the caller's store"),
-                  std::make_shared<CallbackKvStore>(caller, "the caller's store"), "backplane", rank, size, timeout);
+    auto store = std::make_shared<CallbackKvStore>(caller, "the caller's store");
+    const World world = enter_world(*store, "backplane", rank, this_process_key(), timeout);
+    result = meet(std::move(store), std::make_shared<CallbackKvStore>(caller, "the caller's store"), world, rank, size,
+                  timeout);
   } catch (const plugin::Error& e) {
     throw plugin::Error(e.status(), "rendezvous through the caller's store as rank " + std::to_string(rank) + " of " +
                                         std::to_string(size) + " failed: " + e.what());
@@ -254,7 +187,7 @@ struct JobStore {
   bool launcher_hosts = false;
   int port = -1;
   std::string host_name;  // "rank 0", for messages
-  std::string prefix;     // every key of the job's
+  std::string base;       // every key of the job's, each world's under "<base>/world<n>" (arrival.h)
 };
 
 JobStore job_store(int master_port) {
@@ -268,7 +201,7 @@ JobStore job_store(int master_port) {
   job.host_name = job.agent_hosts ? "the torchrun agent" : job.launcher_hosts ? "the launcher's bpl-store" : "rank 0";
   // A restarted torchrun job reuses the agent's store: keep each attempt's keys apart.
   const char* restart = env("TORCHELASTIC_RESTART_COUNT");
-  job.prefix = std::string("backplane/") + (restart ? restart : "0");
+  job.base = std::string("backplane/") + (restart ? restart : "0");
   return job;
 }
 
@@ -292,23 +225,29 @@ Rendezvous rendezvous_to_join(const bpl_launch_info& launch) {
   const std::string addr = launch.master_addr != nullptr ? launch.master_addr : "";
   const auto timeout = std::chrono::milliseconds(launch.timeout_ms);
   const JobStore job = job_store(launch.master_port);
-  if (addr.empty() || job.port <= 0 || job.agent_hosts) {
+  // Rank 0's store takes no connection after the job's first rendezvous (TcpStoreServer::stop_listening),
+  // and a store that ends with rank 0 could not let a newcomer replace it: newcomers need bpl-store.
+  if (addr.empty() || !job.launcher_hosts) {
+    const char* agent = job.agent_hosts ? ", a torchrun agent's store" : "";
     throw Error(BPL_ERR_INVALID_ARGUMENT,
-                "BPL_JOIN=1: a process that joins a running job needs MASTER_ADDR and the job's store, backplane's "
-                "own (BPL_STORE_PORT, or MASTER_PORT where rank 0 serves it; got '" + addr + "' and " +
-                    std::to_string(job.port) + (job.agent_hosts ? ", a torchrun agent's" : "") +
-                    "): start it with bpl-run --replace, or with the job's variables");
+                "BPL_JOIN=1: a newcomer joins through a store that outlives the job's ranks, bpl-store at MASTER_ADDR "
+                "and BPL_STORE_PORT (got MASTER_ADDR='" + addr + "' and " +
+                    (job.launcher_hosts ? "BPL_STORE_PORT=" + std::to_string(job.port) : "no BPL_STORE_PORT") + agent +
+                    "); rank 0's store admits no process after the job's first rendezvous: start the job with bpl-run "
+                    "(--replace starts newcomers itself), or serve its store with 'bpl-store --port P' and give every "
+                    "process BPL_STORE_PORT=P");
   }
   resolve_master_addr(addr, timeout);
   Rendezvous result;
   const std::string where = addr + ":" + std::to_string(job.port);
   try {
     auto [store, board_store] = connect_to_store(addr, job.port, false, timeout, job.host_name);
-    result.liveness = liveness_connection(addr, job.port, timeout, job.host_name, job.prefix);
+    const World world = current_world(*store, job.base, timeout);
+    result.liveness = liveness_connection(addr, job.port, timeout, job.host_name, world.prefix);
     result.kv = store;
-    result.prefix = job.prefix;
-    result.store = std::make_shared<GlooKvStore>(std::move(store), job.prefix, timeout);
-    result.board = make_store_board(std::move(board_store), job.prefix);
+    result.prefix = world.prefix;
+    result.store = std::make_shared<GlooKvStore>(std::move(store), world.prefix, timeout);
+    result.board = make_store_board(std::move(board_store), world.prefix);
   } catch (const Error& e) {
     throw Error(e.status(), "joining the job at " + where + " failed: " + e.what());
   }
@@ -358,15 +297,18 @@ Rendezvous rendezvous(const bpl_launch_info& launch) {
   const int port = job.port;
   const std::string where = addr + ":" + std::to_string(port);
   const std::string as_rank = "rendezvous at " + where + " as rank " + std::to_string(launch.rank);
-  const std::string& prefix = job.prefix;
   std::shared_ptr<TcpStoreServer> server;
   Rendezvous result;
   try {
-    if (serves) server = std::make_shared<TcpStoreServer>(static_cast<uint16_t>(port));
+    if (serves) {
+      server = std::make_shared<TcpStoreServer>(static_cast<uint16_t>(port), nullptr, TcpStoreLimits(),
+                                                TcpStoreAdmission{addr, store_secret_from_environment()});
+    }
     auto [store, board_store] = connect_to_store(addr, port, agent_hosts, timeout, store_host);
+    const World world = enter_world(*store, job.base, launch.rank, this_process_key(), timeout);
     std::shared_ptr<KvStore> liveness;
-    if (!agent_hosts) liveness = liveness_connection(addr, port, timeout, store_host, prefix);
-    result = meet(std::move(store), std::move(board_store), prefix, launch.rank, launch.world_size, timeout);
+    if (!agent_hosts) liveness = liveness_connection(addr, port, timeout, store_host, world.prefix);
+    result = meet(std::move(store), std::move(board_store), world, launch.rank, launch.world_size, timeout);
     result.liveness = std::move(liveness);
   } catch (const Error& e) {
     // The store ends with this process: give the other ranks a moment to read the failure from it.

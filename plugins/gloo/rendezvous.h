@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "arrival.h"
 #include "backplane/plugin.h"
 #include "kv_store.h"
 
@@ -26,7 +27,7 @@ class FailureBoard {
   virtual ~FailureBoard() = default;
   // Records the first value set for `key` and returns it: `value` if this caller was first, else the
   // earlier one. With `defer` above zero it first waits that long for another caller's value, for a
-  // caller that knows less than its peers may. Returns `value` when the store cannot be reached.
+  // caller that knows less than its peers may. Returns `value`, and logs a warning, when the store cannot be reached.
   virtual std::string record_first(const std::string& key, const std::string& value, std::chrono::milliseconds defer) = 0;
   // Leaves `value` under `key` for the others.
   virtual void publish(const std::string& key, const std::string& value) = 0;
@@ -43,10 +44,9 @@ class TcpStoreServer;
 std::string machine_partition();
 
 // A process of the job, named alike by every rank: its process space (machine_partition included)
-// and pid. `gone_key` is where the job's store says it ended (Rendezvous::liveness).
+// and pid. arrival.h's gone_key is where the job's store says it ended (Rendezvous::liveness).
 std::string process_key(const std::string& process_space, const std::string& pid);
 std::string this_process_key();
-inline std::string gone_key(const std::string& process) { return "gone/" + process; }
 
 struct Rendezvous {
   std::shared_ptr<TcpStoreServer> server;              // the store this process serves (rank 0), or null
@@ -70,8 +70,8 @@ Rendezvous rendezvous(const bpl_launch_info& launch);
 // BPL_JOIN=1: this process was started to join a running job (bpl_comm_join); its own world is itself.
 bool joining();
 
-// A joining process's way into the job: the job's store (backplane's own, at MASTER_ADDR and
-// BPL_STORE_PORT or MASTER_PORT) and a device its members can reach, without any rendezvous.
+// A joining process's way into the job: the job's store (bpl-store, at MASTER_ADDR and BPL_STORE_PORT)
+// and a device its members can reach, without any rendezvous.
 Rendezvous rendezvous_to_join(const bpl_launch_info& launch);
 
 // The members of a new communicator (bpl_comm_create_from_store) meeting through the caller's `store`

@@ -14,7 +14,10 @@ class StoreBoard : public FailureBoard {
     try {
       if (defer.count() > 0) store_->wait_for(prefixed(key), defer);
       return text_of(set_first(*store_, prefixed(key), bytes_of(value), kFirstValueWait));
-    } catch (const std::exception&) {
+    } catch (const std::exception& e) {
+      // Said, as this rank may now name its own view of a failure another rank saw first.
+      plugin::log(BPL_LOG_WARN, "gloo", "the job's store did not say what was recorded first under '" + key +
+                                            "' (this rank keeps its own): " + e.what());
       return value;
     }
   }

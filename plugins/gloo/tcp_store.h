@@ -5,7 +5,8 @@
 // Why a store of the project's own: Gloo ships an in-process store, a file store (a shared file
 // system) and a Redis client (a server someone must run); the only TCP store at hand, torch's c10d
 // TCPStore, comes with LibTorch, which a program that only communicates must not load. The store needs
-// four operations (set, get that waits for its key, add, check), and every one of them here has a
+// four operations (set, get that waits for its key, add, check), and one more that forgets a world's
+// keys once it has ended (a launcher's store outlives many), and every one of them here has a
 // deadline: a store whose host is stopped, or a port held by something that is not a store, is an
 // error naming the address within the bound, never a hang. A torchrun agent's store, which is torch's
 // TCPStore, is reached through torch's own client instead (torch_store_module.h).
@@ -31,8 +32,34 @@
 
 namespace backplane::gloo_plugin {
 
-// Serves the store on `port` of every interface of this host until destroyed. Throws plugin::Error IO
-// naming the port when it cannot listen there (for example, another program holds it).
+// What keeps one client, or many, from taking a store's host down: what the values may hold together
+// (a set past it is refused: the client's call fails with OUT_OF_MEMORY; a rendezvous holds kilobytes),
+// and how long a connection may sit on part of a frame, or on no greeting, before it is closed. A
+// connection's unread input, and its unsent answers, are each bounded by about a frame's bound
+// (wire::kMaxFrame): past it, the store serves that connection again once its client reads.
+struct TcpStoreLimits {
+  size_t stored_bytes = size_t{1} << 30;
+  std::chrono::milliseconds partial_frame_idle{30000};
+};
+
+// Who may reach a store. `listen_host`: the address its clients connect to (MASTER_ADDR): given as a
+// number, or localhost, it listens there only (loopback alone for a job on one machine); as another
+// name, or empty, or where that is no address of this host (behind NAT), on every interface. `secret`: a store with
+// one serves only the connections that open with it, and refuses any other, logging where it came
+// from; without one, any process that reaches the port is served, as torch's TCPStore serves any.
+struct TcpStoreAdmission {
+  std::string listen_host;
+  std::string secret;
+};
+
+// The job's secret (BPL_STORE_SECRET; empty where unset): bpl-run hands every process of a job on one
+// machine a new one; the user sets one for a job started otherwise. Throws plugin::Error
+// INVALID_ARGUMENT when it is longer than kMaxStoreSecret bytes.
+constexpr size_t kMaxStoreSecret = 1024;
+std::string store_secret_from_environment();
+
+// Serves the store on `port` (where `admission` says) until destroyed. Throws plugin::Error IO naming
+// the port when it cannot listen there (for example, another program holds it).
 class TcpStoreServer {
  public:
   // Where a connection goes that opens as torch's TCPStore client does (wire::kTorchStoreGreeting):
@@ -40,7 +67,10 @@ class TcpStoreServer {
   // connection is closed as any that is not this store's client.
   using TorchClients = std::function<void(int fd, std::vector<uint8_t> received)>;
 
-  explicit TcpStoreServer(uint16_t port, TorchClients torch_clients = nullptr);
+  using Limits = TcpStoreLimits;
+
+  explicit TcpStoreServer(uint16_t port, TorchClients torch_clients = nullptr, Limits limits = Limits(),
+                          TcpStoreAdmission admission = TcpStoreAdmission());
   ~TcpStoreServer();
   TcpStoreServer(const TcpStoreServer&) = delete;
   TcpStoreServer& operator=(const TcpStoreServer&) = delete;
@@ -72,9 +102,11 @@ class TcpStoreClient : public KvStore {
   // Connects to host:port, trying again while nothing listens there yet, for at most `connect_timeout`;
   // then the greeting must be answered within `operation_timeout`. `host_name` names the process that
   // serves the store in messages ("rank 0"). Throws plugin::Error: TIMEOUT when nothing answered in
-  // time, IO when the connection failed or what answered is not a store.
+  // time, IO when the connection failed or what answered is not a store, INVALID_ARGUMENT when the
+  // store refused `secret` (the job's: store_secret_from_environment).
   TcpStoreClient(const std::string& host, uint16_t port, std::chrono::milliseconds connect_timeout,
-                 std::chrono::milliseconds operation_timeout, std::string host_name);
+                 std::chrono::milliseconds operation_timeout, std::string host_name,
+                 const std::string& secret = store_secret_from_environment());
   ~TcpStoreClient() override;
 
   void set(const std::string& key, const std::vector<uint8_t>& value) override;
@@ -82,6 +114,7 @@ class TcpStoreClient : public KvStore {
   bool wait_for(const std::string& key, std::chrono::milliseconds within) override;
   int64_t add(const std::string& key, int64_t delta) override;
   bool check(const std::string& key) override;
+  bool erase_prefix(const std::string& prefix) override;
   // Has the server set `key` to `value` once this connection ends: when this process ends, however it
   // ends (the kernel closes its connections), the others learn of it at once.
   void set_when_closed(const std::string& key, const std::vector<uint8_t>& value);
@@ -93,6 +126,7 @@ class TcpStoreClient : public KvStore {
   std::vector<uint8_t> call(const char* operation, const std::vector<uint8_t>& request,
                             std::chrono::milliseconds server_holds);
   std::optional<std::vector<uint8_t>> get_within(const std::string& key, std::chrono::milliseconds timeout);
+  void admit(const std::string& secret);
   [[noreturn]] void fail(bpl_status status, const std::string& message);
 
   const std::string where_;      // "host:port"

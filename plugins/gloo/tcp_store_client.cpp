@@ -107,7 +107,8 @@ int connect_once(const std::string& host, uint16_t port, Clock::time_point deadl
 }  // namespace
 
 TcpStoreClient::TcpStoreClient(const std::string& host, uint16_t port, std::chrono::milliseconds connect_timeout,
-                               std::chrono::milliseconds operation_timeout, std::string host_name)
+                               std::chrono::milliseconds operation_timeout, std::string host_name,
+                               const std::string& secret)
     : where_(host + ":" + std::to_string(port)), host_name_(std::move(host_name)), operation_timeout_(operation_timeout) {
   // The store's host may not listen yet: try again, more slowly each time, until the deadline.
   const auto give_up = plugin::deadline_after(connect_timeout);
@@ -140,7 +141,10 @@ TcpStoreClient::TcpStoreClient(const std::string& host, uint16_t port, std::chro
   Io io = send_all(fd_, reinterpret_cast<const uint8_t*>(wire::kGreeting), wire::kGreetingSize, deadline);
   if (io == Io::kDone) io = receive_all(fd_, greeting, sizeof(greeting), deadline);
   const std::string error = std::strerror(errno);
-  if (io == Io::kDone && std::memcmp(greeting, wire::kGreeting, sizeof(greeting)) == 0) return;
+  if (io == Io::kDone && std::memcmp(greeting, wire::kGreeting, sizeof(greeting)) == 0) {
+    admit(secret);
+    return;
+  }
   ::close(fd_);
   fd_ = -1;
   if (io == Io::kTimedOut) {
@@ -199,6 +203,20 @@ std::vector<uint8_t> TcpStoreClient::call(const char* operation, const std::vect
                            ": its host, " + host_name_ + ", has ended or closed it");
 }
 
+void TcpStoreClient::admit(const std::string& secret) {
+  std::vector<uint8_t> request{wire::kAdmit};
+  wire::put_string(request, secret);
+  const std::vector<uint8_t> answer = call("admit", request, std::chrono::milliseconds(0));
+  if (answer.size() == 1 && answer[0] == wire::kStored) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  fail(BPL_ERR_INVALID_ARGUMENT,
+       "the store at " + where_ + " (" + host_name_ + "'s) refused this process: " +
+           (secret.empty() ? "it serves only the job's processes, and BPL_STORE_SECRET is not set here"
+                           : "BPL_STORE_SECRET here is not the job's") +
+           " (bpl-run hands the job's to every process it starts; a job started otherwise needs the same value in "
+           "every process)");
+}
+
 void TcpStoreClient::set(const std::string& key, const std::vector<uint8_t>& value) {
   if (value.size() + key.size() + 16 > wire::kMaxFrame) {
     throw Error(BPL_ERR_INVALID_ARGUMENT, "a value of " + std::to_string(value.size()) + " bytes for key '" + key +
@@ -208,7 +226,11 @@ void TcpStoreClient::set(const std::string& key, const std::vector<uint8_t>& val
   std::vector<uint8_t> request{wire::kSet};
   wire::put_string(request, key);
   request.insert(request.end(), value.begin(), value.end());
-  call("set", request, std::chrono::milliseconds(0));
+  const std::vector<uint8_t> answer = call("set", request, std::chrono::milliseconds(0));
+  if (!answer.empty() && answer[0] == wire::kRefused) {
+    throw Error(BPL_ERR_OUT_OF_MEMORY, "the store at " + where_ + " refused key '" + key.substr(0, 200) + "' (" +
+                                           std::to_string(value.size()) + " bytes): it holds as much as it may");
+  }
 }
 
 void TcpStoreClient::set_when_closed(const std::string& key, const std::vector<uint8_t>& value) {
@@ -251,6 +273,10 @@ int64_t TcpStoreClient::add(const std::string& key, int64_t delta) {
   wire::put_string(request, key);
   wire::put_i64(request, delta);
   const std::vector<uint8_t> answer = call("add", request, std::chrono::milliseconds(0));
+  if (answer.empty()) {
+    throw Error(BPL_ERR_OUT_OF_MEMORY, "the store at " + where_ + " refused to add to key '" + key.substr(0, 200) +
+                                           "': it holds as much as it may");
+  }
   wire::Reader r(answer.data(), answer.size());
   const int64_t sum = r.i64();
   if (!r.good()) {
@@ -258,6 +284,13 @@ int64_t TcpStoreClient::add(const std::string& key, int64_t delta) {
     fail(BPL_ERR_REMOTE, "the store at " + where_ + " sent a malformed answer to add");
   }
   return sum;
+}
+
+bool TcpStoreClient::erase_prefix(const std::string& prefix) {
+  std::vector<uint8_t> request{wire::kErasePrefix};
+  wire::put_string(request, prefix);
+  call("erase prefix", request, std::chrono::milliseconds(0));
+  return true;
 }
 
 bool TcpStoreClient::check(const std::string& key) {

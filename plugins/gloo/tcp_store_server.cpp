@@ -16,12 +16,16 @@
 #include <unordered_map>
 
 #include "tcp_store.h"
+#include "tcp_store_access.h"
 #include "tcp_store_wire.h"
 
 namespace backplane::gloo_plugin {
 
 using Clock = std::chrono::steady_clock;
 using plugin::Error;
+
+// How long accepting pauses when the process has no file descriptor left (else poll wakes at once).
+constexpr std::chrono::milliseconds kAcceptPause{100};
 
 class TcpStoreServer::State {
  public:
@@ -36,10 +40,17 @@ class TcpStoreServer::State {
     // Set once the connection ends: how the job learns that the process behind it ended, at once.
     std::vector<std::pair<std::string, std::vector<uint8_t>>> when_closed;
     bool handed_off = false;  // a torch client's, now the torch side's (see TorchClients)
+    bool admitted = false;    // it gave the job's secret (or the store has none)
+    std::string from;         // its peer's address, for what the store says of it
+    Clock::time_point last_received = Clock::now();
   };
 
   std::list<Connection> connections;
   std::unordered_map<std::string, std::vector<uint8_t>> values;
+  size_t stored_bytes = 0;  // of every key and value
+  TcpStoreServer::Limits limits;
+  std::string secret;  // empty: every connection is admitted
+  Clock::time_point accept_paused_until;
   TcpStoreServer::TorchClients torch_clients;
 
   ~State() {
@@ -48,21 +59,37 @@ class TcpStoreServer::State {
 
   void accept_all(int listen_fd) {
     for (;;) {
-      const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      sockaddr_storage peer{};
+      socklen_t peer_length = sizeof(peer);
+      const int fd = ::accept4(listen_fd, reinterpret_cast<sockaddr*>(&peer), &peer_length, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0 && (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)) {
+        // The connection waits in the backlog; the listener is not polled until the pause ends.
+        if (accept_paused_until == Clock::time_point()) {
+          plugin::log(BPL_LOG_WARN, "store", std::string("cannot take a connection: ") + std::strerror(errno) +
+                                                 " (trying again every " + std::to_string(kAcceptPause.count()) + " ms)");
+        }
+        accept_paused_until = Clock::now() + kAcceptPause;
+        return;
+      }
       if (fd < 0) return;  // EAGAIN: no more; anything else: that connection is lost to its client
+      accept_paused_until = Clock::time_point();
       const int on = 1;
       ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof(on));
       connections.push_back(Connection{});
       connections.back().fd = fd;
+      connections.back().from = text_of_address(peer);
+      connections.back().admitted = secret.empty();
     }
   }
 
   void read_from(Connection& c) {
     uint8_t chunk[64 * 1024];
     for (;;) {
+      if (c.in.size() > wire::kMaxFrame + 4) break;  // what it sent is served before more is read
       const ssize_t n = ::recv(c.fd, chunk, sizeof(chunk), 0);
       if (n > 0) {
         c.in.insert(c.in.end(), chunk, chunk + n);
+        c.last_received = Clock::now();
         continue;
       }
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
@@ -70,6 +97,12 @@ class TcpStoreServer::State {
       c.closed = true;  // the client left (or its connection failed)
       return;
     }
+    serve_requests(c);
+  }
+
+  // Sends what it can of the answers, then serves the requests that waited for them to leave.
+  void send_answers(Connection& c) {
+    write_to(c);
     serve_requests(c);
   }
 
@@ -89,11 +122,21 @@ class TcpStoreServer::State {
     c.out.erase(c.out.begin(), c.out.begin() + static_cast<std::ptrdiff_t>(sent));
   }
 
-  // Answers the gets whose deadline passed; returns how long until the next one's, or -1 (none).
+  // Answers the gets whose deadline passed, and ends the connections that sat on part of a frame (or
+  // on no greeting) too long; returns how long until the next such deadline, or -1 (none).
   int expire_waits() {
     const auto now = Clock::now();
     Clock::time_point next = Clock::time_point::max();
     for (Connection& c : connections) {
+      const bool answers_wait = c.out.size() > wire::kMaxFrame;  // its client's to read, not to send
+      if (!c.waiting_key && !answers_wait && (!c.in.empty() || !c.greeted) && !c.closed) {
+        const Clock::time_point idle_until = c.last_received + limits.partial_frame_idle;
+        if (idle_until <= now) {
+          close_saying(c, c.greeted ? "it sat on part of a request" : "it sent no greeting");
+        } else {
+          next = std::min(next, idle_until);
+        }
+      }
       if (!c.waiting_key) continue;
       if (c.waiting_until <= now) {
         c.waiting_key.reset();
@@ -123,9 +166,22 @@ class TcpStoreServer::State {
       }
     }
     for (auto& [key, value] : now_set) {
-      values[key] = std::move(value);
+      if (!keep(key, std::move(value))) {
+        plugin::log(BPL_LOG_WARN, "store", "a connection ended, but its word '" + key + "' found the store full");
+        continue;
+      }
       wake_waiting(key);
     }
+  }
+
+  // Stores `value` under `key` unless that would take the values past their bound.
+  bool keep(const std::string& key, std::vector<uint8_t> value) {
+    auto found = values.find(key);
+    const size_t before = found == values.end() ? 0 : key.size() + found->second.size();
+    if (stored_bytes - before + key.size() + value.size() > limits.stored_bytes) return false;
+    stored_bytes = stored_bytes - before + key.size() + value.size();
+    values[key] = std::move(value);
+    return true;
   }
 
  private:
@@ -147,7 +203,7 @@ class TcpStoreServer::State {
       }
       if (c.in.size() < wire::kGreetingSize) return;
       if (std::memcmp(c.in.data(), wire::kGreeting, wire::kGreetingSize) != 0) {
-        c.closed = true;  // not a client of this store
+        close_saying(c, "it did not open as a client of this store does");
         return;
       }
       c.in.erase(c.in.begin(), c.in.begin() + wire::kGreetingSize);
@@ -155,34 +211,57 @@ class TcpStoreServer::State {
       c.out.insert(c.out.end(), wire::kGreeting, wire::kGreeting + wire::kGreetingSize);
       write_to(c);
     }
-    while (!c.closed && !c.waiting_key && c.in.size() >= 4) {
+    // A client that does not read its answers gets no more: what it asks waits, and so does what it sends.
+    while (!c.closed && !c.waiting_key && c.out.size() <= wire::kMaxFrame && c.in.size() >= 4) {
       const uint32_t length = wire::read_u32(c.in.data());
       if (length > wire::kMaxFrame) {
-        c.closed = true;
+        close_saying(c, "it sent a frame of " + std::to_string(length) + " bytes, past the bound of " +
+                            std::to_string(wire::kMaxFrame));
         return;
       }
       if (c.in.size() < 4 + size_t{length}) return;
       std::vector<uint8_t> request(c.in.begin() + 4, c.in.begin() + 4 + length);
       c.in.erase(c.in.begin(), c.in.begin() + 4 + length);
-      if (!serve(c, request)) c.closed = true;
+      const std::string refused = serve(c, request);
+      if (!refused.empty()) close_saying(c, refused);
     }
   }
 
-  bool serve(Connection& c, const std::vector<uint8_t>& request) {
+  // Ends a connection that is not a client of this job's store, saying what came from where.
+  void close_saying(Connection& c, const std::string& why) {
+    plugin::log(BPL_LOG_WARN, "store", "closed the connection from " + c.from + ": " + why);
+    c.closed = true;
+  }
+
+  // Serves one request; what was wrong with it (the connection then ends), or empty.
+  std::string serve(Connection& c, const std::vector<uint8_t>& request) {
     wire::Reader r(request.data(), request.size());
-    switch (r.u8()) {
+    const uint8_t operation = r.u8();
+    if (operation == wire::kAdmit) return admit(c, r);
+    if (!c.admitted) {
+      return "it made a request before it was admitted (this store serves only the job's processes: "
+             "BPL_STORE_SECRET)";
+    }
+    const auto malformed = [&] {
+      return "a malformed request (operation " + std::to_string(operation) + ", " + std::to_string(request.size()) +
+             " bytes)";
+    };
+    switch (operation) {
       case wire::kSet: {
         const std::string key = r.string();
-        if (!r.good()) return false;
-        values[key] = r.rest();
-        answer(c, {0});
+        if (!r.good()) return malformed();
+        if (!keep(key, r.rest())) {
+          answer(c, {wire::kRefused});
+          return {};
+        }
+        answer(c, {wire::kStored});
         wake_waiting(key);
-        return true;
+        return {};
       }
       case wire::kGet: {
         const int64_t timeout_ms = r.i64();
         const std::string key = r.string();
-        if (!r.good() || !r.at_end()) return false;
+        if (!r.good() || !r.at_end()) return malformed();
         auto found = values.find(key);
         if (found != values.end()) {
           answer_found(c, found->second);
@@ -190,39 +269,67 @@ class TcpStoreServer::State {
           c.waiting_key = key;
           c.waiting_until = plugin::deadline_after(std::chrono::milliseconds(std::max<int64_t>(0, timeout_ms)));
         }
-        return true;
+        return {};
       }
       case wire::kAdd: {
         const std::string key = r.string();
         const int64_t delta = r.i64();
-        if (!r.good() || !r.at_end()) return false;
-        std::vector<uint8_t>& value = values[key];
-        // Kept as decimal text, as torch's TCPStore keeps its counters.
+        if (!r.good() || !r.at_end()) return malformed();
+        auto found = values.find(key);
+        // Kept as decimal text, as torch's TCPStore keeps its counters (within the bound: a few bytes).
         const int64_t sum = static_cast<int64_t>(
-            static_cast<uint64_t>(std::strtoll(text_of(value).c_str(), nullptr, 10)) + static_cast<uint64_t>(delta));
-        value = bytes_of(std::to_string(sum));
-        std::vector<uint8_t> payload;
-        wire::put_i64(payload, sum);
+            static_cast<uint64_t>(found == values.end() ? 0 : std::strtoll(text_of(found->second).c_str(), nullptr, 10)) +
+            static_cast<uint64_t>(delta));
+        std::vector<uint8_t> payload;  // empty: refused
+        if (keep(key, bytes_of(std::to_string(sum)))) wire::put_i64(payload, sum);
         answer(c, payload);
         wake_waiting(key);
-        return true;
+        return {};
       }
       case wire::kSetWhenClosed: {
         const std::string key = r.string();
-        if (!r.good()) return false;
+        if (!r.good()) return malformed();
         c.when_closed.emplace_back(key, r.rest());
         answer(c, {0});
-        return true;
+        return {};
+      }
+      case wire::kErasePrefix: {
+        const std::string prefix = r.string();
+        if (!r.good() || !r.at_end()) return malformed();
+        int64_t erased = 0;
+        for (auto v = values.begin(); v != values.end();) {
+          const bool under = v->first.compare(0, prefix.size(), prefix) == 0;
+          if (under) stored_bytes -= v->first.size() + v->second.size();
+          v = under ? values.erase(v) : std::next(v);
+          erased += under ? 1 : 0;
+        }
+        std::vector<uint8_t> payload;
+        wire::put_i64(payload, erased);
+        answer(c, payload);
+        return {};
       }
       case wire::kCheck: {
         const std::string key = r.string();
-        if (!r.good() || !r.at_end()) return false;
+        if (!r.good() || !r.at_end()) return malformed();
         answer(c, {static_cast<uint8_t>(values.count(key) != 0 ? 1 : 0)});
-        return true;
+        return {};
       }
       default:
-        return false;
+        return "a request of no known operation (" + std::to_string(operation) + ")";
     }
+  }
+
+  std::string admit(Connection& c, wire::Reader& r) {
+    const std::string offered = r.string();
+    if (!r.good() || !r.at_end()) return "a malformed admission";
+    if (secret.empty() || same_secret(offered, secret)) {
+      c.admitted = true;
+      answer(c, {wire::kStored});
+      return {};
+    }
+    answer(c, {wire::kRefused});
+    return offered.empty() ? "it gave no secret, and this store serves only the job's processes (BPL_STORE_SECRET)"
+                           : "its secret is not the job's (BPL_STORE_SECRET)";
   }
 
   void answer_found(Connection& c, const std::vector<uint8_t>& value) {
@@ -244,46 +351,13 @@ class TcpStoreServer::State {
   }
 };
 
-namespace {
 
-// A listening socket on `port` of every interface of `family`, or -1 with errno set.
-int listen_on(int family, uint16_t port) {
-  const int fd = ::socket(family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0) return -1;
-  const int on = 1, off = 0;
-  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
-  sockaddr_storage address{};
-  socklen_t length;
-  if (family == AF_INET6) {
-    ::setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &off, sizeof(off));  // IPv4 clients too
-    auto& v6 = reinterpret_cast<sockaddr_in6&>(address);
-    v6.sin6_family = AF_INET6;
-    v6.sin6_addr = in6addr_any;
-    v6.sin6_port = htons(port);
-    length = sizeof(v6);
-  } else {
-    auto& v4 = reinterpret_cast<sockaddr_in&>(address);
-    v4.sin_family = AF_INET;
-    v4.sin_addr.s_addr = htonl(INADDR_ANY);
-    v4.sin_port = htons(port);
-    length = sizeof(v4);
-  }
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&address), length) != 0 || ::listen(fd, SOMAXCONN) != 0) {
-    const int error = errno;
-    ::close(fd);
-    errno = error;
-    return -1;
-  }
-  return fd;
-}
-
-}  // namespace
-
-TcpStoreServer::TcpStoreServer(uint16_t port, TorchClients torch_clients) : state_(std::make_unique<State>()) {
+TcpStoreServer::TcpStoreServer(uint16_t port, TorchClients torch_clients, Limits limits, TcpStoreAdmission admission)
+    : state_(std::make_unique<State>()) {
   state_->torch_clients = std::move(torch_clients);
-  // Every interface, IPv6 and IPv4 alike, as torch's TCPStore listens; IPv4 alone on a host without IPv6.
-  listen_fd_ = listen_on(AF_INET6, port);
-  if (listen_fd_ < 0 && errno != EADDRINUSE) listen_fd_ = listen_on(AF_INET, port);
+  state_->limits = limits;
+  state_->secret = std::move(admission.secret);
+  listen_fd_ = listen_where_clients_connect(admission.listen_host, port);
   if (listen_fd_ < 0) {
     throw Error(BPL_ERR_IO, "cannot serve the store on port " + std::to_string(port) + ": " + std::strerror(errno));
   }
@@ -323,13 +397,21 @@ void TcpStoreServer::serve() {
     const int timeout_ms = s.expire_waits();
     s.drop_closed();
     // A listener closed is polled as -1, which poll passes over.
-    polled.assign({{wake_fd_, POLLIN, 0}, {listen_fd_, POLLIN, 0}});
+    const bool accepting = Clock::now() >= s.accept_paused_until;
+    polled.assign({{wake_fd_, POLLIN, 0}, {accepting ? listen_fd_ : -1, POLLIN, 0}});
     polled_connections.clear();
     for (State::Connection& c : s.connections) {
-      polled.push_back({c.fd, static_cast<short>(POLLIN | (c.out.empty() ? 0 : POLLOUT)), 0});
+      // Input that waits to be served is not polled for more (it would wake at once); its end still is.
+      const bool room = c.in.size() <= wire::kMaxFrame + 4;
+      polled.push_back({c.fd, static_cast<short>((room ? POLLIN : 0) | (c.out.empty() ? 0 : POLLOUT)), 0});
       polled_connections.push_back(&c);
     }
-    if (::poll(polled.data(), polled.size(), timeout_ms) < 0 && errno != EINTR) return;
+    int wait_ms = timeout_ms;
+    if (!accepting) {
+      const auto pause = std::chrono::duration_cast<std::chrono::milliseconds>(s.accept_paused_until - Clock::now()).count() + 1;
+      wait_ms = wait_ms < 0 ? static_cast<int>(pause) : std::min(wait_ms, static_cast<int>(pause));
+    }
+    if (::poll(polled.data(), polled.size(), wait_ms) < 0 && errno != EINTR) return;
     if (polled[0].revents != 0) {
       uint64_t count = 0;
       if (::read(wake_fd_, &count, sizeof(count)) < 0) {
@@ -345,7 +427,7 @@ void TcpStoreServer::serve() {
     for (size_t i = 0; i < polled_connections.size(); ++i) {
       State::Connection& c = *polled_connections[i];
       const short events = polled[i + 2].revents;
-      if (events & POLLOUT) s.write_to(c);
+      if (events & POLLOUT) s.send_answers(c);
       if (events & (POLLIN | POLLHUP | POLLERR)) s.read_from(c);
     }
   }

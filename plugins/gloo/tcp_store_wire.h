@@ -7,8 +7,13 @@
 //                                    get: i64 timeout_ms, key   add: key, i64 delta   check: key
 //                                    set when closed: key, the value's bytes to the frame's end
 //              (a key: u32 length, then the bytes)
-//   answer     set: u8 0   get: u8 0 and the value's bytes, or u8 1 (timed out)   add: i64 sum
+//   answer     set: u8 0, or u8 2 (refused: the store holds its bound)
+//              get: u8 0 and the value's bytes, or u8 1 (timed out)   add: i64 sum, or nothing (refused)
 //              check: u8 0 or 1   set when closed: u8 0 (the key is set once this connection ends)
+//              erase prefix: key (the prefix)   answer: i64, how many keys it erased
+//              admit: the job's secret (a key; empty: none)   answer: u8 0, or u8 2 (refused: the
+//              connection then ends). Every client sends it first; a store with a secret serves
+//              nothing before it.
 #pragma once
 
 #include <cstddef>
@@ -29,8 +34,9 @@ constexpr uint8_t kTorchStoreGreeting[] = {0x00, 0xCE, 0xF7, 0x85, 0x3C};
 // larger length takes its peer for something that does not speak this protocol.
 constexpr uint32_t kMaxFrame = 64u << 20;
 
-enum Operation : uint8_t { kSet = 1, kGet = 2, kAdd = 3, kCheck = 4, kSetWhenClosed = 5 };
+enum Operation : uint8_t { kSet = 1, kGet = 2, kAdd = 3, kCheck = 4, kSetWhenClosed = 5, kErasePrefix = 6, kAdmit = 7 };
 enum GetAnswer : uint8_t { kFound = 0, kTimedOut = 1 };
+enum SetAnswer : uint8_t { kStored = 0, kRefused = 2 };
 
 inline void put_u32(std::vector<uint8_t>& out, uint32_t v) {
   for (int i = 0; i < 4; ++i) out.push_back(static_cast<uint8_t>(v >> (8 * i)));

@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -20,14 +21,17 @@ namespace backplane::mpi_plugin {
 
 class DeadlineGuard {
  public:
-  // `call` names the call (and the rank), `why` what may hold it there.
-  DeadlineGuard(std::chrono::milliseconds timeout, std::string call, std::string why)
-      : thread_([this, deadline = plugin::deadline_after(timeout), timeout, call = std::move(call), why = std::move(why)] {
+  // `call` names the call (and the rank), `why` what may hold it there; `stopped` says, at the
+  // deadline, which of the job's ranks on this machine are stopped or ended (job_siblings.h).
+  DeadlineGuard(std::chrono::milliseconds timeout, std::string call, std::string why,
+                std::function<std::string()> stopped = [] { return std::string(); })
+      : thread_([this, deadline = plugin::deadline_after(timeout), timeout, call = std::move(call), why = std::move(why),
+                 stopped = std::move(stopped)] {
           std::unique_lock<std::mutex> lock(mutex_);
           if (done_cv_.wait_until(lock, deadline, [this] { return done_; })) return;
           plugin::log(BPL_LOG_ERROR, "mpi",
                       call + " did not return within " + std::to_string(timeout.count()) + " ms (BPL_TIMEOUT_MS): " +
-                          why + "; ending this process (exit code 124)");
+                          why + stopped() + "; ending this process (exit code 124)");
           std::fflush(nullptr);
           std::_Exit(124);
         }) {}

@@ -322,7 +322,11 @@ std::pair<bpl_status, std::string> MpiComm::explain_stall(const Fingerprint& min
     return {BPL_ERR_MISMATCH, report + (silent.empty() ? "" : "; no word from " + silent + ", which left the operation or never came") +
                                   " (found when the operation stalled)"};
   }
-  return {BPL_ERR_TIMEOUT, stopped_peers_note(everyone, silent)};
+  // A peer whose word came was in this operation too (it may have ended since, having given up as
+  // this rank does): it is not what held the operation up.
+  std::vector<bool> answered(calls.size());
+  for (size_t r = 0; r < calls.size(); ++r) answered[r] = calls[r].has_value();
+  return {BPL_ERR_TIMEOUT, stopped_peers_note(everyone, silent, answered)};
 }
 
 std::string MpiComm::describe_stall(const Fingerprint& mine) {
@@ -332,9 +336,14 @@ std::string MpiComm::describe_stall(const Fingerprint& mine) {
   return status == BPL_ERR_MISMATCH ? ": " + explanation : explanation;
 }
 
-std::string MpiComm::stopped_peers_note(bool every_rank_answered, const std::string& silent) const {
+std::string MpiComm::stopped_peers_note(bool every_rank_answered, const std::string& silent,
+                                       const std::vector<bool>& answered) const {
+  std::vector<pid_t> suspects = local_pid_of_rank_;
+  for (size_t r = 0; r < answered.size() && r < suspects.size(); ++r) {
+    if (answered[r]) suspects[r] = 0;
+  }
   const std::string stopped =
-      plugin::local_peers_note(local_pid_of_rank_, [](plugin::ProcessState state) { return state != plugin::ProcessState::kRunning; });
+      plugin::local_peers_note(suspects, [](plugin::ProcessState state) { return state != plugin::ProcessState::kRunning; });
   if (!stopped.empty()) return stopped;
   if (every_rank_answered) return " (every rank is in this operation: one is slow)";
   if (!silent.empty()) {

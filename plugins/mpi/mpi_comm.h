@@ -365,8 +365,10 @@ class MpiComm {
   Exchange* post_explanation(const Fingerprint& mine);
   // " (rank 1 of this communicator, process 4242 on this machine, is stopped)", or what can be said
   // when no peer of this machine is stopped or ended.
-  // `silent`: the ranks that gave no word about the operation ("rank 2", "ranks 2,5"), if known.
-  std::string stopped_peers_note(bool every_rank_answered, const std::string& silent = "") const;
+  // `silent`: the ranks that gave no word about the operation ("rank 2", "ranks 2,5"), if known;
+  // `answered[r]`: rank r's word came (it was in the operation: never named as what held it up).
+  std::string stopped_peers_note(bool every_rank_answered, const std::string& silent = "",
+                                 const std::vector<bool>& answered = {}) const;
   // Takes the explanations that arrived; true once every peer's is in.
   bool receive_explanations(Exchange& exchange);
   // Learns the process (machine and pid) of every rank, to name a stopped or ended one.

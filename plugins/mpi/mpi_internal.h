@@ -59,6 +59,9 @@ inline MPI_Op mpi_op(bpl_reduce_op op) {
     case BPL_OP_PROD: return MPI_PROD;
     case BPL_OP_MIN: return MPI_MIN;
     case BPL_OP_MAX: return MPI_MAX;
+    case BPL_OP_BAND: return MPI_BAND;
+    case BPL_OP_BOR: return MPI_BOR;
+    case BPL_OP_BXOR: return MPI_BXOR;
     default: return MPI_SUM;  // SUM, and AVG's sum before the division
   }
 }

@@ -13,6 +13,7 @@
 
 #include "backplane/plugin.h"
 #include "deadline_guard.h"
+#include "job_siblings.h"
 #include "kernels_module.h"
 #include "dtypes.h"
 #include "host_device.h"
@@ -42,6 +43,7 @@ struct ProcessState {
   std::mutex mutex;
   int runtimes = 0;
   bool initialized_here = false;          // then MPI_Finalize runs at exit (finalize_at_exit)
+  pid_t initialized_in = 0;               // the process that did: a child forked since must not finalize
   std::chrono::milliseconds exit_timeout{0};  // the last runtime's, which bounds MPI_Finalize at exit
   std::mutex serialize;  // for MpiProcess::serialize when MPI is not thread-multiple
   MpiProcess process;
@@ -148,6 +150,9 @@ size_t eager_message_bytes() {
 // bpl_finalize any number of times. MPI_Finalize waits for every rank to finalize, under the timeout.
 void finalize_at_exit() {
   ProcessState& s = state();
+  // A child forked after MPI_Init shares its parent's MPI: its MPI_Finalize would end the parent's part
+  // of the job (and wait for the others). Asked first, before a mutex some thread of the parent held.
+  if (s.initialized_in != ::getpid()) return;
   std::lock_guard<std::mutex> lock(s.mutex);
   int finalized = 0;
   MPI_Finalized(&finalized);
@@ -166,7 +171,8 @@ void finalize_at_exit() {
   }
   DeadlineGuard guard(s.exit_timeout, "MPI_Finalize at exit",
                       "it waits for every rank of the job to finalize, and a rank is stopped, stuck, or still "
-                      "running long after this one");
+                      "running long after this one",
+                      stopped_job_siblings_note);
   const int code = MPI_Finalize();
   if (code != MPI_SUCCESS) plugin::log(BPL_LOG_ERROR, kName, "MPI_Finalize at exit failed: " + mpi_error_string(code));
 }
@@ -205,11 +211,13 @@ void initialize_mpi(const bpl_launch_info& launch) {
                           "MPI_Init_thread (rank " + std::to_string(launch.rank) + " of " +
                               std::to_string(launch.world_size) + ")",
                           "it waits for every rank of the job to start, and another rank is stopped, stuck or "
-                          "never started");
+                          "never started",
+                          stopped_job_siblings_note);
       code = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
     }
     if (code != MPI_SUCCESS) throw plugin::Error(BPL_ERR_UNAVAILABLE, "MPI_Init_thread failed: " + mpi_error_string(code));
     s.initialized_here = true;
+    s.initialized_in = ::getpid();
     std::atexit(finalize_at_exit);
     s.process.thread_level = provided;
     // Open MPI reports some failures of non-blocking collectives (a truncation inside libnbc's schedule)

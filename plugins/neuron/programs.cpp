@@ -240,7 +240,8 @@ std::vector<char> compile_hlo(const void* module, size_t size, const std::string
   {
     std::ofstream file(input, std::ios::binary);
     file.write(static_cast<const char*>(module), static_cast<std::streamsize>(size));
-    if (!file) throw Error(BPL_ERR_IO, "cannot write " + input);
+    file.flush();
+    if (!file) throw Error(BPL_ERR_IO, "cannot write " + input + ": " + std::strerror(errno));
   }
   std::vector<std::string> args = {kCompiler, "compile", "--framework", "XLA", input, "--output", output};
   std::istringstream words(flags);

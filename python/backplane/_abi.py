@@ -6,6 +6,7 @@ import ctypes.util
 import os
 
 from . import _tree
+from ._integers import CheckedStructure, calling, checked
 
 _STATUS_NAMES = {
     0: "BPL_OK", 1: "BPL_ERR_INVALID_ARGUMENT", 2: "BPL_ERR_NOT_FOUND", 3: "BPL_ERR_UNSUPPORTED",
@@ -17,20 +18,20 @@ _STATUS_NAMES = {
 _DTYPES = {"f32": 1, "f64": 2, "f16": 3, "bf16": 4, "i8": 5, "u8": 6, "i32": 7, "i64": 8}
 _SIZES = {1: 4, 2: 8, 3: 2, 4: 2, 5: 1, 6: 1, 7: 4, 8: 8}
 _DTYPE_NAMES = {code: name for name, code in _DTYPES.items()}
-_OPS = {"sum": 1, "prod": 2, "min": 3, "max": 4, "avg": 5}
+_OPS = {"sum": 1, "prod": 2, "min": 3, "max": 4, "avg": 5, "band": 6, "bor": 7, "bxor": 8}  # bitwise: ABI 1.9
 _COLOR_UNDEFINED = -1
 _TIMEOUT_DEFAULT = -1
 _ERR_TIMEOUT = 6
 
 
-class _InitOptions(ctypes.Structure):
+class _InitOptions(CheckedStructure):
     _fields_ = [("struct_size", ctypes.c_size_t), ("backend", ctypes.c_char_p), ("rank", ctypes.c_int32),
                 ("world_size", ctypes.c_int32), ("local_rank", ctypes.c_int32),
                 ("local_world_size", ctypes.c_int32), ("master_addr", ctypes.c_char_p),
                 ("master_port", ctypes.c_int32), ("timeout_ms", ctypes.c_int64)]
 
 
-class _RuntimeInfo(ctypes.Structure):
+class _RuntimeInfo(CheckedStructure):
     _fields_ = [("struct_size", ctypes.c_size_t), ("backend", ctypes.c_char_p), ("plugin_path", ctypes.c_char_p),
                 ("plugin_version", ctypes.c_char_p), ("selection_reason", ctypes.c_char_p),
                 ("launcher", ctypes.c_char_p), ("details", ctypes.c_char_p), ("plugin_abi_major", ctypes.c_int32),
@@ -41,12 +42,12 @@ class _RuntimeInfo(ctypes.Structure):
                 ("program_formats", ctypes.c_char_p)]
 
 
-class _DeviceProperties(ctypes.Structure):
+class _DeviceProperties(CheckedStructure):
     _fields_ = [("struct_size", ctypes.c_size_t), ("name", ctypes.c_char * 64), ("kind", ctypes.c_int32),
                 ("index", ctypes.c_int32), ("total_memory", ctypes.c_uint64), ("free_memory", ctypes.c_uint64)]
 
 
-class _GemmArgs(ctypes.Structure):
+class _GemmArgs(CheckedStructure):
     _fields_ = [("struct_size", ctypes.c_size_t), ("device", ctypes.c_int32), ("dtype", ctypes.c_int32),
                 ("trans_a", ctypes.c_int32), ("trans_b", ctypes.c_int32), ("m", ctypes.c_int64),
                 ("n", ctypes.c_int64), ("k", ctypes.c_int64), ("alpha", ctypes.c_double), ("beta", ctypes.c_double),
@@ -54,19 +55,19 @@ class _GemmArgs(ctypes.Structure):
                 ("c", ctypes.c_void_p), ("ldc", ctypes.c_int64)]
 
 
-class _ElementwiseArgs(ctypes.Structure):
+class _ElementwiseArgs(CheckedStructure):
     _fields_ = [("struct_size", ctypes.c_size_t), ("device", ctypes.c_int32), ("dtype", ctypes.c_int32),
                 ("count", ctypes.c_int64), ("alpha", ctypes.c_double), ("beta", ctypes.c_double),
                 ("x", ctypes.c_void_p), ("y", ctypes.c_void_p), ("out", ctypes.c_void_p)]
 
 
-class _CastArgs(ctypes.Structure):
+class _CastArgs(CheckedStructure):
     _fields_ = [("struct_size", ctypes.c_size_t), ("device", ctypes.c_int32), ("from_dtype", ctypes.c_int32),
                 ("to_dtype", ctypes.c_int32), ("reserved0", ctypes.c_int32), ("count", ctypes.c_int64),
                 ("src", ctypes.c_void_p), ("dst", ctypes.c_void_p)]
 
 
-class _ProgramOptions(ctypes.Structure):
+class _ProgramOptions(CheckedStructure):
     _fields_ = [("struct_size", ctypes.c_size_t), ("format", ctypes.c_char_p), ("flags", ctypes.c_char_p),
                 ("entry", ctypes.c_char_p), ("device", ctypes.c_int32), ("reserved0", ctypes.c_int32)]
 
@@ -74,7 +75,7 @@ class _ProgramOptions(ctypes.Structure):
 _MAX_DIMS = 8
 
 
-class _Tensor(ctypes.Structure):
+class _Tensor(CheckedStructure):
     _fields_ = [("struct_size", ctypes.c_size_t), ("data", ctypes.c_void_p), ("dtype", ctypes.c_int32),
                 ("ndim", ctypes.c_int32), ("shape", ctypes.c_int64 * _MAX_DIMS)]
 
@@ -175,8 +176,9 @@ def _load():
             signatures[name] = (argtypes, ctypes.c_int32)
     for name, (argtypes, restype) in signatures.items():
         function = getattr(lib, name)
-        function.argtypes = argtypes
+        function.argtypes = [checked(argtype) for argtype in argtypes]
         function.restype = restype
+        setattr(lib, name, calling(name, function))
     return lib
 
 

@@ -5,12 +5,16 @@ import ctypes
 from typing import Any, List, Sequence, Tuple
 
 from ._abi import _DTYPES, _MAX_DIMS, _OPS, _SIZES, _Tensor
+from ._integers import fitted
 from .device_memory import DeviceMemory
 
 # Anything with the buffer protocol, C-contiguous (bytearray, array.array, numpy.ndarray, memoryview).
 BufferLike = Any
 
 _FORMATS = {"f": "f32", "d": "f64", "e": "f16", "b": "i8", "B": "u8", "c": "u8"}
+# Unsigned integers wider than a byte, which the ABI's dtypes lack: reduced as signed, they would give
+# wrong answers (the max of 3e9 and 1 is 1), so they are refused unless the caller names a dtype.
+_UNSIGNED = ("I", "L", "Q", "N")
 
 
 class _Buffer:
@@ -27,7 +31,12 @@ class _Buffer:
             fmt = view.format.lstrip("@=<>!")
             if fmt in _FORMATS:
                 dtype = _FORMATS[fmt]
-            elif fmt in ("i", "l", "q", "h", "n") or fmt in ("I", "L", "Q", "N"):
+            elif fmt in _UNSIGNED:
+                raise ValueError("%s holds unsigned %d-bit integers (element format %r), which backplane has no "
+                                 "dtype for: reduced as signed they would come out wrong. Convert them, or pass "
+                                 "dtype='i%d' to move their bits unchanged (broadcast, gathers, sends)"
+                                 % (name, 8 * view.itemsize, view.format, 8 * view.itemsize))
+            elif fmt in ("i", "l", "q", "h", "n"):
                 dtype = {4: "i32", 8: "i64"}.get(view.itemsize)
             if dtype is None:
                 raise ValueError("%s has element format %r: pass dtype= one of %s" % (name, view.format, sorted(_DTYPES)))
@@ -91,7 +100,7 @@ def _op(op: str) -> int:
 def _int64_array(values: Sequence[int], size: int, name: str):
     if len(values) != size:
         raise ValueError("%s has %d entries: expected %d, one per rank" % (name, len(values), size))
-    return (ctypes.c_int64 * size)(*values)
+    return (ctypes.c_int64 * size)(*[fitted(v, ctypes.c_int64, "%s[%d]" % (name, i)) for i, v in enumerate(values)])
 
 
 def _end_to_end(counts: Sequence[int]) -> List[int]:
@@ -127,5 +136,5 @@ def _tensor(spec: TensorLike, writable: bool, name: str) -> Tuple[_Tensor, _Buff
         raise ValueError("%s holds %d elements but its shape %s has %d" % (name, b.count, shape, elements))
     t = _Tensor(ctypes.sizeof(_Tensor), b.address, b.dtype, len(shape))
     for i, extent in enumerate(shape):
-        t.shape[i] = extent
+        t.shape[i] = fitted(extent, ctypes.c_int64, "%s's shape[%d]" % (name, i))
     return t, b

@@ -284,8 +284,8 @@ TEST(AbiLayout, FixedNumericValues) {
   const bpl_dtype dtypes[] = {BPL_DTYPE_F32, BPL_DTYPE_F64, BPL_DTYPE_F16, BPL_DTYPE_BF16,
                               BPL_DTYPE_I8,  BPL_DTYPE_U8,  BPL_DTYPE_I32, BPL_DTYPE_I64};
   for (int i = 0; i < 8; ++i) EXPECT_EQ(dtypes[i], i + 1);
-  const bpl_reduce_op ops[] = {BPL_OP_SUM, BPL_OP_PROD, BPL_OP_MIN, BPL_OP_MAX, BPL_OP_AVG};
-  for (int i = 0; i < 5; ++i) EXPECT_EQ(ops[i], i + 1);
+  const bpl_reduce_op ops[] = {BPL_OP_SUM, BPL_OP_PROD, BPL_OP_MIN, BPL_OP_MAX, BPL_OP_AVG, BPL_OP_BAND, BPL_OP_BOR, BPL_OP_BXOR};
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(ops[i], i + 1);
   EXPECT_EQ(BPL_COLL_ALLREDUCE, 1);
   EXPECT_EQ(BPL_COLL_COMM_SPLIT, 10);
   EXPECT_EQ(BPL_COLL_GATHER, 11);
@@ -326,6 +326,8 @@ TEST(AbiLayout, NamesOfEnumerations) {
   EXPECT_EQ(bpl_dtype_size(BPL_DTYPE_I64), 8u);
   EXPECT_EQ(bpl_dtype_size(0), 0u);
   EXPECT_STREQ(bpl_reduce_op_name(BPL_OP_AVG), "avg");
+  EXPECT_STREQ(bpl_reduce_op_name(BPL_OP_BXOR), "bxor");
+  EXPECT_STREQ(bpl_reduce_op_name(BPL_OP_BXOR + 1), "unknown");
   EXPECT_STREQ(bpl_collective_name(BPL_COLL_REDUCE_SCATTER), "reduce_scatter");
   int32_t major = 0, minor = -1;
   bpl_abi_version(&major, &minor);

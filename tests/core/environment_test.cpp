@@ -1,4 +1,4 @@
-// The environment contract of DESIGN.md, tested on given environments (no process variables).
+// The environment contract (docs/environment.md), tested on given environments (no process variables).
 #include <gtest/gtest.h>
 
 #include <algorithm>

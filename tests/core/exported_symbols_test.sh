@@ -1,7 +1,7 @@
 #!/bin/sh
 # What the shared objects export (nm -D): libbackplane.so every function backplane.h declares (with the
-# headers it includes) and nothing else; each plugin its entry symbol and nothing else (DESIGN.md, ABI
-# rule 2).
+# headers it includes) and nothing else; each plugin its entry symbol and nothing else (docs/abi.md,
+# "Plugins").
 # Usage: exported_symbols_test.sh <build lib dir> <backplane.h>
 set -eu
 lib_dir=$1

@@ -2,6 +2,7 @@
 PYTHONPATH pointing at python/ and BPL_LIBRARY at libbackplane.so. Each rank checks every result and
 prints "python rank R: ok"; any failure exits non-zero."""
 import array
+import functools
 import os
 import sys
 import tempfile
@@ -122,6 +123,7 @@ def variable_collectives(world):
     except ValueError as e:
         expect("one per rank" in str(e), str(e))
     receive_buffers_are_checked_before_anything_is_written(world)
+    integers_that_do_not_fit_are_refused(world)
     # byte strings of any length, the empty one included
     text = lambda r: (b"rank %d:" % r) + bytes([r]) * (700 * r) + b"\0end"  # noqa: E731
     for root in range(size):
@@ -139,6 +141,29 @@ def expect_value_error(call, text, what):
         expect(text in str(e), "%s: %s" % (what, e))
         return
     raise AssertionError("%s: no ValueError" % what)
+
+
+def integers_that_do_not_fit_are_refused(world):
+    """An integer outside its C parameter's range is a ValueError naming it and its value (ctypes alone
+    would cut it: root 2**40 broadcast from rank 0); unsigned arrays wider than a byte, which the ABI has
+    no dtype for, are refused unless given one, on every rank alike."""
+    data = array.array("i", [world.rank])
+    fits = "which does not fit its C type"
+    expect_value_error(lambda: world.broadcast(data, root=2**40), "bpl_broadcast: argument 5 is 1099511627776, " + fits,
+                       "broadcast from root 2**40")
+    expect_value_error(lambda: world.split(0, key=2**40), "bpl_comm_split: argument 3 is 1099511627776, " + fits,
+                       "split with key 2**40")
+    expect_value_error(lambda: world.set_timeout(2**70), "argument 2 is %d, %s int64_t" % (2**70, fits),
+                       "a timeout of 2**70 ms")
+    expect_value_error(lambda: backplane.Runtime(rank=-2**40), "rank is -1099511627776, " + fits, "Runtime(rank=-2**40)")
+    expect_value_error(lambda: world.allgatherv(data, array.array("i", [0] * world.size), [2**63] * world.size),
+                       "counts[0] is %d, %s int64_t" % (2**63, fits), "allgatherv counts of 2**63")
+    for code, bits in (("I", 32), ("Q", 64)):
+        unsigned = array.array(code, [3000000000 if world.rank == 0 else 1])
+        expect_value_error(lambda: world.allreduce(unsigned, op="max"), "holds unsigned %d-bit integers" % bits,
+                           "allreduce of array(%r)" % code)
+    world.broadcast(data, root=0)  # the communicator goes on
+    expect(data[0] == 0, "a broadcast after the refusals: %r" % list(data))
 
 
 def receive_buffers_are_checked_before_anything_is_written(world):
@@ -371,6 +396,14 @@ def main():
         big = array.array("q", [rank * 10**12])
         world.allreduce(big, op="max")
         expect(big[0] == (size - 1) * 10**12, "allreduce max of array('q')")
+        # the bitwise reductions (ABI 1.9), of integers; of floats refused naming the dtype
+        for op, fold in (("band", lambda a, b: a & b), ("bor", lambda a, b: a | b), ("bxor", lambda a, b: a ^ b)):
+            bits = array.array("i", [(rank * 37 + 5) ^ -i for i in range(4)])
+            world.allreduce(bits, op=op)
+            expected = [functools.reduce(fold, ((r * 37 + 5) ^ -i for r in range(size))) for i in range(4)]
+            expect(list(bits) == expected, "allreduce %s of array('i'): %r, expected %r" % (op, list(bits), expected))
+        expect_error(lambda: world.allreduce(array.array("f", [1.0]), op="bxor"), "BPL_ERR_INVALID_ARGUMENT",
+                     "op bxor takes an integer dtype", "a bitwise allreduce of f32")
 
         # broadcast from the last rank; allgather; reduce_scatter
         buf = array.array("d", [float(rank)] * 3)

@@ -18,9 +18,13 @@ namespace backplane::test {
 
 constexpr bpl_dtype kAllDtypes[] = {BPL_DTYPE_F32, BPL_DTYPE_F64, BPL_DTYPE_F16, BPL_DTYPE_BF16,
                                     BPL_DTYPE_I8,  BPL_DTYPE_U8,  BPL_DTYPE_I32, BPL_DTYPE_I64};
-constexpr bpl_reduce_op kAllOps[] = {BPL_OP_SUM, BPL_OP_PROD, BPL_OP_MIN, BPL_OP_MAX, BPL_OP_AVG};
+constexpr bpl_reduce_op kAllOps[] = {BPL_OP_SUM, BPL_OP_PROD, BPL_OP_MIN,  BPL_OP_MAX,
+                                     BPL_OP_AVG, BPL_OP_BAND, BPL_OP_BOR, BPL_OP_BXOR};
 
 inline bool is_integer(bpl_dtype d) { return d >= BPL_DTYPE_I8; }
+inline bool is_bitwise(bpl_reduce_op op) { return op == BPL_OP_BAND || op == BPL_OP_BOR || op == BPL_OP_BXOR; }
+// The reductions backplane.h defines for `dtype` (the bitwise ones for integers only).
+inline bool defined_for(bpl_reduce_op op, bpl_dtype dtype) { return !is_bitwise(op) || is_integer(dtype); }
 
 inline void store(bpl_dtype dtype, void* buffer, size_t i, double v) {
   switch (dtype) {
@@ -67,6 +71,10 @@ inline double reduced_value(bpl_dtype dtype, bpl_reduce_op op, int ranks, size_t
       case BPL_OP_PROD: acc *= v; break;
       case BPL_OP_MIN: acc = std::min(acc, v); break;
       case BPL_OP_MAX: acc = std::max(acc, v); break;
+      // Small integers (input_value), exact in a double; two's complement bits, as the dtype's.
+      case BPL_OP_BAND: acc = static_cast<double>(static_cast<int64_t>(acc) & static_cast<int64_t>(v)); break;
+      case BPL_OP_BOR: acc = static_cast<double>(static_cast<int64_t>(acc) | static_cast<int64_t>(v)); break;
+      case BPL_OP_BXOR: acc = static_cast<double>(static_cast<int64_t>(acc) ^ static_cast<int64_t>(v)); break;
     }
   }
   if (op == BPL_OP_AVG) acc = is_integer(dtype) ? std::trunc(acc / ranks) : acc / ranks;

@@ -35,19 +35,22 @@ int32_t agree_reporting(Rank& r, bpl_comm* comm, int32_t flags, const char* even
 // 3 ranks. Ranks 1 and 2 wait in a recv from rank 0 that never comes; rank 0 revokes the world 300 ms
 // in. Each reports its recv ("blocked"), a barrier after it ("after"), then all agree, each passing
 // flags of its own (7, 14, 6: the AND is 6). With BPL_TEST_CASE=kill, rank 2 is killed instead of
-// agreeing, and ranks 0 and 1 agree without it.
+// agreeing, and ranks 0 and 1 agree without it. With late, rank 2 revokes too once released (as a
+// survivor does), and rank 1 comes to its recv only after that.
 int revoke_then_agree() {
   Rank r = join();
-  const bool kill = env_text("BPL_TEST_CASE") == "kill";
+  const bool kill = env_text("BPL_TEST_CASE") == "kill", late = env_text("BPL_TEST_CASE") == "late";
   if (r.rank == 0) {
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     const auto start = Clock::now();
     report(r, "revoke", bpl_comm_revoke(r.world), start);
     report(r, "revoke_again", bpl_comm_revoke(r.world), start);
   } else {
+    if (late && r.rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(900));
     int32_t value = 0;
     const auto start = Clock::now();
     report(r, "blocked", bpl_recv(r.world, &value, 1, BPL_DTYPE_I32, 0, 0, nullptr), start);
+    if (late && r.rank == 2) bpl_comm_revoke(r.world);
   }
   const auto start = Clock::now();
   report(r, "after", bpl_barrier(r.world, nullptr), start);
@@ -283,7 +286,7 @@ TEST_P(Survive, SecondFailureWhileTheSurvivorsShrinkIsSurvivedToo) {
 // Revoke releases the members blocked on the communicator, names who revoked it, and refuses later
 // operations; then the members agree on the AND of their flags (a killed one counted as failed).
 TEST_P(Survive, RevokeReleasesEveryMemberAndAgreeGivesEveryoneTheSameOutcome) {
-  for (const std::string which : {"all", "kill"}) {
+  for (const std::string which : {"all", "kill", "late"}) {
     SCOPED_TRACE(which);
     const std::string token = unique_token();
     StoreJob run = run_with_own_store(GetParam(), 3, scenario("revoke_then_agree"), token, {{"BPL_TEST_CASE", which}});
@@ -391,7 +394,34 @@ TEST(SurviveUnderBplRun, ANewcomerReplacesAKilledRankAndTheJobEndsAtFullSize) {
   expect_nothing_left(token);
 }
 
-// A newcomer that no member admits gives up at its timeout, saying so.
+// Under bpl-run --replace, the job is whole again after a second failure while the survivors shrink
+// (the first newcomer waits out that longer recovery), and after a stopped rank, which bpl-run kills
+// and replaces once the survivors have counted it out.
+TEST(SurviveUnderBplRun, TheSizeIsRestoredAfterASecondFailureAndAfterAStoppedRank) {
+  const std::vector<std::vector<std::string>> failures = {{"--nproc-per-node", "4", "--fail-also", "2"},
+                                                          {"--nproc-per-node", "3", "--fail-how", "stop"}};
+  for (const std::vector<std::string>& failure : failures) {
+    const std::string size = failure[1];
+    const ProcessResult run = run_process(
+        {bin_dir() + "/bpl-run", failure[0], size, "--replace", bin_dir() + "/elastic_sgd", "--replace", "--steps", "20",
+         "--fail-rank", "1", "--fail-at", "7", failure[2], failure[3]},
+        {{"BPL_BACKEND", "gloo"}, {"BPL_TIMEOUT_MS", "2000"}}, std::chrono::seconds(90));
+    EXPECT_EQ(run.exit_code, 0) << run.output;
+    if (failure[2] == "--fail-how") {
+      EXPECT_NE(run.output.find("is stopped and the other ranks counted it out of the job; killing it"), std::string::npos)
+          << run.output;
+    }
+    const Training t = training_of(run.output);
+    EXPECT_TRUE(said(t, 0, size + " rank(s) again")) << run.output;
+    const std::vector<std::string> lines = rank_output_lines(run.output);
+    const auto newcomers_done = std::count_if(lines.begin(), lines.end(), [](const std::string& line) {
+      return line.rfind("newcomer: done: 20 steps", 0) == 0;
+    });
+    EXPECT_EQ(newcomers_done, failure[2] == "--fail-also" ? 2 : 1) << run.output;
+  }
+}
+
+// A newcomer that no member admits gives up after a recovery's longest quiet, saying so.
 TEST(SurviveUnderBplRun, ANewcomerNobodyAdmitsGivesUpAtItsTimeout) {
   const int port = free_port(), store_port = free_port();
   Process store = start_process({bin_dir() + "/bpl-store", "--port", std::to_string(store_port)}, {});
@@ -404,7 +434,24 @@ TEST(SurviveUnderBplRun, ANewcomerNobodyAdmitsGivesUpAtItsTimeout) {
   kill(store.pid, SIGTERM);
   finish_process(store, std::chrono::seconds(10));
   EXPECT_EQ(newcomer.exit_code, 3) << newcomer.output;
-  EXPECT_NE(newcomer.output.find("no member of the job admitted this process (bpl_comm_grow) within 700 ms"),
+  EXPECT_NE(newcomer.output.find("no member of the job admitted this process (bpl_comm_grow) within 5600 ms of the "
+                                 "members' last step of recovery (8 x the timeout, 700 ms)"),
+            std::string::npos)
+      << newcomer.output;
+}
+
+// A newcomer needs a store that outlives the ranks (bpl-store): without BPL_STORE_PORT, where rank 0
+// would host the store, it is refused at once saying so, not at its timeout as a store that never came.
+TEST(SurviveUnderBplRun, ANewcomerWithoutBplStoreIsRefusedAtOnceSayingWhy) {
+  const auto start = std::chrono::steady_clock::now();
+  const ProcessResult newcomer = run_process(
+      {bin_dir() + "/elastic_sgd"}, {{"BPL_BACKEND", "gloo"}, {"BPL_JOIN", "1"}, {"MASTER_ADDR", "127.0.0.1"},
+                                     {"MASTER_PORT", std::to_string(free_port())}, {"BPL_TIMEOUT_MS", "5000"}});
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(3)) << newcomer.output;
+  EXPECT_NE(newcomer.exit_code, 0) << newcomer.output;
+  EXPECT_NE(newcomer.output.find("BPL_JOIN=1: a newcomer joins through a store that outlives the job's ranks, "
+                                 "bpl-store at MASTER_ADDR and BPL_STORE_PORT (got MASTER_ADDR='127.0.0.1' and no "
+                                 "BPL_STORE_PORT); rank 0's store admits no process after the job's first rendezvous"),
             std::string::npos)
       << newcomer.output;
 }

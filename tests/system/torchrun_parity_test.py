@@ -1,7 +1,7 @@
 """bpl-run and a real torchrun, flag by flag, on the same script: every rank gets the same variables with
 the same values (less those that must differ: ports, run ids, file paths, the agent's store, bpl-run's
-BPL_STORE_PORT), the same ranks run and print, and the jobs end alike (status, restarts, @record's error
-file).
+BPL_STORE_PORT and BPL_STORE_SECRET), the same ranks run and print, and the jobs end alike (status,
+restarts, @record's error file).
 
     torchrun_parity_test.py <bin dir>
 """
@@ -17,8 +17,9 @@ from backplane.run.ports import free_port  # noqa: E402
 
 # Values that differ by design: chosen anew each run, or where each launcher keeps its own things.
 DIFFERING = {"MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE"}
-# bpl-run's own: where its bpl-store serves backplane's store (MASTER_PORT, with the torch store).
-OWN = {"BPL_STORE_PORT"}
+# bpl-run's own: where its bpl-store serves backplane's store (MASTER_PORT, with the torch store), and the
+# secret that store admits the job's processes by.
+OWN = {"BPL_STORE_PORT", "BPL_STORE_SECRET"}
 # One host, where torchrun names it "localhost": bpl-run gives the address, IPv4 for certain.
 LOOPBACK = {"localhost", "127.0.0.1"}
 

@@ -62,6 +62,10 @@ if os.environ.get("BPL_TORCH_SUITE"):
     from torch.testing._internal.distributed.distributed_test import DistributedTest, TestDistBackend
     os.environ["BACKEND"] = backend
     distributed_test.BACKEND = PointedAsGloo(backend) if backend != "gloo" else backend
+    # The suite checks the profiler's events only for the backends it lists, by dist.get_backend()'s name.
+    for listed in (distributed_test.PROFILING_SUPPORTED_BACKENDS, distributed_test.SEND_RECV_PROFILING_SUPPORTED_BACKENDS):
+        if backend not in listed:
+            listed.append(backend)
 
     class TestDistBackendWithSpawn(TestDistBackend, DistributedTest._DistTestBase):
         def setUp(self):

@@ -1,5 +1,5 @@
 /*
- * backplane.h — the embedder's C API of backplane (ABI 1.8; what each minor version added is in
+ * backplane.h — the embedder's C API of backplane (ABI 1.9; what each minor version added is in
  * core/ABI_CHANGELOG.md).
  *
  * One program written against this header runs on any backend plugin (Gloo CPU mode, MPI, Neuron);
@@ -8,7 +8,7 @@
  * (communicators, collectives, point to point, requests) and device.h (device memory, kernels,
  * programs).
  *
- * ABI rules (docs: DESIGN.md, "The C ABI"):
+ * ABI rules (docs/abi.md):
  *  - Every function returns a bpl_status; BPL_OK is 0. On failure, bpl_last_error() returns a message
  *    for the calling thread that names the backend and the bad value.
  *  - Every in/out struct starts with `size_t struct_size` and has an *_INIT initializer. Structs only
@@ -30,7 +30,7 @@ extern "C" {
 #endif
 
 #define BPL_ABI_MAJOR 1
-#define BPL_ABI_MINOR 8
+#define BPL_ABI_MINOR 9
 
 #if defined(__GNUC__)
 #define BPL_API __attribute__((visibility("default")))
@@ -86,13 +86,17 @@ BPL_API size_t bpl_dtype_size(bpl_dtype dtype);
 BPL_API const char* bpl_dtype_name(bpl_dtype dtype);
 
 /* Reductions. f16/bf16 accumulate in f32 and round once; integer SUM/PROD wrap around (two's
- * complement); integer AVG is the exact sum divided by the group size, truncated toward zero. */
+ * complement); integer AVG is the exact sum divided by the group size, truncated toward zero. The
+ * bitwise ones (ABI 1.9) take integer dtypes only (INVALID_ARGUMENT otherwise). */
 typedef int32_t bpl_reduce_op;
 #define BPL_OP_SUM 1
 #define BPL_OP_PROD 2
 #define BPL_OP_MIN 3
 #define BPL_OP_MAX 4
 #define BPL_OP_AVG 5
+#define BPL_OP_BAND 6 /* ABI 1.9: bitwise and */
+#define BPL_OP_BOR 7  /* ABI 1.9: bitwise or */
+#define BPL_OP_BXOR 8 /* ABI 1.9: bitwise exclusive or */
 
 /* "sum", "prod", …, or "unknown". Static storage. */
 BPL_API const char* bpl_reduce_op_name(bpl_reduce_op op);
@@ -115,26 +119,33 @@ typedef int32_t bpl_collective;
 #define BPL_COLL_ALLTOALLV 14  /* ABI 1.3 */
 #define BPL_COLL_RECV_ANY 15   /* ABI 1.6 */
 
-/* Every operation kind above, once, in order: X(code, name, minor) with its BPL_COLL_ value, its
- * bpl_collective_name and the ABI minor version that added it. The names, capability masks, the
- * benchmark's operations and the test suites' rows are derived from it; a new kind is one more line
- * here (docs/adding-a-collective.md). A macro only: no symbol. */
-#define BPL_FOR_EACH_COLLECTIVE(X)          \
-  X(BPL_COLL_ALLREDUCE, "allreduce", 0)     \
-  X(BPL_COLL_BROADCAST, "broadcast", 0)     \
-  X(BPL_COLL_REDUCE, "reduce", 0)           \
-  X(BPL_COLL_ALLGATHER, "allgather", 0)     \
-  X(BPL_COLL_REDUCE_SCATTER, "reduce_scatter", 0) \
-  X(BPL_COLL_ALLTOALL, "alltoall", 0)       \
-  X(BPL_COLL_BARRIER, "barrier", 0)         \
-  X(BPL_COLL_SEND, "send", 0)               \
-  X(BPL_COLL_RECV, "recv", 0)               \
-  X(BPL_COLL_COMM_SPLIT, "comm_split", 0)   \
-  X(BPL_COLL_GATHER, "gather", 3)           \
-  X(BPL_COLL_SCATTER, "scatter", 3)         \
-  X(BPL_COLL_ALLGATHERV, "allgatherv", 3)   \
-  X(BPL_COLL_ALLTOALLV, "alltoallv", 3)     \
-  X(BPL_COLL_RECV_ANY, "recv_any", 6)
+/* Every operation kind above, once, in order, one row each: its BPL_COLL_ value, its name (the text of
+ * bpl_collective_name, and its entry in the plugins' table, plugin.h), the ABI minor version that added
+ * it, and its entry's form (OPERATION: starts an operation on a communicator; COMM: makes one). Every
+ * list of kinds is derived from it, as BPL_FOR_EACH_COLLECTIVE below; a new kind is one more row here
+ * (docs/adding-a-collective.md). R(X, code, name, minor, form) is called for each row with the `X`
+ * given. A macro only: no symbol. */
+#define BPL_OPERATION_KINDS(R, X)                        \
+  R(X, BPL_COLL_ALLREDUCE, allreduce, 0, OPERATION)      \
+  R(X, BPL_COLL_BROADCAST, broadcast, 0, OPERATION)      \
+  R(X, BPL_COLL_REDUCE, reduce, 0, OPERATION)            \
+  R(X, BPL_COLL_ALLGATHER, allgather, 0, OPERATION)      \
+  R(X, BPL_COLL_REDUCE_SCATTER, reduce_scatter, 0, OPERATION) \
+  R(X, BPL_COLL_ALLTOALL, alltoall, 0, OPERATION)        \
+  R(X, BPL_COLL_BARRIER, barrier, 0, OPERATION)          \
+  R(X, BPL_COLL_SEND, send, 0, OPERATION)                \
+  R(X, BPL_COLL_RECV, recv, 0, OPERATION)                \
+  R(X, BPL_COLL_COMM_SPLIT, comm_split, 0, COMM)         \
+  R(X, BPL_COLL_GATHER, gather, 3, OPERATION)            \
+  R(X, BPL_COLL_SCATTER, scatter, 3, OPERATION)          \
+  R(X, BPL_COLL_ALLGATHERV, allgatherv, 3, OPERATION)    \
+  R(X, BPL_COLL_ALLTOALLV, alltoallv, 3, OPERATION)      \
+  R(X, BPL_COLL_RECV_ANY, recv_any, 6, OPERATION)
+
+/* Every kind, as X(code, name, minor) with its name as a string ("allreduce"): the names, capability
+ * masks, the benchmark's operations and the test suites' rows. */
+#define BPL_COLLECTIVE_ROW_(X, code, name, minor, form) X(code, #name, minor)
+#define BPL_FOR_EACH_COLLECTIVE(X) BPL_OPERATION_KINDS(BPL_COLLECTIVE_ROW_, X)
 
 /* "allreduce", "comm_split", …, or "unknown". Static storage. */
 BPL_API const char* bpl_collective_name(bpl_collective op);

@@ -115,8 +115,9 @@ BPL_API bpl_status bpl_comm_shrink(bpl_comm* comm, int32_t* failed, int32_t* num
 BPL_API bpl_status bpl_comm_grow(bpl_comm* comm, int32_t joiners, bpl_comm** out);
 
 /* In a process started to join a running job (a replacement): it was initialised with BPL_JOIN=1 and
- * the job's MASTER_ADDR and store (BPL_STORE_PORT, or MASTER_PORT; bpl-run --replace sets them), and is
- * a world of its own until this call. Waits, up to the runtime's timeout, until the job's members admit
+ * the job's MASTER_ADDR and BPL_STORE_PORT, the port of a store that outlives the ranks (bpl-run's
+ * bpl-store), and BPL_STORE_SECRET where the job has one (bpl-run --replace sets them all), and is a
+ * world of its own until this call. Waits, up to the runtime's timeout, until the job's members admit
  * it (bpl_comm_grow); *out is then their communicator, this process's rank in it by bpl_comm_rank.
  * *out is owned by the caller (bpl_comm_destroy). Errors: INVALID_ARGUMENT (not started to join),
  * TIMEOUT (no member admitted it), REMOTE, UNSUPPORTED. */

@@ -218,11 +218,13 @@ typedef struct bpl_plugin_api {
 } bpl_plugin_api;
 
 /* The table's entries that start one operation on a communicator (each takes the communicator first and
- * a request last), in table order: what a plugin written in C++ fills from its communicator's members
- * of the same names (plugins/common/plugin_entry.h). A macro: no symbol, no layout. */
-#define BPL_FOR_EACH_PLUGIN_OPERATION_ENTRY(X) \
-  X(allreduce) X(broadcast) X(reduce) X(allgather) X(reduce_scatter) X(alltoall) X(barrier) X(send) X(recv) \
-  X(gather) X(scatter) X(allgatherv) X(alltoallv) X(recv_any)
+ * a request last: the OPERATION rows of BPL_OPERATION_KINDS), in table order: what a plugin written in
+ * C++ fills from its communicator's members of the same names (plugins/common/plugin_entry.h). A macro:
+ * no symbol, no layout. */
+#define BPL_FOR_EACH_PLUGIN_OPERATION_ENTRY(X) BPL_OPERATION_KINDS(BPL_PLUGIN_ENTRY_ROW_, X)
+#define BPL_PLUGIN_ENTRY_ROW_(X, code, name, minor, form) BPL_PLUGIN_ENTRY_ROW_##form(X, name)
+#define BPL_PLUGIN_ENTRY_ROW_OPERATION(X, name) X(name)
+#define BPL_PLUGIN_ENTRY_ROW_COMM(X, name)
 
 /* The one symbol a plugin exports. `host` stays valid while the plugin is loaded; *out must point to
  * storage that lives as long (a static table). Return BPL_OK, or an error after host->set_error (for

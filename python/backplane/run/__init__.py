@@ -19,7 +19,8 @@ exit or killed by a signal), bpl-run stops the others (SIGTERM, then SIGKILL aft
 seconds), restarts them all while --max-restarts allows, and otherwise exits with the failed rank's exit
 code, or 128 + its signal number, naming every failed rank after all the lines the ranks wrote. With
 --keep-going the others go on (a program that shrinks its communicators and trains on, docs/faults.md);
---replace also starts a newcomer (BPL_JOIN=1) in a failed rank's place, once per local rank.
+--replace also starts a newcomer (BPL_JOIN=1) in a failed rank's place, once per local rank (a stopped
+rank is killed for it once the others have counted it out).
 docs/running.md says where bpl-run differs from torchrun and why.
 """
 

@@ -2,6 +2,7 @@
 replaced (--replace), and its end told after every line its ranks wrote."""
 
 import os
+import secrets
 import signal
 import socket
 import string
@@ -17,7 +18,7 @@ from .options import streams_for
 from .output import FilteredLog, RankOutput, tell
 from . import store
 from .ports import NEURON_BOOTSTRAP_OFFSET, busy_port, free_port, listen_host, ports_taken
-from .rendezvous import C10dRendezvous
+from .rendezvous import C10dRendezvous, RendezvousError, StoreBridge
 
 
 @dataclass
@@ -59,6 +60,23 @@ def describe_exit(status):
     return f"exited with code {status}", status
 
 
+def counted_out_key(pid):
+    """Where the ranks say in the job's store that they counted this machine's process `pid` out of the
+    job: arrival.h's counted_out_key of the gloo plugin's process key (local_process.h, rendezvous.cpp)."""
+    with open("/proc/sys/kernel/random/boot_id") as boot_id:
+        space = f"{socket.gethostname()} {boot_id.read().strip()} {os.readlink('/proc/self/ns/pid')}"
+    host_id = os.environ.get("BPL_GLOO_HOST_ID")
+    process = f"{space}{' host id ' + host_id if host_id is not None else ''}/{pid}"
+    return "backplane/counted_out/" + process.replace(" ", "_")
+
+
+def kill_stopped(entry, why):
+    """Kills a stopped rank (it would never end by itself), saying why."""
+    tell(f"bpl-run: {entry.name} (pid {entry.process.pid}) is stopped and {why}; killing it")
+    entry.process.kill()
+    entry.process.wait()
+
+
 def process_stopped(pid):
     """Whether process `pid` is stopped (state T in /proc/<pid>/stat)."""
     try:
@@ -74,12 +92,14 @@ class Job:
         self.ranks = {}  # pid -> Rank, of every attempt's and newcomer's
         self.outputs = []  # the current attempt's
         self.stopping = False  # the signal bpl-run passed on, once one came
+        self.stop_to_tell = None  # what bpl-run says of that signal, once the main loop can
         self.store = None
         self.restart = 0
         self.reported = set()  # pids of failed ranks named already (--keep-going)
         self.replaced = set()  # local ranks a newcomer was started for (--replace)
         self.superseded = set()  # pids of the ranks those newcomers replaced: their newcomers' status counts
         self.all_stopped_since = None  # --keep-going: since when every rank left is stopped
+        self.store_client = None  # --replace: the job's store, asked whether a stopped rank was counted out
         self.layout = None
         self.filtered = []
         self.launch = None
@@ -88,6 +108,10 @@ class Job:
 
     def start(self):
         args = self.args
+        # Only the job's processes may use its store: each gets this secret, and bpl-store admits only them.
+        # Across nodes every node's bpl-run needs the same one: the user's, where set.
+        if args.max_nodes == 1:
+            os.environ.setdefault("BPL_STORE_SECRET", secrets.token_hex(16))
         self.shares = cpu_shares(os.sched_getaffinity(0), args.nproc_per_node) if args.bind_to == "core" else None
         self.layout = LogLayout(args.log_dir, args.rdzv_id)
         logged = any(streams_for(choice, r) != (False, False)
@@ -125,7 +149,7 @@ class Job:
                 raise SystemExit(f"bpl-run: {flag}: the Neuron backend bootstraps its collectives at MASTER_PORT + "
                                  f"{NEURON_BOOTSTRAP_OFFSET}, {port + NEURON_BOOTSTRAP_OFFSET}, which is taken; "
                                  f"choose a port whose next one is free too")
-            self.store = store.start(port, command_of(args), flag)
+            self.store = store.start(addr, port, command_of(args), flag)
         served = self.store is not None or node_rank > 0
         self.launch = Launch(addr, port, node_rank, nnodes, world, port if served and world > 1 else None, served,
                              command_of(args), self.shares)
@@ -171,13 +195,19 @@ class Job:
                                            self.filtered[index]))
 
     def forward(self, signum, _frame):
-        """Passes a signal on to every rank; ranks still running after the grace period are killed."""
+        """Passes a signal on to every rank; ranks still running after the grace period are killed. The
+        main loop says so (a handler must not take the console's lock, which the loop may hold)."""
+        passed_on = 0
         for entry in self.ranks.values():
             if entry.process.poll() is None:
                 entry.process.send_signal(signum)
+                passed_on += 1
         if self.stopping is False:
             self.stopping = signum
             self.kill_deadline = time.monotonic() + self.args.shutdown_timeout
+            self.stop_to_tell = (f"bpl-run: received {signal.Signals(signum).name}; passed it on to the {passed_on} "
+                                 f"running rank(s), stopping the job (those still running after --shutdown-timeout "
+                                 f"{self.args.shutdown_timeout:g} s are killed)")
 
     def stop_ranks(self):
         """Stops every rank still running: SIGTERM, then SIGKILL after the grace period."""
@@ -225,6 +255,9 @@ class Job:
     def wait_for_ranks(self):
         """(exit code, the lines that tell how the job ended) once every rank has ended."""
         while True:
+            if self.stop_to_tell is not None:
+                tell(self.stop_to_tell)
+                self.stop_to_tell = None
             for entry in self.ranks.values():
                 entry.process.poll()
             running = [e for e in self.ranks.values() if e.process.returncode is None]
@@ -261,6 +294,8 @@ class Job:
                     return elsewhere[0], lines
                 self.start_again(lines, failed=["elsewhere"])
                 continue
+            if self.args.replace and self.stopping is False:
+                self.kill_counted_out(running)
             if self.args.keep_going and self.stopping is False:
                 self.kill_ranks_left_stopped(running)
             if self.stopping is not False and time.monotonic() > self.kill_deadline:
@@ -342,6 +377,24 @@ class Job:
                 self.superseded.add(entry.process.pid)
                 self.start_rank(entry.local_rank, newcomer=True)
 
+    def kill_counted_out(self, running):
+        """--replace: a stopped rank (SIGSTOP) never ends by itself; once the others have counted it out of
+        the job (a shrink says so in the job's store), it is killed, and replaced as a rank that failed."""
+        stopped = [e for e in running if e.local_rank not in self.replaced and e.process.poll() is None
+                   and process_stopped(e.process.pid)]
+        if not stopped or self.launch.store_port is None:
+            return
+        try:
+            if self.store_client is None:
+                self.store_client = StoreBridge(self.launch.addr, self.launch.store_port, timeout_s=10)
+            counted_out = [e for e in stopped if self.store_client.check(counted_out_key(e.process.pid))]
+        except RendezvousError as error:  # the store ended: the ranks find that out themselves
+            tell(f"bpl-run: cannot ask the job's store whether the stopped ranks were counted out: {error}")
+            self.store_client, self.args.replace = None, False
+            return
+        for entry in counted_out:
+            kill_stopped(entry, "the other ranks counted it out of the job")
+
     def kill_ranks_left_stopped(self, running):
         """--keep-going: once every rank still running is stopped (SIGSTOP: it would never end) and some
         rank has ended, nothing can bring the job on; after the grace period of that, the stopped ones are
@@ -357,12 +410,12 @@ class Job:
         if now - self.all_stopped_since < self.args.shutdown_timeout:
             return
         for entry in left:
-            tell(f"bpl-run: {entry.name} (pid {entry.process.pid}) is stopped and every other rank has ended; "
-                 "killing it")
-            entry.process.kill()
-            entry.process.wait()
+            kill_stopped(entry, "every other rank has ended")
 
     def close_store(self):
+        if self.store_client is not None:
+            self.store_client.close()
+            self.store_client = None
         if self.store is not None:
             self.store.close(self.args.shutdown_timeout)
             self.store = None

@@ -57,8 +57,8 @@ class JobStore:
     that it could not serve. None of it where the build has no bpl-store (no gloo backend: rank 0 then
     serves backplane's store; see start)."""
 
-    def __init__(self, program, port, command, master_flag, deadline_s=30.0):
-        arguments = [program, "--port", str(port)]
+    def __init__(self, program, addr, port, command, master_flag, deadline_s=30.0):
+        arguments = [program, "--host", addr, "--port", str(port)]
         torch_module = _tree.side_module("libbpl-torch-store.so")
         if torch_module is not None:
             arguments += ["--torch-store-module", torch_module]
@@ -98,7 +98,7 @@ class JobStore:
             self.process.wait()
 
 
-def start(port, command, master_flag):
-    """The job's store at `port`, or None where this build has no bpl-store."""
+def start(addr, port, command, master_flag):
+    """The job's store at addr:`port`, or None where this build has no bpl-store."""
     program = _tree.helper_program("bpl-store")
-    return JobStore(program, port, command, master_flag) if program is not None else None
+    return JobStore(program, addr, port, command, master_flag) if program is not None else None

@@ -30,6 +30,9 @@ T reference(bpl_reduce_op op, T x, T y) {
   if (op == BPL_OP_MIN) return y < x ? y : x;
   if (op == BPL_OP_MAX) return x < y ? y : x;
   if constexpr (std::is_integral_v<T>) {
+    if (op == BPL_OP_BAND) return static_cast<T>(x & y);
+    if (op == BPL_OP_BOR) return static_cast<T>(x | y);
+    if (op == BPL_OP_BXOR) return static_cast<T>(x ^ y);
     using U = std::make_unsigned_t<T>;
     return static_cast<T>(op == BPL_OP_SUM ? static_cast<U>(static_cast<U>(x) + static_cast<U>(y))
                                            : static_cast<U>(static_cast<U>(x) * static_cast<U>(y)));
@@ -66,7 +69,11 @@ template <typename T>
 void expect_folds_match_the_reference(bpl_dtype dtype) {
   constexpr size_t kMax = 300;  // several vector lengths of every type, and a tail
   const std::vector<T> a = operand<T>(kMax + 8, 1), b = operand<T>(kMax + 8, 2);
-  for (bpl_reduce_op op : {BPL_OP_SUM, BPL_OP_PROD, BPL_OP_MIN, BPL_OP_MAX}) {
+  for (bpl_reduce_op op : {BPL_OP_SUM, BPL_OP_PROD, BPL_OP_MIN, BPL_OP_MAX, BPL_OP_BAND, BPL_OP_BOR, BPL_OP_BXOR}) {
+    if (!std::is_integral_v<T> && (op == BPL_OP_BAND || op == BPL_OP_BOR || op == BPL_OP_BXOR)) {
+      EXPECT_EQ(reduce_function(dtype, op), nullptr) << "a bitwise fold of floating-point dtype " << dtype;
+      continue;
+    }
     const ReduceFn fold = reduce_function(dtype, op);
     ASSERT_NE(fold, nullptr);
     for (size_t n : {size_t{0}, size_t{1}, size_t{3}, size_t{7}, size_t{8}, size_t{15}, size_t{16}, size_t{17},

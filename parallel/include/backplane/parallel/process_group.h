@@ -26,6 +26,9 @@ enum class ReduceOp : int32_t {
   Min = BPL_OP_MIN,
   Max = BPL_OP_MAX,
   Avg = BPL_OP_AVG,
+  BitAnd = BPL_OP_BAND,
+  BitOr = BPL_OP_BOR,
+  BitXor = BPL_OP_BXOR,
 };
 
 // The bpl_dtype of a LibTorch scalar type; Error naming the type if backplane does not carry it.
