@@ -308,6 +308,10 @@ class GlooComm {
   // out their timeout. A rank that fails because a peer closed on it reports the communicator's first
   // failure (recorded in the store), so that every rank names the same cause.
   Error failure(const std::exception& e);
+  // The status of an operation's exception (classify_exception), seen on this communicator: once a
+  // peer's connection ended, the pairs released under operations still running may trip Gloo's
+  // transport on a closed descriptor (an enforce, not an IoException), which that end caused: REMOTE.
+  bpl_status status_of(const std::exception& e) const;
   // How long a failure waits, before it records itself, for a rank of another machine to record the
   // cause (see the definition).
   std::chrono::milliseconds record_defer(bpl_status status, const std::string& peers_note) const;

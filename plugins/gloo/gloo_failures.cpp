@@ -198,6 +198,11 @@ std::string GlooComm::unreachable_peers_note() const {
   return note.str();
 }
 
+bpl_status GlooComm::status_of(const std::exception& e) const {
+  const bpl_status status = classify_exception(e);
+  return status == BPL_ERR_INTERNAL && first_ended_.load() >= 0 ? BPL_ERR_REMOTE : status;
+}
+
 Error GlooComm::failure(const std::exception& e) {
   if (aborted_.load()) {
     return Error(BPL_ERR_ABORTED, "the communicator was aborted (bpl_comm_abort) on this rank (" +
@@ -207,7 +212,7 @@ Error GlooComm::failure(const std::exception& e) {
     return Error(BPL_ERR_REVOKED, "the communicator was revoked (bpl_comm_revoke) on this rank (" +
                                       std::string(e.what()) + ")");
   }
-  const bpl_status status = classify_exception(e);
+  const bpl_status status = status_of(e);
   // A member revoked it: what ended this operation is that (ULFM's MPI_ERR_REVOKED), whatever Gloo saw.
   if (status == BPL_ERR_REMOTE || status == BPL_ERR_TIMEOUT) {
     const int by = revoked_by();

@@ -107,7 +107,7 @@ std::function<void()> GlooComm::post_recv_from_any(void* buf, size_t bytes, int 
   const auto explained = [this, tag](const std::exception& e) {
     if (aborted_.load()) return failure(e);
     std::string message = e.what();
-    const bpl_status status = classify_exception(e);
+    const bpl_status status = status_of(e);
     const std::string peers_note = failed_peers_note(message, status);
     message += peers_note;
     if (status == BPL_ERR_TIMEOUT) {
@@ -137,7 +137,7 @@ std::function<void()> GlooComm::post_recv_from_any(void* buf, size_t bytes, int 
 // each then compares with the other's.
 Error GlooComm::point_to_point_failure(const std::exception& e, bool is_send, int peer, int tag, size_t bytes) {
   if (aborted_.load()) return failure(e);
-  const bpl_status status = classify_exception(e);
+  const bpl_status status = status_of(e);
   if (status == BPL_ERR_TIMEOUT) {
     const int sender = is_send ? rank() : peer, receiver = is_send ? peer : rank();
     const std::string key = uid_ + "/p2p/" + std::to_string(sender) + "-" + std::to_string(receiver) + "/" +
