@@ -26,9 +26,8 @@ struct AllgatherIntoTensorCoalesced<Kind, std::void_t<decltype(Kind::ALLGATHER_I
 };
 // From this size of a rank's block, all_gather into a list runs as one broadcast per rank, each into
 // its tensor of the list, rather than as an allgather into a flat buffer copied out after: that copy
-// (the whole list) costs more than the extra operations' fixed costs from there. On 2 ranks of a Xeon
-// VM, four runs, the list's time against the flat buffer's: 256 KiB 0.58-1.01x, 1 MiB 0.61-1.14x,
-// 4 MiB 0.38-0.81x, 16 MiB 0.44-0.70x; at 64-128 KiB 1.3-1.8x (bench/results/xeon/README.md#2026-11-26-torch-backend-3).
+// (the whole list) costs more than the extra operations' fixed costs from there
+// (bench/results/design-choices.md#the-torch-backends-lists).
 constexpr int64_t kBroadcastListBytes = 256 * 1024;
 }  // namespace
 

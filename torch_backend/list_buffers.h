@@ -48,9 +48,9 @@ class ScratchBuffers {
   }
 
  private:
-  // `numel` elements of `dtype` at the start of `buffer`'s storage. Made without the dispatcher:
-  // at::empty and set_ together cost about half a microsecond more per list operation (all_gather of a
-  // list of 4 B tensors, 2 ranks, C++ side: 3.4 against 3.9-4.2 µs).
+  // `numel` elements of `dtype` at the start of `buffer`'s storage. Made without the dispatcher, whose
+  // at::empty and set_ are a measurable share of a small list operation
+  // (bench/results/design-choices.md#the-torch-backends-lists).
   static at::Tensor view_of(const at::Tensor& buffer, int64_t numel, at::ScalarType dtype) {
     auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(buffer.storage()), buffer.key_set(),
                                                      c10::scalarTypeToTypeMeta(dtype));
@@ -64,8 +64,7 @@ class ScratchBuffers {
 };
 
 // The tensors' elements in order in `flat` (as many elements as they have together). Contiguous ones of
-// flat's dtype are copied as copy_ would, without its dispatch or a slice of `flat` (an all_gather of a
-// list of two 4 B tensors took 2.4-3.5 µs less from Python without the slices).
+// flat's dtype are copied as copy_ would, without its dispatch or a slice of `flat` (the same reason).
 inline at::Tensor flat_of(const std::vector<at::Tensor>& tensors, at::Tensor flat) {
   int64_t offset = 0;
   for (const at::Tensor& t : tensors) {

@@ -17,13 +17,21 @@ namespace {
 
 thread_local std::string last_failure;
 
-// What a c10d::Store's exception means: LibTorch 1.13 throws its TimeoutError for a connect that timed
-// out, and a plain c10::Error ("Socket Timeout", "Wait timeout") for a call that did.
+// What a c10d::Store's exception means: a timeout (LibTorch 1.13 throws its TimeoutError for a connect
+// that timed out, and a plain c10::Error, "Socket Timeout" or "Wait timeout", for a call that did); a
+// connection to the store's host that failed (REMOTE, as backplane's own store client says); else IO.
 bpl_status status_of(const std::exception& e) {
   if (dynamic_cast<const c10d::TimeoutError*>(&e) != nullptr) return BPL_ERR_TIMEOUT;
   const char* what = e.what();
   if (std::strstr(what, "imeout") != nullptr || std::strstr(what, "imed out") != nullptr) return BPL_ERR_TIMEOUT;
+  if (dynamic_cast<const c10::DistNetworkError*>(&e) != nullptr) return BPL_ERR_REMOTE;
   return BPL_ERR_IO;
+}
+
+// The exception's message without the backtrace c10's errors append.
+std::string message_of(const std::exception& e) {
+  const auto* error = dynamic_cast<const c10::Error*>(&e);
+  return error != nullptr ? error->what_without_backtrace() : e.what();
 }
 
 }  // namespace
@@ -31,15 +39,19 @@ bpl_status status_of(const std::exception& e) {
 // The store and the thread its calls run on, one call at a time.
 class StoreCalls {
  public:
-  StoreCalls(c10::intrusive_ptr<c10d::Store> store, std::chrono::milliseconds bound) : store_(std::move(store)), bound_(bound) {}
+  StoreCalls(c10::intrusive_ptr<c10d::Store> store, std::chrono::milliseconds bound, std::string name)
+      : store_(std::move(store)), bound_(bound), name_(std::move(name)) {}
 
   static void start(const std::shared_ptr<StoreCalls>& calls) {
     std::thread([calls] { calls->serve(); }).detach();
   }
+  // Ends the thread once its queue is empty, and waits for that up to the bound: a thread still in a call
+  // at exit would race the process's teardown, so only a call to a store that stopped answering outlasts it.
   void stop() {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::unique_lock<std::mutex> lock(mutex_);
     stopping_ = true;
     changed_.notify_all();
+    changed_.wait_for(lock, bound_, [&] { return served_; });
   }
 
   // Runs `body(store)` on the store's thread and waits at most the bound (plus `extra`, a wait's own
@@ -56,7 +68,7 @@ class StoreCalls {
         body(*store_);
       } catch (const std::exception& e) {
         status = status_of(e);
-        message = e.what();
+        message = message_of(e);
       } catch (...) {
         status = BPL_ERR_INTERNAL;
         message = "unknown exception";
@@ -70,7 +82,7 @@ class StoreCalls {
     changed_.notify_all();
     const std::chrono::milliseconds bound = bound_ + extra;
     if (!changed_.wait_for(lock, bound, [&] { return outcome->done; })) {
-      broken_ = "the store stopped answering: " + std::string(what) + " '" + key + "' had no reply within " +
+      broken_ = name_ + " stopped answering: " + std::string(what) + " '" + key + "' had no reply within " +
                 std::to_string(bound.count()) + " ms (no call to this store is made after that)";
       return fail(BPL_ERR_TIMEOUT, broken_);
     }
@@ -95,7 +107,11 @@ class StoreCalls {
       {
         std::unique_lock<std::mutex> lock(mutex_);
         changed_.wait(lock, [&] { return stopping_ || !calls_.empty(); });
-        if (calls_.empty()) return;
+        if (calls_.empty()) {
+          served_ = true;
+          changed_.notify_all();
+          return;
+        }
         call = std::move(calls_.front());
         calls_.pop_front();
       }
@@ -105,10 +121,12 @@ class StoreCalls {
 
   c10::intrusive_ptr<c10d::Store> store_;
   const std::chrono::milliseconds bound_;
+  const std::string name_;
   std::mutex mutex_;
   std::condition_variable changed_;
   std::deque<std::function<void()>> calls_;
   bool stopping_ = false;
+  bool served_ = false;  // the thread has left serve()
   std::string broken_;  // set by the first call past its bound
 };
 
@@ -164,8 +182,11 @@ const char* last_error(void*) { return last_failure.c_str(); }
 
 }  // namespace
 
-StoreCallbacks::StoreCallbacks(c10::intrusive_ptr<c10d::Store> store, std::chrono::milliseconds call_bound)
-    : calls_(std::make_shared<StoreCalls>(store, std::min(call_bound, store->getTimeout() / 4))), table_(BPL_STORE_INIT) {
+StoreCallbacks::StoreCallbacks(c10::intrusive_ptr<c10d::Store> store)
+    : StoreCallbacks(store, std::min<std::chrono::milliseconds>(kCallBound, store->getTimeout() / 4)) {}
+
+StoreCallbacks::StoreCallbacks(c10::intrusive_ptr<c10d::Store> store, std::chrono::milliseconds call_bound, std::string name)
+    : calls_(std::make_shared<StoreCalls>(std::move(store), call_bound, std::move(name))), table_(BPL_STORE_INIT) {
   StoreCalls::start(calls_);
   table_.context = calls_.get();
   table_.set = set;

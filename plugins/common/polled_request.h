@@ -27,13 +27,11 @@ namespace backplane::plugin {
 // the operation may be moving its bytes or its peer may be back on its core within a slice, 2 ms plus
 // 1 ns a byte (a transfer at 1 GB/s), then with pauses of 50 and 100 us for 20 ms, then with pauses
 // that double to 1 ms. Beside busy processes a peer may be off its core for milliseconds: a rank that
-// spins that long holds a core from the peer or from what the peer waits behind (a longer spin, 20 ms,
-// made small operations take milliseconds beside four busy processes), and a rank asleep for a
-// millisecond when its peer comes back costs the peer that millisecond (1 ms pauses made small
-// operations several times slower beside one busy process); short pauses let the scheduler hand the
-// core back soon after the peer comes. A peer that is stopped, gone or far behind then costs this
-// rank about one question a millisecond. Figures: bench/results/epyc/README.md#2026-11-28-torch2-targets (mpi under
-// load) and bench/results/xeon/README.md#2026-11-26-mpi-folds.
+// spins that long holds a core from the peer or from what the peer waits behind, and a rank asleep for
+// a millisecond when its peer comes back costs the peer that millisecond; short pauses let the
+// scheduler hand the core back soon after the peer comes. A peer that is stopped, gone or far behind
+// then costs this rank about one question a millisecond
+// (bench/results/design-choices.md#waiting-on-a-backend-that-progresses-when-asked).
 // A helper's wait (a thread that waits for a request another thread posted, as the torch backend's
 // completion thread does while its caller goes on computing: a DDP backward pass) spins only a share
 // of that, the same for every helper of the process: halved each time a helper's spin ran out (to 1/40
@@ -44,7 +42,7 @@ namespace backplane::plugin {
 // While it asks without pause it yields the core now and then only where
 // the job's ranks outnumber this machine's cores (the peer it waits for may need the core), as Open
 // MPI's progress loop does: a yield hands the core to whatever else runs here, and with a busy process
-// beside the ranks that costs a scheduler slice (milliseconds) per operation (bench/results/epyc/README.md#2026-11-25-mpi-load).
+// beside the ranks that costs a scheduler slice (milliseconds) per operation.
 class Backoff {
  public:
   // Set once by a plugin that knows how its job sits on the machine (default: yield, the safe choice).

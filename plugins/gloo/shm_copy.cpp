@@ -61,14 +61,11 @@ static bool on_amd() {
 #endif
 }
 
-// Copies between a caller's buffer and the segment: memcpy, except on AMD. glibc 2.36 copies a few
-// KiB and more with `rep movsb`, which on AMD Zen runs 4-7x slower when source and destination lie a
-// few bytes apart modulo 4096 (page aliasing, glibc bug 30994), and that is the common case here: a
-// buffer from malloc starts 16 bytes into a page, a slot at a page's start. Measured with 2 ranks on an
-// EPYC VM: allreduce of 256 KiB-64 MiB at ~1.15 GB/s from a buffer at page offset 16, against 4.7-8
-// GB/s at offset 0 or 64; a loop of 16-byte vector moves does not care where the buffers lie. On
-// Intel, `rep movsb` is the faster (no read for ownership of the destination): allreduce of 4 MiB
-// 830 -> 705 us on 2 ranks of a Xeon VM, against the loop.
+// Copies between a caller's buffer and the segment: memcpy, except on AMD, where glibc's `rep movsb`
+// runs several times slower when source and destination lie a few bytes apart modulo 4096 (glibc bug
+// 30994), the common case here (a malloc'd buffer 16 bytes into a page, a slot at a page's start); a
+// loop of vector moves does not care. On Intel `rep movsb` is the faster
+// (bench/results/design-choices.md#copies-on-amd-and-on-intel).
 void copy_bytes(void* to, const void* from, size_t n) {
   if (n == 0) return;  // an empty block's buffer may be NULL, which memcpy may not be given
 #if defined(__SSE2__)
@@ -84,20 +81,14 @@ void copy_bytes(void* to, const void* from, size_t n) {
 }
 
 // From this many bytes, copy_to_peers streams. Below it, one line's ordinary transfer costs less than
-// draining a write-combining buffer (allreduce of 1 KiB on 2 ranks: 0.8 us ordinary, 1.0 streamed; 4
-// KiB: 2.0 and 1.7).
+// draining a write-combining buffer (bench/results/design-choices.md#copies-on-amd-and-on-intel).
 constexpr size_t kStreamingCopyBytes = 2048;
 
 // Copies data into this rank's part of the segment, for its peers to read. On AMD, streaming stores: a
-// peer that read the slot last time still holds its lines, and an ordinary store must take each line
-// back from that peer's cache first: 5-6 GB/s on an EPYC VM (whose two vCPUs need not share a
-// last-level cache), where streaming (non-temporal) stores, which write whole lines without reading
-// them, run at 25-38 GB/s, and the peer then reads the data as fast as before (23-25 GB/s). Allreduce
-// of 1 MiB on 2 ranks went from 220 to 80 us in a stand-alone test. On Intel, whose cores share one
-// last-level cache, ordinary stores: the lines stay in that cache for the peer to read, where streamed
-// ones go out to memory and are read back from there (2 ranks of a Xeon VM, three runs: allreduce
-// 0.48-0.85x and reduce_scatter 0.55-0.93x the time with streaming stores from 64 KiB to 16 MiB;
-// bench/results/xeon/README.md#2026-11-26-torch-backend-3).
+// peer that read the slot last time still holds its lines, which an ordinary store must take back from
+// that peer's cache first, where a streaming store writes whole lines without reading them. On Intel,
+// whose cores share one last-level cache, ordinary stores: the lines stay there for the peer to read,
+// where streamed ones go out to memory and back (bench/results/design-choices.md#copies-on-amd-and-on-intel).
 void copy_to_peers(void* to, const void* from, size_t n) {
   if (on_amd()) {
     copy_streaming(to, from, n);

@@ -22,8 +22,8 @@
 // Waiting: a spin (20 us then yields where the machine's ranks outnumber its cores, else 1 ms without
 // yielding), then futex waits in slices; every slice checks the deadline (the communicator's
 // timeout), the failure record, and whether a peer's process has ended. A wait that
-// ends within its first spins reads no clock (a clock read costs about 30 ns on a virtual machine,
-// a tenth of a small collective's own time here).
+// ends within its first spins reads no clock: on a virtual machine a read is a noticeable share of a
+// small collective's time (bench/results/design-choices.md#shared-memory-waits).
 #pragma once
 
 #include <sys/types.h>
@@ -69,28 +69,18 @@ class ShmGroup {
   // Bytes of one rank's slot in one buffer: the largest piece a step moves per rank.
   static constexpr size_t kSlotBytes = 256 * 1024;
   // Up to this many bytes an allreduce is one step, every rank reducing the whole message; above it,
-  // each rank reduces its share of every chunk (reduce-scatter) and then copies out the rest (all-gather).
-  // On 2 ranks of an EPYC VM the two steps are faster from 8 KiB (8 KiB: 2.3-2.4 against 2.7-2.8 us;
-  // 16 KiB: 3.3-3.4 against 3.9-4.3).
+  // each rank reduces its share of every chunk (reduce-scatter) and then copies out the rest (all-gather),
+  // which is the faster from 8 KiB (bench/results/design-choices.md#shared-memory-algorithms-by-size).
   static constexpr size_t kFlatAllreduceBytes = 4 * 1024;
   // Where single copy is enabled, the sizes (of a rank's largest buffer) at which allgather, alltoall,
   // gather and the v-forms (the ranks' largest block times their number), broadcast and scatter take
-  // it. Allreduce and reduce_scatter never do: staging through the segment runs faster at every size
-  // (allreduce on 2 ranks of an EPYC VM, staged against single copy: 4 MiB 433 against 473-515 us,
-  // 16 MiB 2.0-2.2 against 2.8-5.5 ms, 64 MiB 9.5 against 16.6-39.6 ms). For the others, measured
-  // there on 2 ranks: below 256 KiB the system calls and the extra step cost more than the copy saved
-  // (64 KiB allgather: 5.0 us staged, 7.5 single); from 256 KiB to 4 MiB single copy is faster
-  // (allgather 256 KiB: 13.7 against 15.9 us; 4 MiB: 195 against 216); above, staging is again (16
-  // MiB: 1.4 against 1.7 ms; 64 MiB: 6.2 against 10.2). A broadcast's root, which reading peers would
-  // leave idle, writes a share of each peer's buffer itself (ShmGroup::broadcast), so that every core
-  // copies: on 2 ranks of a Xeon VM 0.38-0.39x the staged time at 1 MiB, 0.54-0.57x at 4 MiB and
-  // 0.60-0.70x at 16 MiB, but 0.84-1.40x at 64 MiB, where the kernel's copies (which pin every page
-  // first) fall behind memcpy's (bench/results/xeon/README.md#2026-11-26-torch-backend-3). Likewise a gather's
-  // ranks write their blocks into the root's buffer rather than the root reading them all (there:
-  // 256 KiB-4 MiB 0.35-0.78x the time of the root's reads; 16-64 MiB 0.76-1.24x the staged time, so
-  // not above). A scatter reads at every size from kSingleCopyMinBytes: staged, its root copies every
-  // block itself, into the segment or its own output, which costs more than the peers' reading their
-  // blocks with the kernel's slower copies (bench/results/xeon/README.md#2026-11-26-raw-speed-4).
+  // it. Allreduce and reduce_scatter never do: staging through the segment is faster at every size.
+  // Below kSingleCopyMinBytes the system calls and the extra step cost more than the copy saves; above
+  // kSingleCopyMaxBytes the kernel's copies, which pin every page first, fall behind memcpy's. A
+  // broadcast's root, which reading peers would leave idle, writes a share of each peer's buffer itself
+  // (ShmGroup::broadcast), and a gather's ranks write their blocks into the root's buffer, so that every
+  // core copies; a scatter reads at every size from kSingleCopyMinBytes, as staged its root would copy
+  // every block itself (bench/results/design-choices.md#shared-memory-algorithms-by-size).
   static constexpr size_t kSingleCopyMinBytes = 256 * 1024;
   static constexpr size_t kSingleCopyMaxBytes = 4 * 1024 * 1024;
   static constexpr size_t kSingleCopyBroadcastMaxBytes = 16 * 1024 * 1024;
@@ -140,9 +130,9 @@ class ShmGroup {
   // unless it was small.
   static constexpr uint32_t kMailboxSlots = 32;
   // Sends up to this size travel inside the announcement, and are done once announced: below it, two
-  // copies through the segment cost less than the system call of a direct read (process_vm_readv
-  // takes 2.7 us for 8 bytes on a VM whose system calls cost 1 us; a 256 B ping-pong read directly
-  // 7.2 us). The mailboxes, size * size of them, then take 33 KiB each: 2.1 MiB for 8 ranks.
+  // copies through the segment cost less than the system call of a direct read
+  // (bench/results/design-choices.md#sends-inside-the-announcement). The mailboxes, size * size of them,
+  // then take 33 KiB each: 2.1 MiB for 8 ranks.
   static constexpr size_t kInlineSendBytes = 1024;
   // From this size a recv reads the sender's buffer with two threads (read_peer).
   static constexpr size_t kTwoThreadReadBytes = 1024 * 1024;

@@ -33,13 +33,9 @@ constexpr uint64_t kMagic = 0x62706c73686d3033;  // "bplshm03": the layout's ver
 constexpr size_t kLine = 64;                     // one cache line per counter: no false sharing
 // A wait spins, then sleeps in futex slices. Where this machine's ranks outnumber its cores
 // (Backoff::yield_while_spinning), the peer may need this very core: the spin is short and then yields
-// it. Elsewhere a yield only hands the core to whatever else runs here: beside a busy process the two
-// ranks then took turns on one core, a spin and a switch per step (4-byte allreduce 0.6 -> 24 us,
-// bench/results/epyc/README.md#2026-11-25-raw-speed). So waits spin longer, without yielding, and keep
-// the ranks running side by side. Large operations too: a rank that slept after a short spin must be
-// woken, and its peer, which spins only as long, was asleep again by then, so that an operation whose
-// ranks arrived apart (a DDP bucket's, after each rank's own backward pass) paid a wake-up at every step
-// (bench/results/epyc/README.md#2026-11-29-large-waits).
+// it. Elsewhere a yield only hands the core to whatever else runs here, and a short spin makes ranks
+// that arrive apart pay a wake-up at every step: waits spin longer, without yielding
+// (bench/results/design-choices.md#shared-memory-waits).
 constexpr auto kSpin = std::chrono::microseconds(20);         // a peer a step behind arrives within this
 constexpr int kYields = 200;                                  // oversubscribed: then yields, for the peer that needs this core
 constexpr auto kLongSpin = std::chrono::microseconds(1000);   // otherwise, at most
@@ -197,9 +193,9 @@ struct ShmGroup::PendingRecv {
   std::string error;
 };
 
-// A second thread for reading a peer's memory: one thread's process_vm_readv runs at about 6 GB/s on
-// a VM (pinning each page, then copying it), two reading halves at about 10, near what memcpy does
-// (bench/results/epyc/README.md#2026-11-25-raw-speed). Started at the first large read, so that a group that
+// A second thread for reading a peer's memory: process_vm_readv pins each page, then copies it, and two
+// threads reading halves come near what memcpy does where one does not
+// (bench/results/design-choices.md#reading-a-peers-memory-with-two-threads). Started at the first large read, so that a group that
 // never makes one has no thread; a half is a system call that ends whatever the peer does, so the
 // reading thread waits for its helper without a deadline.
 class ShmGroup::ReadHelper {

@@ -13,8 +13,7 @@
 //
 // Ranks that disagree on a transfer's size must not let MPI write past a buffer: Open MPI 4.1's
 // shared-memory single copy (CMA) reads a larger message whole into a smaller buffer (any message
-// above its eager limit: btl_vader_eager_limit, 4096 bytes with its headers, 4040 of data measured;
-// MpiProcess::eager_bytes). So messages travel in two size classes under tags apart (wire_tag): a
+// above its eager limit, btl_vader_eager_limit with its headers: MpiProcess::eager_bytes). So messages travel in two size classes under tags apart (wire_tag): a
 // receive of up to the eager size is posted at once and can only meet messages MPI copies eagerly,
 // at most what was posted (a longer one is MPI_ERR_TRUNCATE, a shorter one counted: MISMATCH either
 // way); a larger receive matches its message by probe and checks its size before receiving it

@@ -108,15 +108,13 @@ bool eager_limit_may_be_set() {
 }
 
 // The largest message Open MPI's shared-memory transport copies eagerly: btl_vader_eager_limit
-// (4096 by default, read through MPI's tool interface where it exists) less the headers it counts
-// (56 bytes on Open MPI 4.1; 4040 bytes of data measured,
-// bench/results/epyc/README.md#2026-11-25-raw-speed) and a margin. Above it Open MPI 4.1's single copy
-// writes a message whole, past a smaller receive buffer.
+// (4096 by default, read through MPI's tool interface where it exists) less the headers it counts and a
+// margin. Above it Open MPI 4.1's single copy writes a message whole, past a smaller receive buffer.
 //
-// Reading it through the tool interface costs about 0.2 s (MPI_T_init_thread opens every component of
-// every framework to register their variables: as long as MPI_Init itself, measured in
-// bench/results/epyc/README.md#2026-11-27-startup), so Open MPI 4's default is taken as it is unless one of the places
-// Open MPI reads parameters from may set it (eager_limit_may_be_set).
+// Reading it through the tool interface opens every component of every framework (MPI_T_init_thread),
+// as long as MPI_Init itself, so Open MPI 4's default is taken as it is unless one of the places Open
+// MPI reads parameters from may set it (eager_limit_may_be_set;
+// bench/results/design-choices.md#open-mpis-eager-limit).
 size_t eager_message_bytes() {
   constexpr size_t kHeaderMargin = 128;
   unsigned long long limit = 4096;

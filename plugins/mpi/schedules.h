@@ -1,10 +1,10 @@
 // Collectives the MPI plugin runs itself, as rounds of MPI's non-blocking point-to-point transfers.
 //
 // MPI's blocking collectives are the fastest path through Open MPI but cannot be bounded (they spin
-// until every peer comes); its non-blocking ones (libnbc) can, but cost 0.3-0.9 µs more per call and
-// choose slower algorithms on few ranks (allgather 2-5x raw from 16 KiB to 4 MiB on 2 ranks). A
-// schedule of the plugin's own over MPI_Isend/MPI_Irecv keeps every wait bounded and quiet and runs at
-// the blocking call's speed or better (bench/results/epyc/README.md#2026-11-25-mpi-paths, 2026-11-25-raw-speed). Each
+// until every peer comes); its non-blocking ones (libnbc) can, but cost more per call and choose slower
+// algorithms on few ranks. A schedule of the plugin's own over MPI_Isend/MPI_Irecv keeps every wait
+// bounded and quiet and runs at the blocking call's speed or better
+// (bench/results/design-choices.md#the-mpi-plugins-own-schedules). Each
 // round's sends and receives are posted together; its local work (`then`, a reduction) runs once they
 // all completed, and the next round is posted after it.
 #pragma once
@@ -109,8 +109,7 @@ class Blocks {
 // Allgather(v) into `data`: a ring, size - 1 rounds, in round s each rank passing on the block it
 // received last (its own first) to the next rank. This rank's block goes out from `own` (its send
 // buffer; the caller copies it into `data`): lines the caller just wrote would have to come from this
-// core's cache to the reader's, several times slower on a VM than a buffer the peer read before
-// (bench/results/epyc/README.md#2026-11-25-raw-speed).
+// core's cache to the reader's (bench/results/design-choices.md#the-mpi-plugins-own-schedules).
 void allgather_rounds(Schedule& schedule, char* data, const char* own, const Blocks& blocks, int rank, int size);
 // Alltoall(v): one round of every send and receive (`send_blocks` of `send`, `recv_blocks` of
 // `recv`); a rank's own block is the caller's to copy.

@@ -1,4 +1,4 @@
-// The LibTorch frontend on real ranks: process groups, model-parallel groups, the mappings' backward
+// The LibTorch frontend on real ranks: process groups, the mappings' backward
 // passes and every tensor-parallel layer against an unsharded reference built from the same master
 // weights. One binary for every backend, run under a launcher:
 //
@@ -140,54 +140,6 @@ TEST(ProcessGroupTest, BadInputIsAnErrorNamingTheValue) {
   EXPECT_THROW(world->all_gather(at::ones({2}), 1), bp::Error);
   at::Tensor one = at::ones({1});
   EXPECT_THROW(world->broadcast(one, world->size()), bp::Error);
-}
-
-/* ---- model-parallel groups ---- */
-
-TEST(ModelParallelTest, GroupsFollowTheLayoutAndReallyContainThoseRanks) {
-  const int world = bp::get_world_size();
-  const int me = bp::get_rank();
-  for (int tp : {1, 2, 4}) {
-    for (int pp : {1, 2}) {
-      if (tp * pp > world || world % (tp * pp) != 0) continue;
-      SCOPED_TRACE("tp " + std::to_string(tp) + ", pp " + std::to_string(pp));
-      bp::initialize_model_parallel(tp, pp);
-      const bp::GroupLayout expected = bp::compute_group_layout(world, tp, pp);
-      const bp::GroupLayout actual = bp::get_group_layout();
-      EXPECT_EQ(actual.tensor_parallel, expected.tensor_parallel);
-      EXPECT_EQ(actual.data_parallel, expected.data_parallel);
-      EXPECT_EQ(actual.pipeline_parallel, expected.pipeline_parallel);
-      auto check_group = [&](const bp::GroupPtr& group, const bp::Groups& groups, const char* kind) {
-        for (const std::vector<int>& ranks : groups) {
-          auto it = std::find(ranks.begin(), ranks.end(), me);
-          if (it == ranks.end()) continue;
-          EXPECT_EQ(group->ranks(), ranks) << kind;
-          EXPECT_EQ(group->rank(), it - ranks.begin()) << kind;
-          // The communicator holds exactly these ranks: the sum of their global ranks comes back.
-          at::Tensor sum = at::full({1}, me, at::kLong);
-          group->all_reduce(sum);
-          int64_t expected_sum = 0;
-          for (int r : ranks) expected_sum += r;
-          EXPECT_EQ(sum.item<int64_t>(), expected_sum) << kind;
-        }
-      };
-      check_group(bp::get_tensor_model_parallel_group(), expected.tensor_parallel, "tensor parallel");
-      check_group(bp::get_data_parallel_group(), expected.data_parallel, "data parallel");
-      check_group(bp::get_pipeline_model_parallel_group(), expected.pipeline_parallel, "pipeline parallel");
-      EXPECT_EQ(bp::get_tensor_model_parallel_size(), tp);
-      EXPECT_EQ(bp::get_pipeline_model_parallel_size(), pp);
-      EXPECT_EQ(bp::get_data_parallel_size(), world / (tp * pp));
-      EXPECT_EQ(bp::get_tensor_model_parallel_rank(), me % tp);
-      EXPECT_EQ(bp::get_tensor_model_parallel_src_rank(), (me / tp) * tp);
-      EXPECT_EQ(bp::get_pipeline_model_parallel_next_rank(), (me + world / pp) % world);
-      EXPECT_EQ(bp::get_pipeline_model_parallel_prev_rank(), (me + world - world / pp) % world);
-      EXPECT_EQ(bp::rank_prefix(), "[rank_" + std::to_string(me) + "_pp" + std::to_string(me / (world / pp)) + "_tp" +
-                                       std::to_string(me % tp) + "_dp" + std::to_string((me / tp) % (world / (tp * pp))) +
-                                       "_cp0]");
-      bp::destroy_model_parallel();
-    }
-  }
-  EXPECT_FALSE(bp::model_parallel_is_initialized());
 }
 
 /* ---- mappings: backward is the adjoint of forward (gradcheck on doubles) ---- */

@@ -1,6 +1,6 @@
-# Every code block of the README and of docs/ runs as written (tests/docs/run_doc_blocks.py), and every
-# link of theirs leads somewhere; the README's test command is .ci/run's. The pages describe the whole
-# build, so they run where it has everything.
+# Every code block of the README and of docs/ runs as written (run_doc_blocks.py), and every link of
+# theirs leads somewhere; the README's test command is .ci/run's. The pages describe the whole build, so
+# they run where it has everything.
 if(TARGET backplane_torch AND TARGET backplane-mpi AND TARGET backplane-parallel AND TARGET bpl-bench-collectives)
   file(GLOB bpl_doc_pages ${PROJECT_SOURCE_DIR}/docs/*.md)
   foreach(page ${PROJECT_SOURCE_DIR}/README.md ${bpl_doc_pages})
