@@ -20,6 +20,9 @@ from .output import tell
 from .ports import free_port
 
 REPORT_EVERY_S = 5.0
+# How long the agent that serves the store waits, after a round that failed, for the others to leave: they
+# read the failure within a monitor interval or two.
+LEAVE_AFTER_FAILURE_S = 10.0
 
 
 class RendezvousError(RuntimeError):
@@ -132,6 +135,7 @@ class C10dRendezvous:
         self.prefix = f"rdzv/{args.rdzv_id}/"
         self.round = 0
         self.place = None
+        self.has_left = False
 
     @staticmethod
     def serve(port):
@@ -170,6 +174,7 @@ class C10dRendezvous:
             self.store.set(self.key("master"), f"{self.address} {free_port(self.address)}")
         master_addr, master_port = self.wait_get(self.key("master")).split()
         self.place = Place(index, size, master_addr, int(master_port))
+        self.has_left = False
         tell(f"bpl-run: node {index} of {size} (rendezvous round {self.round} at {self.where}); "
              f"MASTER_ADDR={master_addr} MASTER_PORT={master_port}")
         return self.place
@@ -235,13 +240,27 @@ class C10dRendezvous:
             if failed is not None and failed[0] is not None and count < self.place.nnodes:
                 return failed
             time.sleep(self.args.monitor_interval)
+        self.leave(give_up)
+        return None
+
+    def leave(self, give_up=None):
+        """Counts this node out of the round, once. The agent that serves the store leaves last: it waits
+        until every other has left (until `give_up`, a monotonic time; after a failure,
+        LEAVE_AFTER_FAILURE_S), so that no node loses the store before it has read how the round ended."""
+        if self.has_left or self.place is None:
+            return
+        self.has_left = True
+        give_up = time.monotonic() + LEAVE_AFTER_FAILURE_S if give_up is None else give_up
         left = self.store.add(self.key("left"), 1)
         while self.server is not None and left < self.place.nnodes and time.monotonic() < give_up:
             time.sleep(self.args.monitor_interval)
             left = self.store.add(self.key("left"), 0)
-        return None
 
     def close(self):
+        try:
+            self.leave()
+        except RendezvousError:
+            pass  # the store is gone already: no node reads it any more
         self.store.close()
         if self.server is not None:
             self.server.terminate()
