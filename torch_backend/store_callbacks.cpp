@@ -45,13 +45,14 @@ class StoreCalls {
   static void start(const std::shared_ptr<StoreCalls>& calls) {
     std::thread([calls] { calls->serve(); }).detach();
   }
-  // Ends the thread once its queue is empty, and waits for that up to the bound: a thread still in a call
-  // at exit would race the process's teardown, so only a call to a store that stopped answering outlasts it.
+  // Ends the thread once its queue is empty, and waits for that up to the bound (kLongestStop at most): a
+  // thread still in a call at exit would race the process's teardown, so only a call to a store that
+  // stopped answering outlasts the wait, which then costs a closing job no more than kLongestStop.
   void stop() {
     std::unique_lock<std::mutex> lock(mutex_);
     stopping_ = true;
     changed_.notify_all();
-    changed_.wait_for(lock, bound_, [&] { return served_; });
+    changed_.wait_for(lock, std::min(bound_, kLongestStop), [&] { return served_; });
   }
 
   // Runs `body(store)` on the store's thread and waits at most the bound (plus `extra`, a wait's own
@@ -90,6 +91,8 @@ class StoreCalls {
   }
 
  private:
+  static constexpr std::chrono::milliseconds kLongestStop{1000};
+
   struct Outcome {
     bool done = false;
     bpl_status status = BPL_OK;
