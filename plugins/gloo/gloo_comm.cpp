@@ -58,7 +58,8 @@ GlooComm::GlooComm(std::shared_ptr<Shared> shared, std::string uid, int rank, in
   ::gloo::rendezvous::PrefixStore store(uid_, *shared_->store);
   context->connect_full_mesh(store, shared_->device);
   context_ = std::move(context);
-  path_ = std::make_unique<TcpPath>(*this);  // unless set_up_shared_memory finds ranks sharing a machine
+  // Unless set_up_shared_memory finds ranks sharing a machine.
+  path_ = std::make_unique<TcpPath>(*this, size == 1 ? "single rank" : "gloo over tcp");
   learn_peers(store);
   set_up_shared_memory(store);
   watch_connections();
@@ -71,12 +72,8 @@ GlooComm::~GlooComm() {
   // Before the connections close: the peers' watches then know this rank left, and did not fail.
   // Where every rank shares this machine the segment tells them; the store is not asked, as a torch
   // program's may have ended with rank 0, which served it.
-  if (size() > 1 && !failed_.load()) {
-    if (shm_) {
-      shm_->mark_left();
-    } else {
-      shared_->board->publish(uid_ + "/left/" + std::to_string(rank()), "1");
-    }
+  if (size() > 1 && !failed_.load() && !path_->say_left()) {
+    shared_->board->publish(uid_ + "/left/" + std::to_string(rank()), "1");
   }
 }
 
@@ -95,8 +92,7 @@ void GlooComm::abort() {
   if (size() > 1) shared_->board->record_first(uid_ + "/first_failure", std::to_string(BPL_ERR_REMOTE) + "|" +
                                                                          std::to_string(rank()) + "|" + reason,
                                                std::chrono::milliseconds(0));
-  if (shm_) shm_->fail(BPL_ERR_ABORTED, "shared memory: " + reason);
-  if (machine_shm_) machine_shm_->fail(BPL_ERR_ABORTED, "shared memory: " + reason);
+  path_->fail(BPL_ERR_ABORTED, "shared memory: " + reason);
   shut_down_connections();
 }
 
@@ -106,13 +102,7 @@ void GlooComm::watch_connections() {
   for (int r = 0; r < size(); ++r) {
     if (r != rank() && context_->getPair(r)) peer_of_end[context_->getPair(r)->address().str()] = r;
   }
-  if (leaders_) {
-    for (int m = 0; m < leaders_->size; ++m) {
-      if (m == leaders_->rank || !leaders_->getPair(m)) continue;
-      const int leader = static_cast<int>(std::find(machine_of_rank_.begin(), machine_of_rank_.end(), m) - machine_of_rank_.begin());
-      peer_of_end[leaders_->getPair(m)->address().str()] = leader;
-    }
-  }
+  path_->add_connection_ends(peer_of_end);
   DIR* descriptors = ::opendir("/proc/self/fd");
   if (descriptors == nullptr) return;
   while (dirent* entry = ::readdir(descriptors)) {
@@ -136,7 +126,7 @@ void GlooComm::watch_connections() {
     if (!peer_end.empty()) peer_of_address_.emplace(peer_end, socket.peer);
   }
   // Shared memory says itself what its collectives wait for.
-  if (!shm_) stall_report_ = StallReport::make_if_wanted(shared_->board, uid_, rank(), size());
+  if (!path_->segment_holds_every_rank()) stall_report_ = StallReport::make_if_wanted(shared_->board, uid_, rank(), size());
   std::function<void()> check;
   if (stall_report_) check = [this] { stall_report_->check(timeout()); };
   watched_ = shared_->watch->watch(watched, [this](int peer) { connection_ended(peer); }, std::move(check),
@@ -148,14 +138,14 @@ void GlooComm::shut_down_connections() {
   // The sends and recvs in flight, Gloo's algorithms' too: released here, whatever state the
   // connection left Gloo's pair in.
   context_->release();
-  if (leaders_) leaders_->release();
+  path_->release_connections();
 }
 
 void GlooComm::connection_ended(int peer) {
   if (ended_own_connections_.load()) return;  // this rank shut them down: no peer's end to follow
   int cause = peer;
-  if (shm_) {
-    if (shm_->has_left(peer)) return;  // the segment says who left (and the peers' processes who ended)
+  if (const std::optional<bool> left = path_->has_left(peer)) {
+    if (*left) return;  // the segment says who left (and the peers' processes who ended)
   } else {
     // One lookup for both, so that a stopped store's host costs one bound, not two: whether the peer
     // left, and whose end it followed if it did not.
@@ -206,13 +196,13 @@ void GlooComm::set_up_shared_memory(::gloo::rendezvous::Store& store) {
     if (machine_of_rank_[static_cast<size_t>(r)] == machine) local_ranks.push_back(r);
   }
   if (machines == size()) {
-    path_name_ = "gloo over tcp (each rank on a machine of its own)";
+    path_ = std::make_unique<TcpPath>(*this, "gloo over tcp (each rank on a machine of its own)");
     return;
   }
   std::string refusal;
   std::unique_ptr<ShmGroup> group = map_machine_segment(store, local_ranks, wanted, refusal);
   if (!refusal.empty()) {
-    path_name_ = "gloo over tcp (shared memory not used: " + refusal + ")";
+    path_ = std::make_unique<TcpPath>(*this, "gloo over tcp (shared memory not used: " + refusal + ")");
     return;
   }
   std::string copies;  // how large messages move within this machine
@@ -221,23 +211,24 @@ void GlooComm::set_up_shared_memory(::gloo::rendezvous::Store& store) {
     copies = no_single_copy.empty() ? "large messages in a single copy" : "no single copy: " + no_single_copy;
   }
   if (machines == 1) {
-    shm_ = std::move(group);
-    path_ = std::make_unique<ShmPath>(*this);
-    path_name_ = "shared memory (all " + std::to_string(size()) + " ranks on this machine; " + copies + ")";
+    path_ = std::make_unique<ShmPath>(
+        *this, "shared memory (all " + std::to_string(size()) + " ranks on this machine; " + copies + ")", std::move(group));
     return;
   }
-  machine_shm_ = std::move(group);  // none where this rank is alone on its machine
+  std::shared_ptr<ReleasableContext> leaders;
   if (local_ranks.front() == rank()) {
-    auto leaders = std::make_shared<ReleasableContext>(machine, machines);
+    leaders = std::make_shared<ReleasableContext>(machine, machines);
     leaders->setTimeout(timeout());
     ::gloo::rendezvous::PrefixStore leaders_store("leaders", store);
     leaders->connect_full_mesh(leaders_store, shared_->device);
-    leaders_ = std::move(leaders);
   }
-  path_ = std::make_unique<HierarchicalPath>(*this);
-  path_name_ = "shared memory within each of " + std::to_string(machines) + " machines, gloo over tcp between them (" +
+  // `group` is null where this rank is alone on its machine.
+  path_ = std::make_unique<HierarchicalPath>(
+      *this,
+      "shared memory within each of " + std::to_string(machines) + " machines, gloo over tcp between them (" +
           std::to_string(local_ranks.size()) + " of " + std::to_string(size()) + " ranks on this one" +
-          (copies.empty() ? "" : "; " + copies) + ")";
+          (copies.empty() ? "" : "; " + copies) + ")",
+      std::move(group), std::move(leaders));
 }
 
 // The lowest of `local_ranks` creates the machine's segment and publishes its name; the others map

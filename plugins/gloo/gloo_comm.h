@@ -1,5 +1,5 @@
 // A communicator of the Gloo plugin: one Gloo context (a full mesh of TCP pairs), the path its
-// collectives take (shared memory, hierarchical or TCP: collective_paths.h, chosen once), and the
+// operations take (shared memory, hierarchical or TCP: collective_paths.h, chosen once), and the
 // queue that orders its operations. Collectives block, so asynchronous requests run them on the
 // queue's worker; point-to-point transfers are posted at once and only their completion is waited for.
 // Defined in gloo_comm.cpp (making, aborting and watching a communicator, its shared memory, posting),
@@ -79,7 +79,7 @@ class GlooComm {
   int size() const { return context_->size; }
   // How its collectives travel: "shared memory (…)", "shared memory within each of N machines, …" or
   // "gloo over tcp (…)".
-  const std::string& path() const { return path_name_; }
+  const std::string& path() const { return path_->description(); }
   // How many of the communicator's ranks run on this machine (this one included).
   int ranks_on_this_machine() const;
   // How operation `op` (BPL_COLL_*) of `bytes` travels, for BPL_TRACE: "shared memory" (", single
@@ -219,16 +219,6 @@ class GlooComm {
                       const plugin::Counts& displs, bpl_dtype dtype);
   void run_alltoallv(const void* send, const plugin::Counts& sendcounts, const plugin::Counts& sdispls, void* recv,
                      const plugin::Counts& recvcounts, const plugin::Counts& rdispls, bpl_dtype dtype);
-  // One transfer of a collective composed of sends and receives.
-  struct Transfer {
-    void* buffer;
-    size_t bytes;
-    int peer;
-    bool is_send;
-  };
-  // Posts every transfer (those of no bytes are skipped), runs `meanwhile` (a rank's copy of its own
-  // block, while its peers read or write theirs), then waits for them, each within the timeout.
-  void exchange(const std::vector<Transfer>& transfers, const std::function<void()>& meanwhile = {});
   std::unique_ptr<GlooComm> run_split(int color, int key);
   // Numbers and fingerprints the collective about to run (fingerprint.h; sequence set here; -1: a
   // field it does not have); it runs until the returned mark is dropped (stall_report.h).
@@ -247,18 +237,18 @@ class GlooComm {
   // A per-communicator scratch buffer, reused across operations (they never overlap in time).
   char* scratch(size_t slot, size_t bytes);
   void point_to_point(void* buf, size_t bytes, int peer, int tag, bool is_send, bpl_plugin_request** req);
-  // Posts one transfer (slot_prefix: the caller's send/recv or a collective's) and returns what waits,
-  // within the timeout, for its end.
-  std::function<void()> post_transfer(void* buf, size_t bytes, int peer, int tag, bool is_send, uint8_t slot_prefix);
+  // Posts one transfer on Gloo's pairs (slot_prefix: the caller's send/recv or a collective's) and
+  // returns what waits, within the timeout, for its end.
+  std::function<void()> post_pair_transfer(void* buf, size_t bytes, int peer, int tag, bool is_send, uint8_t slot_prefix);
   // The same for a caller's recv from any rank, whose wait also writes the sender to *source.
-  std::function<void()> post_recv_from_any(void* buf, size_t bytes, int tag, int32_t* source);
+  std::function<void()> post_pair_recv_from_any(void* buf, size_t bytes, int tag, int32_t* source);
   // The Gloo slot of a transfer of `bytes` with `tag`: the prefix, the tag and a hash of the size.
   static uint64_t slot_of(uint8_t slot_prefix, int tag, size_t bytes);
   // Publishes this rank's process and its end of each connection, and learns the peers', so that a
   // failure can name the rank behind it.
   void learn_peers(::gloo::rendezvous::Store& store);
   // Maps the shared-memory segment of the ranks on this machine, and connects the leaders' mesh when
-  // the ranks span machines (BPL_GLOO_SHM); sets path_.
+  // the ranks span machines (BPL_GLOO_SHM); sets path_, which owns them.
   void set_up_shared_memory(::gloo::rendezvous::Store& store);
   std::unique_ptr<ShmGroup> map_machine_segment(::gloo::rendezvous::Store& store, const std::vector<int>& local_ranks,
                                                 bool wanted, std::string& refusal);
@@ -281,7 +271,7 @@ class GlooComm {
   // before closing them; `peer` itself when it said nothing (it ended, or failed on its own).
   int closed_after(int peer) const;
   // Where a third rank could blame the wrong one: no segment naming ended processes, more than 2 ranks.
-  bool says_whose_end_it_follows() const { return !shm_ && size() > 2; }
+  bool says_whose_end_it_follows() const { return !path_->segment_holds_every_rank() && size() > 2; }
   std::string closed_after_key(int rank) const { return uid_ + "/closed_after/" + std::to_string(rank); }
   // The rank a closed_after record names, if it is a valid one other than this rank; else `peer`.
   int cause_in(const std::optional<std::string>& said, int peer) const;
@@ -291,8 +281,6 @@ class GlooComm {
   // Throws what a body threw as the plugin's Error: Gloo's and the queue's failures classified, the
   // plugin's own and bad_alloc as they are.
   [[noreturn]] void rethrow_classified(const std::exception_ptr& thrown);
-  // Runs one hierarchical collective, carrying a failure on one machine to all the others.
-  void across_machines(const std::function<void()>& body);
   // " (…)" naming the peer behind a failed operation's `message`, or "" when none can be named.
   // `pair_peer`: the peer whose connection Gloo's failure came from, when the operation tells (a send
   // or recv fails only by its own pair); -1 for a collective, whose message's address is looked up.
@@ -348,11 +336,6 @@ class GlooComm {
   std::vector<pid_t> local_pid_of_peer_;  // by rank; 0 for this rank and for peers on other machines
   std::vector<std::string> process_of_rank_;  // process_key of each rank ("" unknown)
   std::vector<int> machine_of_rank_;      // machines numbered in order of their lowest rank
-  std::unique_ptr<ShmGroup> shm_;  // set when every rank runs on this machine: collectives go through it
-  // The hierarchical path (ranks span machines, some share one): this machine's ranks' segment (none
-  // if this rank is alone on it), and on each machine's lowest rank a mesh of one rank per machine.
-  std::unique_ptr<ShmGroup> machine_shm_;
-  std::shared_ptr<ReleasableContext> leaders_;
   struct PairSocket {
     int fd;    // this communicator's own descriptor of the socket (closed with it)
     int peer;  // rank in this communicator
@@ -364,8 +347,7 @@ class GlooComm {
   // This rank ended its connections for a cause of its own (its abort, revoke, or a failure no peer's
   // end caused): the ends its watch then sees follow no peer's.
   std::atomic<bool> ended_own_connections_{false};
-  std::unique_ptr<CollectivePath> path_;  // how the collectives travel (collective_paths.h)
-  std::string path_name_ = "single rank";
+  std::unique_ptr<CollectivePath> path_;  // how the operations travel (collective_paths.h)
   plugin::OpQueue queue_;
   Fingerprint current_;          // the collective running now
   uint64_t collectives_ = 0;     // collectives begun so far

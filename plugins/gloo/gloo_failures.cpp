@@ -280,8 +280,7 @@ StallReport::Running GlooComm::begin(bpl_collective op, bpl_dtype dtype, int64_t
   current_.root = root;
   current_.reduce_op = reduce_op;
   current_.pairing = pairing;
-  if (shm_) shm_->set_call(current_);
-  if (machine_shm_) machine_shm_->set_call(current_);
+  path_->set_call(current_);
   return StallReport::begin(stall_report_.get(), current_);
 }
 
@@ -291,7 +290,8 @@ uint32_t GlooComm::tag() const {
 }
 
 std::optional<std::string> GlooComm::explain_stall(std::chrono::milliseconds wait) {
-  if (shm_ || current_.sequence == 0) return std::nullopt;  // shared memory tells a mismatch itself
+  // A segment of every rank tells a mismatch itself.
+  if (path_->segment_holds_every_rank() || current_.sequence == 0) return std::nullopt;
   // After its first failure a rank's operations say nothing of what it was called for: peers still in
   // the failed operation must not read them as the collective it calls instead.
   if (failed_.load()) return std::nullopt;

@@ -69,8 +69,7 @@ void GlooComm::revoke() {
                                  std::to_string(BPL_ERR_REVOKED) + "|" + std::to_string(rank()) + "|" + reason,
                                  std::chrono::milliseconds(0));
   }
-  if (shm_) shm_->fail(BPL_ERR_REVOKED, "shared memory: " + reason);
-  if (machine_shm_) machine_shm_->fail(BPL_ERR_REVOKED, "shared memory: " + reason);
+  path_->fail(BPL_ERR_REVOKED, "shared memory: " + reason);
   shut_down_connections();
 }
 

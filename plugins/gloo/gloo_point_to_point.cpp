@@ -1,62 +1,32 @@
-// The gloo communicator's sends and receives: posted to Gloo's pairs (or shared memory's mailboxes) at
-// once, waited for within the communicator's timeout, and a failure named by peer and tag.
+// The gloo communicator's sends and receives: posted at once on its path (Gloo's pairs, or shared
+// memory's mailboxes), waited for within the communicator's timeout, and a failure named by peer and tag.
 #include "gloo_comm.h"
 
 #include <gloo/common/error.h>
-#include <gloo/rendezvous/context.h>
-#include <gloo/rendezvous/prefix_store.h>
-#include <gloo/transport/tcp/address.h>
 #include <gloo/transport/unbound_buffer.h>
-#include <gloo/types.h>
 
-#include <dirent.h>
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <algorithm>
-#include <cstdlib>
-#include <cstring>
 #include <functional>
-#include <iomanip>
-#include <numeric>
-#include <map>
-#include <regex>
-#include <set>
-#include <sstream>
-#include <tuple>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
 
-#include "dtypes.h"
-#include "local_process.h"
-#include "peer_reachability.h"
-#include "plugin_support.h"
-#include "rendezvous.h"
-#include "shm_group.h"
 #include "gloo_comm_internal.h"
+#include "plugin_support.h"
 
 namespace backplane::gloo_plugin {
 
 void GlooComm::point_to_point(void* buf, size_t bytes, int peer, int tag, bool is_send, bpl_plugin_request** req) {
-  std::function<void()> complete = post_transfer(buf, bytes, peer, tag, is_send, kPointToPointSlotPrefix);
+  std::function<void()> complete = path_->post_transfer(buf, bytes, peer, tag, is_send);
   if (req == nullptr) return complete();
   *req = reinterpret_cast<bpl_plugin_request*>(static_cast<Request*>(new PointToPointRequest(std::move(complete))));
 }
 
-std::function<void()> GlooComm::post_transfer(void* buf, size_t bytes, int peer, int tag, bool is_send,
-                                              uint8_t slot_prefix) {
-  if (shm_ && shm_->single_copy()) {
-    // Within the machine, the receiver reads the sender's buffer (ShmGroup's mailboxes).
-    if (is_send) {
-      return [group = shm_.get(), ticket = shm_->post_send(buf, bytes, peer, tag, timeout()), timeout = timeout()] {
-        group->wait_sent(ticket, timeout);
-      };
-    }
-    return [group = shm_.get(), recv = shm_->post_recv(buf, bytes, peer, tag), timeout = timeout()] {
-      group->wait_received(recv, timeout);
-    };
-  }
+// Over Gloo's pairs the slot carries the tag and 24 bits of a hash of the size: a send and a recv of
+// different sizes never match (they stall, time out, and are told why) instead of the larger
+// overflowing the smaller, which Gloo's transport answers with abort().
+std::function<void()> GlooComm::post_pair_transfer(void* buf, size_t bytes, int peer, int tag, bool is_send,
+                                                   uint8_t slot_prefix) {
   const uint64_t slot = slot_of(slot_prefix, tag, bytes);
   std::shared_ptr<::gloo::transport::UnboundBuffer> buffer = context_->createUnboundBuffer(buf, bytes);
   try {
@@ -93,12 +63,7 @@ uint64_t GlooComm::slot_of(uint8_t slot_prefix, int tag, size_t bytes) {
          (size_hash & 0xffffff);
 }
 
-std::function<void()> GlooComm::post_recv_from_any(void* buf, size_t bytes, int tag, int32_t* source) {
-  if (shm_ && shm_->single_copy()) {
-    return [group = shm_.get(), recv = shm_->post_recv(buf, bytes, ShmGroup::kAnyRank, tag), source, timeout = timeout()] {
-      *source = group->wait_received(recv, timeout);
-    };
-  }
+std::function<void()> GlooComm::post_pair_recv_from_any(void* buf, size_t bytes, int tag, int32_t* source) {
   std::vector<int> others;
   for (int r = 0; r < size(); ++r) {
     if (r != rank()) others.push_back(r);
@@ -174,7 +139,7 @@ void GlooComm::recv(void* buf, size_t count, bpl_dtype dtype, int peer, int tag,
 }
 
 void GlooComm::recv_any(void* buf, size_t count, bpl_dtype dtype, int tag, int32_t* source, bpl_plugin_request** req) {
-  std::function<void()> complete = post_recv_from_any(buf, count * plugin::dtype_size(dtype), tag, source);
+  std::function<void()> complete = path_->post_recv_from_any(buf, count * plugin::dtype_size(dtype), tag, source);
   if (req == nullptr) return complete();
   *req = reinterpret_cast<bpl_plugin_request*>(static_cast<Request*>(new PointToPointRequest(std::move(complete))));
 }

@@ -1,5 +1,6 @@
 // Every rank of the communicator on this machine: each collective through the one shared-memory
-// segment (ShmGroup), which also tells a mismatch itself.
+// segment (ShmGroup), which also tells a mismatch itself; sends and receives through its mailboxes
+// where single copy is on, else over Gloo's pairs.
 #include <algorithm>
 #include <cstring>
 
@@ -9,8 +10,13 @@
 
 namespace backplane::gloo_plugin {
 
+const char* ShmPath::name_of(bpl_collective op, uint64_t bytes) const {
+  if (ShmGroup::through_mailboxes(op) && !segment_->single_copy()) return CollectivePath::name_of(op, bytes);
+  return segment_->path_of(op, bytes);
+}
+
 void ShmPath::allreduce(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_reduce_op op) {
-  ShmGroup& shm = *comm_.shm_;
+  ShmGroup& shm = *segment_;
   const bpl_dtype acc = plugin::accumulation_dtype(dtype, op);
   if (acc == dtype) {  // straight from send to recv, no copy beforehand
     shm.allreduce(send, recv, count, acc, op, comm_.timeout());
@@ -34,34 +40,73 @@ void ShmPath::reduce(const void* send, void* recv, size_t count, bpl_dtype dtype
   const bpl_dtype acc = plugin::accumulation_dtype(dtype, op);
   void* work = reduce_work(send, recv, count, dtype, acc, root);
   // An allreduce whose result only the root keeps.
-  comm_.shm_->allreduce(work, work, count, acc, op, comm_.timeout());
+  segment_->allreduce(work, work, count, acc, op, comm_.timeout());
   if (comm_.rank() == root) plugin::finish_reduction(work, acc, recv, dtype, count, op, comm_.size());
 }
 
-void ShmPath::broadcast(void* buf, size_t bytes, int root) { comm_.shm_->broadcast(buf, bytes, root, comm_.timeout()); }
+void ShmPath::broadcast(void* buf, size_t bytes, int root) { segment_->broadcast(buf, bytes, root, comm_.timeout()); }
 
 void ShmPath::allgather(const void* send, void* recv, size_t block) {
-  comm_.shm_->allgather(send, recv, block, comm_.timeout());
+  segment_->allgather(send, recv, block, comm_.timeout());
 }
 
 void ShmPath::reduce_scatter(const void* send, void* recv, size_t recvcount, bpl_dtype dtype, bpl_reduce_op op) {
   const bpl_dtype acc = plugin::accumulation_dtype(dtype, op);
   if (acc == dtype) {  // straight from send to recv: a copy of the whole send first doubled its time
-    comm_.shm_->reduce_scatter(send, recv, recvcount, acc, op, comm_.timeout());
+    segment_->reduce_scatter(send, recv, recvcount, acc, op, comm_.timeout());
     plugin::finish_reduction(recv, acc, recv, dtype, recvcount, op, comm_.size());
     return;
   }
   const size_t block = recvcount * plugin::dtype_size(acc);
   char* work = static_cast<char*>(accumulation_copy(send, dtype, acc, recvcount * static_cast<size_t>(comm_.size())));
   char* own = work + block * static_cast<size_t>(comm_.rank());
-  comm_.shm_->reduce_scatter(work, own, recvcount, acc, op, comm_.timeout());
+  segment_->reduce_scatter(work, own, recvcount, acc, op, comm_.timeout());
   plugin::finish_reduction(own, acc, recv, dtype, recvcount, op, comm_.size());
 }
 
 void ShmPath::alltoall(const void* send, void* recv, size_t block) {
-  comm_.shm_->alltoall(send, recv, block, comm_.timeout());
+  segment_->alltoall(send, recv, block, comm_.timeout());
 }
 
-void ShmPath::barrier() { comm_.shm_->barrier(comm_.timeout()); }
+void ShmPath::barrier() { segment_->barrier(comm_.timeout()); }
+
+void ShmPath::gather(const void* send, void* recv, size_t block, int root) {
+  segment_->gather(send, recv, block, root, comm_.timeout());
+}
+
+void ShmPath::scatter(const void* send, void* recv, size_t block, int root) {
+  segment_->scatter(send, recv, block, root, comm_.timeout());
+}
+
+void ShmPath::allgatherv(const void* send, size_t send_bytes, void* recv, const plugin::Counts& recv_bytes,
+                         const plugin::Counts& recv_offsets, int64_t pairing) {
+  segment_->allgatherv(send, send_bytes, recv, recv_bytes, recv_offsets, pairing, comm_.timeout());
+}
+
+void ShmPath::alltoallv(const void* send, const plugin::Counts& send_bytes, const plugin::Counts& send_offsets,
+                        void* recv, const plugin::Counts& recv_bytes, const plugin::Counts& recv_offsets,
+                        int64_t pairing) {
+  segment_->alltoallv(send, send_bytes, send_offsets, recv, recv_bytes, recv_offsets, pairing, comm_.timeout());
+}
+
+// Within the machine, the receiver reads the sender's buffer (ShmGroup's mailboxes).
+std::function<void()> ShmPath::post_transfer(void* buf, size_t bytes, int peer, int tag, bool is_send) {
+  if (!segment_->single_copy()) return CollectivePath::post_transfer(buf, bytes, peer, tag, is_send);
+  const std::chrono::milliseconds timeout = comm_.timeout();
+  if (is_send) {
+    return [segment = segment_.get(), ticket = segment_->post_send(buf, bytes, peer, tag, timeout), timeout] {
+      segment->wait_sent(ticket, timeout);
+    };
+  }
+  return [segment = segment_.get(), recv = segment_->post_recv(buf, bytes, peer, tag), timeout] {
+    segment->wait_received(recv, timeout);
+  };
+}
+
+std::function<void()> ShmPath::post_recv_from_any(void* buf, size_t bytes, int tag, int32_t* source) {
+  if (!segment_->single_copy()) return CollectivePath::post_recv_from_any(buf, bytes, tag, source);
+  return [segment = segment_.get(), recv = segment_->post_recv(buf, bytes, ShmGroup::kAnyRank, tag), source,
+          timeout = comm_.timeout()] { *source = segment->wait_received(recv, timeout); };
+}
 
 }  // namespace backplane::gloo_plugin

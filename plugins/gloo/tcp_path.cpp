@@ -30,6 +30,16 @@ void* CollectivePath::reduce_work(const void* send, void* recv, size_t count, bp
   return accumulation_copy(send, dtype, acc, count, in_recv ? recv : nullptr);
 }
 
+const char* CollectivePath::name_of(bpl_collective, uint64_t) const { return "tcp"; }
+
+std::function<void()> CollectivePath::post_transfer(void* buf, size_t bytes, int peer, int tag, bool is_send) {
+  return comm_.post_pair_transfer(buf, bytes, peer, tag, is_send, GlooComm::kPointToPointSlotPrefix);
+}
+
+std::function<void()> CollectivePath::post_recv_from_any(void* buf, size_t bytes, int tag, int32_t* source) {
+  return comm_.post_pair_recv_from_any(buf, bytes, tag, source);
+}
+
 void TcpPath::allreduce(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_reduce_op op) {
   const bpl_dtype acc = plugin::accumulation_dtype(dtype, op);
   void* work = accumulation_copy(send, dtype, acc, count, acc == dtype ? recv : nullptr);
@@ -147,6 +157,82 @@ void TcpPath::barrier() {
   options.setTag(comm_.tag());
   options.setTimeout(comm_.timeout());
   ::gloo::barrier(options);
+}
+
+// Gather, scatter, allgatherv and alltoallv move each block straight from the rank that has it to the
+// rank that wants it: one transfer per pair of ranks over Gloo's pairs (the hierarchical path's ranks
+// on one machine too). Their tags are negative, so that they never match the caller's sends and recvs
+// (whose tags are >= 0), and carry the collective's number.
+void TcpPath::exchange(const std::vector<Transfer>& transfers, const std::function<void()>& meanwhile) {
+  const int tag = -1 - static_cast<int>(comm_.collectives_ & 0x3fffffff);
+  std::vector<std::function<void()>> receives, sends;
+  for (const Transfer& t : transfers) {
+    if (t.bytes == 0) continue;
+    (t.is_send ? sends : receives)
+        .push_back(comm_.post_pair_transfer(t.buffer, t.bytes, t.peer, tag, t.is_send, GlooComm::kCollectiveSlotPrefix));
+  }
+  if (meanwhile) meanwhile();
+  for (auto& received : receives) received();
+  for (auto& sent : sends) sent();
+}
+
+void TcpPath::gather(const void* send, void* recv, size_t block, int root) {
+  if (comm_.rank() != root) return exchange({{const_cast<void*>(send), block, root, true}});
+  auto* out = static_cast<char*>(recv);
+  std::vector<Transfer> transfers;
+  for (int q = 0; q < comm_.size(); ++q) {
+    if (q != root) transfers.push_back({out + block * static_cast<size_t>(q), block, q, false});
+  }
+  char* own = out + block * static_cast<size_t>(root);
+  exchange(transfers, [&] {
+    if (own != send && block > 0) std::memcpy(own, send, block);
+  });
+}
+
+void TcpPath::scatter(const void* send, void* recv, size_t block, int root) {
+  if (comm_.rank() != root) return exchange({{recv, block, root, false}});
+  const auto* in = static_cast<const char*>(send);
+  std::vector<Transfer> transfers;
+  for (int q = 0; q < comm_.size(); ++q) {
+    if (q != root) transfers.push_back({const_cast<char*>(in + block * static_cast<size_t>(q)), block, q, true});
+  }
+  const char* own = in + block * static_cast<size_t>(root);
+  exchange(transfers, [&] {
+    if (own != recv && block > 0) std::memcpy(recv, own, block);
+  });
+}
+
+void TcpPath::allgatherv(const void* send, size_t send_bytes, void* recv, const plugin::Counts& recv_bytes,
+                         const plugin::Counts& recv_offsets, int64_t) {
+  auto* out = static_cast<char*>(recv);
+  std::vector<Transfer> transfers;
+  for (int q = 0; q < comm_.size(); ++q) {
+    if (q == comm_.rank()) continue;
+    const auto i = static_cast<size_t>(q);
+    transfers.push_back({const_cast<void*>(send), send_bytes, q, true});
+    transfers.push_back({out + recv_offsets[i], recv_bytes[i], q, false});
+  }
+  char* own = out + recv_offsets[static_cast<size_t>(comm_.rank())];
+  exchange(transfers, [&] {
+    if (own != send && send_bytes > 0) std::memcpy(own, send, send_bytes);
+  });
+}
+
+void TcpPath::alltoallv(const void* send, const plugin::Counts& send_bytes, const plugin::Counts& send_offsets,
+                        void* recv, const plugin::Counts& recv_bytes, const plugin::Counts& recv_offsets, int64_t) {
+  const auto* in = static_cast<const char*>(send);
+  auto* out = static_cast<char*>(recv);
+  std::vector<Transfer> transfers;
+  for (int q = 0; q < comm_.size(); ++q) {
+    if (q == comm_.rank()) continue;
+    const auto i = static_cast<size_t>(q);
+    transfers.push_back({const_cast<char*>(in + send_offsets[i]), send_bytes[i], q, true});
+    transfers.push_back({out + recv_offsets[i], recv_bytes[i], q, false});
+  }
+  const auto me = static_cast<size_t>(comm_.rank());
+  exchange(transfers, [&] {
+    if (send_bytes[me] > 0) std::memcpy(out + recv_offsets[me], in + send_offsets[me], send_bytes[me]);
+  });
 }
 
 }  // namespace backplane::gloo_plugin
