@@ -178,7 +178,7 @@ c10::intrusive_ptr<c10d::Work> BackendBackplane::post_pairs(const Operation& ope
   return post_each(
       operation, static_cast<int>(results.size()), start,
       [results, outputs] {
-        for (size_t i = 0; i < outputs.size(); ++i) copy_back(outputs[i], results[i]);
+        for (size_t i = 0; i < outputs.size(); ++i) write_back(outputs[i], results[i]);
       },
       outputs, keep);
 }

@@ -74,8 +74,8 @@ c10::intrusive_ptr<c10d::Work> BackendBackplane::alltoall_base(at::Tensor& outpu
   const int size = getSize();
   const Layout sent(split_elements(input_splits, input, size, op_name, "input"));
   const Layout received(split_elements(output_splits, output, size, op_name, "output"));
-  at::Tensor source = contiguous(input);
-  at::Tensor result = contiguous(output);
+  at::Tensor source = backend_buffer(input);
+  at::Tensor result = backend_buffer(output);
   const bool even = sent.even() && received.even() && sent.counts[0] == received.counts[0];
   return post(
       {c10d::OpType::ALLTOALL_BASE, op_name, {input}},
@@ -84,7 +84,7 @@ c10::intrusive_ptr<c10d::Work> BackendBackplane::alltoall_base(at::Tensor& outpu
         return bpl_alltoallv(comm_, source.data_ptr(), sent.counts.data(), sent.displs.data(), result.data_ptr(),
                              received.counts.data(), received.displs.data(), dtype, req);
       },
-      [result, output] { copy_back(output, result); }, {output}, {source, result});
+      [result, output] { write_back(output, result); }, {output}, {source, result});
 }
 
 c10::intrusive_ptr<c10d::Work> BackendBackplane::alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
@@ -133,7 +133,7 @@ c10::intrusive_ptr<c10d::Work> BackendBackplane::send(std::vector<at::Tensor>& t
   const at::Tensor& tensor = single(tensors, op_name);
   const bpl_dtype dtype = dtype_of(tensor, op_name);
   checked_rank(dst_rank, getSize(), op_name, "destination");
-  at::Tensor buffer = contiguous(tensor);
+  at::Tensor buffer = backend_buffer(tensor);
   return post(
       {c10d::OpType::SEND, op_name, tensors},
       [&](bpl_request** req) { return bpl_send(comm_, buffer.data_ptr(), buffer.numel(), dtype, dst_rank, tag, req); }, nullptr,
@@ -145,25 +145,25 @@ c10::intrusive_ptr<c10d::Work> BackendBackplane::recv(std::vector<at::Tensor>& t
   const at::Tensor& tensor = single(tensors, op_name);
   const bpl_dtype dtype = dtype_of(tensor, op_name);
   checked_rank(src_rank, getSize(), op_name, "source");
-  at::Tensor buffer = contiguous(tensor);
+  at::Tensor buffer = backend_buffer(tensor);
   return post(
       {c10d::OpType::RECV, op_name, tensors},
       [&](bpl_request** req) { return bpl_recv(comm_, buffer.data_ptr(), buffer.numel(), dtype, src_rank, tag, req); },
-      [buffer, tensor] { copy_back(tensor, buffer); }, tensors, {buffer});
+      [buffer, tensor] { write_back(tensor, buffer); }, tensors, {buffer});
 }
 
 c10::intrusive_ptr<c10d::Work> BackendBackplane::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
   const char* op_name = "recv (from any source)";
   const at::Tensor& tensor = single(tensors, op_name);
   const bpl_dtype dtype = dtype_of(tensor, op_name);
-  at::Tensor buffer = contiguous(tensor);
+  at::Tensor buffer = backend_buffer(tensor);
   auto source = std::make_shared<int32_t>(-1);
   c10::intrusive_ptr<c10d::Work> work = post(
       {c10d::OpType::RECVANYSOURCE, op_name, tensors},
       [&](bpl_request** req) {
         return bpl_recv_any(comm_, buffer.data_ptr(), buffer.numel(), dtype, tag, source.get(), req);
       },
-      [buffer, tensor] { copy_back(tensor, buffer); }, tensors, {buffer});
+      [buffer, tensor] { write_back(tensor, buffer); }, tensors, {buffer});
   static_cast<BackplaneWork*>(work.get())->set_source(std::move(source));
   return work;
 }

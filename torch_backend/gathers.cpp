@@ -41,7 +41,7 @@ c10::intrusive_ptr<c10d::Work> BackendBackplane::broadcast(std::vector<at::Tenso
   for (size_t i = 0; i < tensors.size(); ++i) require_same(tensor, tensors[i], op_name, "tensor " + std::to_string(i), i);
   const bpl_dtype dtype = dtype_of(tensor, op_name);
   const int64_t root = checked_rank(opts.rootRank, getSize(), op_name);
-  at::Tensor buffer = contiguous(tensor);
+  at::Tensor buffer = backend_buffer(tensor);
   std::vector<at::Tensor> targets = tensors;
   return post(
       {c10d::OpType::BROADCAST, op_name, tensors},
@@ -49,7 +49,7 @@ c10::intrusive_ptr<c10d::Work> BackendBackplane::broadcast(std::vector<at::Tenso
         return bpl_broadcast(comm_, buffer.data_ptr(), buffer.numel(), dtype, static_cast<int32_t>(root), req);
       },
       [buffer, targets] {
-        for (const at::Tensor& t : targets) copy_back(t, buffer);
+        for (const at::Tensor& t : targets) write_back(t, buffer);
       },
       tensors, {buffer});
 }
@@ -66,7 +66,7 @@ c10::intrusive_ptr<c10d::Work> BackendBackplane::allgather(std::vector<std::vect
     fail(std::string(op_name) + ": expected one list of " + std::to_string(getSize()) + " output tensors (one per rank)");
   }
   for (size_t r = 0; r < outputs[0].size(); ++r) require_same(input, outputs[0][r], op_name, "output tensor " + std::to_string(r), r);
-  at::Tensor source = contiguous(input);
+  at::Tensor source = backend_buffer(input);
   std::vector<at::Tensor> targets = outputs[0];
   if (source.nbytes() >= kBroadcastListBytes) {
     // Each rank's block broadcast by it straight into its output tensor on every rank: no flat buffer
@@ -76,14 +76,14 @@ c10::intrusive_ptr<c10d::Work> BackendBackplane::allgather(std::vector<std::vect
     std::vector<at::Tensor> blocks;
     blocks.reserve(targets.size());
     for (const at::Tensor& t : targets) blocks.push_back(t.is_contiguous() ? t : at::empty_like(t, at::MemoryFormat::Contiguous));
-    copy_back(blocks[static_cast<size_t>(getRank())], source);
+    write_back(blocks[static_cast<size_t>(getRank())], source);
     return post_each(
         {c10d::OpType::ALLGATHER, op_name, inputs}, getSize(),
         [&](int root, bpl_request** req) {
           return bpl_broadcast(comm_, blocks[static_cast<size_t>(root)].data_ptr(), source.numel(), dtype, root, req);
         },
         [blocks, targets] {
-          for (size_t r = 0; r < targets.size(); ++r) copy_back(targets[r], blocks[r]);
+          for (size_t r = 0; r < targets.size(); ++r) write_back(targets[r], blocks[r]);
         },
         targets, blocks);
   }
@@ -140,12 +140,12 @@ c10::intrusive_ptr<c10d::Work> BackendBackplane::_allgather_base(at::Tensor& out
          std::string(c10::toString(output.scalar_type())) + "; expected " + std::to_string(getSize() * input.numel()) +
          " (world size x input) of " + std::string(c10::toString(input.scalar_type())));
   }
-  at::Tensor source = contiguous(input);
-  at::Tensor gathered = contiguous(output);
+  at::Tensor source = backend_buffer(input);
+  at::Tensor gathered = backend_buffer(output);
   return post(
       {c10d::OpType::_ALLGATHER_BASE, op_name, {input}},
       [&](bpl_request** req) { return bpl_allgather(comm_, source.data_ptr(), gathered.data_ptr(), source.numel(), dtype, req); },
-      [gathered, output] { copy_back(output, gathered); }, {output}, {source, gathered});
+      [gathered, output] { write_back(output, gathered); }, {output}, {source, gathered});
 }
 
 c10::intrusive_ptr<c10d::Work> BackendBackplane::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
@@ -164,8 +164,8 @@ c10::intrusive_ptr<c10d::Work> BackendBackplane::allgather_into_tensor_coalesced
            " elements; expected " + std::to_string(getSize() * inputs[i].numel()) + " (world size x input " +
            std::to_string(i) + ") of its dtype");
     }
-    sources.push_back(contiguous(inputs[i]));
-    results.push_back(contiguous(outputs[i]));
+    sources.push_back(backend_buffer(inputs[i]));
+    results.push_back(backend_buffer(outputs[i]));
   }
   return post_pairs({AllgatherIntoTensorCoalesced<c10d::OpType>::value, op_name, inputs}, sources, results, outputs,
                     [&](int i, bpl_request** req) {
@@ -197,7 +197,7 @@ c10::intrusive_ptr<c10d::Work> BackendBackplane::allgather_coalesced(std::vector
   std::vector<bpl_dtype> dtypes;
   for (const at::Tensor& input : inputs) {
     dtypes.push_back(dtype_of(input, op_name));
-    sources.push_back(contiguous(input));
+    sources.push_back(backend_buffer(input));
     flats.push_back(at::empty({getSize() * input.numel()}, input.options()));
   }
   std::vector<at::Tensor> outputs;
@@ -233,7 +233,7 @@ c10::intrusive_ptr<c10d::Work> BackendBackplane::gather(std::vector<std::vector<
   } else if (!outputs.empty() && !outputs[0].empty()) {
     fail(std::string(op_name) + ": only the root (rank " + std::to_string(root) + ") gives output tensors");
   }
-  at::Tensor source = contiguous(input);
+  at::Tensor source = backend_buffer(input);
   at::Tensor gathered = at_root ? scratch_->take(getSize() * input.numel(), input.scalar_type()) : at::Tensor();
   std::vector<at::Tensor> targets = at_root ? outputs[0] : std::vector<at::Tensor>{};
   return post(
@@ -265,14 +265,14 @@ c10::intrusive_ptr<c10d::Work> BackendBackplane::scatter(std::vector<at::Tensor>
   } else if (!inputs.empty() && !inputs[0].empty()) {
     fail(std::string(op_name) + ": only the root (rank " + std::to_string(root) + ") gives input tensors");
   }
-  at::Tensor result = contiguous(output);
+  at::Tensor result = backend_buffer(output);
   return post(
       {c10d::OpType::SCATTER, op_name, inputs.empty() ? outputs : inputs[0]},
       [&](bpl_request** req) {
         return bpl_scatter(comm_, parts.defined() ? parts.data_ptr() : nullptr, result.data_ptr(), result.numel(), dtype,
                            static_cast<int32_t>(root), req);
       },
-      [result, output] { copy_back(output, result); }, outputs, {parts, result});
+      [result, output] { write_back(output, result); }, outputs, {parts, result});
 }
 
 }  // namespace backplane::torch_backend

@@ -25,7 +25,7 @@ c10::intrusive_ptr<c10d::Work> BackendBackplane::allreduce(std::vector<at::Tenso
   std::optional<double> factor;
   bpl_reduce_op op = reduce_op_of(opts.reduceOp, op_name, &factor);
   // Several tensors (as Gloo's CPU allreduce takes): each gets the reduction over all of them on every rank.
-  at::Tensor buffer = contiguous(tensors[0]);
+  at::Tensor buffer = backend_buffer(tensors[0]);
   if (tensors.size() > 1) {
     buffer = buffer.clone();
     for (size_t i = 1; i < tensors.size(); ++i) {
@@ -48,7 +48,7 @@ c10::intrusive_ptr<c10d::Work> BackendBackplane::allreduce(std::vector<at::Tenso
       {c10d::OpType::ALLREDUCE, op_name, tensors},
       [&](bpl_request** req) { return bpl_allreduce(comm_, buffer.data_ptr(), buffer.data_ptr(), count, dtype, op, req); },
       [buffer, targets] {
-        for (const at::Tensor& t : targets) copy_back(t, buffer);
+        for (const at::Tensor& t : targets) write_back(t, buffer);
       },
       tensors, {buffer});
 }
@@ -86,7 +86,7 @@ c10::intrusive_ptr<c10d::Work> BackendBackplane::reduce(std::vector<at::Tensor>&
   const int64_t root = checked_rank(opts.rootRank, getSize(), op_name);
   std::optional<double> factor;
   const bpl_reduce_op op = reduce_op_of(opts.reduceOp, op_name, &factor);
-  at::Tensor buffer = factor ? tensor.mul(*factor) : contiguous(tensor);
+  at::Tensor buffer = factor ? tensor.mul(*factor) : backend_buffer(tensor);
   // Only the root's tensor receives the result (as torch's backends); the others keep their input.
   at::Tensor result = scratch_->take(buffer.numel(), buffer.scalar_type());
   const bool at_root = root == getRank();
@@ -96,7 +96,7 @@ c10::intrusive_ptr<c10d::Work> BackendBackplane::reduce(std::vector<at::Tensor>&
         return bpl_reduce(comm_, buffer.data_ptr(), result.data_ptr(), buffer.numel(), dtype, op, static_cast<int32_t>(root), req);
       },
       [result, tensor, at_root] {
-        if (at_root) copy_back(tensor, result);
+        if (at_root) write_back(tensor, result);
       },
       tensors, {buffer, result});
 }
@@ -117,11 +117,11 @@ c10::intrusive_ptr<c10d::Work> BackendBackplane::reduce_scatter(std::vector<at::
   const bpl_reduce_op op = reduce_op_of(opts.reduceOp, op_name, &factor);
   at::Tensor flat = flat_of(inputs[0], scratch_->take(getSize() * output.numel(), output.scalar_type()));
   if (factor) flat.mul_(*factor);
-  at::Tensor result = contiguous(output);
+  at::Tensor result = backend_buffer(output);
   return post(
       {c10d::OpType::REDUCE_SCATTER, op_name, inputs.empty() ? outputs : inputs[0]},
       [&](bpl_request** req) { return bpl_reduce_scatter(comm_, flat.data_ptr(), result.data_ptr(), result.numel(), dtype, op, req); },
-      [result, output] { copy_back(output, result); }, outputs, {flat, result});
+      [result, output] { write_back(output, result); }, outputs, {flat, result});
 }
 
 // Blocks of different sizes (rank r's is inputs[r], as Gloo's CPU reduce_scatter takes them): the whole
@@ -153,7 +153,7 @@ c10::intrusive_ptr<c10d::Work> BackendBackplane::reduce_scatter_uneven(at::Tenso
   return post(
       {c10d::OpType::REDUCE_SCATTER, op_name, inputs},
       [&](bpl_request** req) { return bpl_allreduce(comm_, flat.data_ptr(), flat.data_ptr(), total, dtype, op, req); },
-      [flat, output, offset] { copy_back(output, flat.slice(0, offset, offset + output.numel())); }, outputs, {flat});
+      [flat, output, offset] { write_back(output, flat.slice(0, offset, offset + output.numel())); }, outputs, {flat});
 }
 
 c10::intrusive_ptr<c10d::Work> BackendBackplane::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
@@ -167,12 +167,12 @@ c10::intrusive_ptr<c10d::Work> BackendBackplane::_reduce_scatter_base(at::Tensor
   }
   std::optional<double> factor;
   const bpl_reduce_op op = reduce_op_of(opts.reduceOp, op_name, &factor);
-  at::Tensor source = factor ? input.mul(*factor) : contiguous(input);
-  at::Tensor result = contiguous(output);
+  at::Tensor source = factor ? input.mul(*factor) : backend_buffer(input);
+  at::Tensor result = backend_buffer(output);
   return post(
       {c10d::OpType::_REDUCE_SCATTER_BASE, op_name, {input}},
       [&](bpl_request** req) { return bpl_reduce_scatter(comm_, source.data_ptr(), result.data_ptr(), result.numel(), dtype, op, req); },
-      [result, output] { copy_back(output, result); }, {output}, {source, result});
+      [result, output] { write_back(output, result); }, {output}, {source, result});
 }
 
 c10::intrusive_ptr<c10d::Work> BackendBackplane::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
@@ -193,8 +193,8 @@ c10::intrusive_ptr<c10d::Work> BackendBackplane::reduce_scatter_tensor_coalesced
            " elements; expected " + std::to_string(getSize() * outputs[i].numel()) + " (world size x output " +
            std::to_string(i) + ") of its dtype");
     }
-    sources.push_back(factor ? inputs[i].mul(*factor) : contiguous(inputs[i]));
-    results.push_back(contiguous(outputs[i]));
+    sources.push_back(factor ? inputs[i].mul(*factor) : backend_buffer(inputs[i]));
+    results.push_back(backend_buffer(outputs[i]));
   }
   return post_pairs({c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED, op_name, inputs}, sources, results, outputs,
                     [&](int i, bpl_request** req) {

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "backplane/backplane.h"
-#include "scalar_types.h"
+#include "tensor_bridge.h"
 
 namespace backplane::torch_backend {
 
@@ -21,16 +21,10 @@ inline void check(bpl_status status, const char* what) {
   if (status != BPL_OK) fail(std::string(what) + " failed (" + bpl_status_name(status) + "): " + bpl_last_error());
 }
 
+// The dtype of a tensor backplane moves (tensor_bridge.h); else the refusal, naming the operation.
 inline bpl_dtype dtype_of(const at::Tensor& tensor, const char* op) {
-  if (!tensor.device().is_cpu()) {
-    fail(std::string(op) + ": the tensor is on " + tensor.device().str() + "; this backend takes CPU tensors");
-  }
-  const std::optional<bpl_dtype> dtype = bpl_dtype_of(tensor.scalar_type());
-  if (!dtype) {
-    fail(std::string(op) + ": dtype " + std::string(c10::toString(tensor.scalar_type())) + " is not one backplane moves (" +
-         kTorchDtypesMoved + ")");
-  }
-  return *dtype;
+  if (const std::optional<std::string> why = why_unmovable(tensor)) fail(std::string(op) + ": the tensor " + *why);
+  return *bpl_dtype_of(tensor.scalar_type());
 }
 
 // torch's reduce op as backplane's; PREMUL_SUM is a sum of inputs scaled first (*factor).
@@ -100,14 +94,6 @@ inline void require_same(const at::Tensor& a, const at::Tensor& b, const char* o
          std::string(c10::toString(b.scalar_type())) + "[" + std::to_string(b.numel()) + "] where " +
          std::string(c10::toString(a.scalar_type())) + "[" + std::to_string(a.numel()) + "] is expected");
   }
-}
-
-// A contiguous tensor with `tensor`'s values: itself when it is one.
-inline at::Tensor contiguous(const at::Tensor& tensor) { return tensor.is_contiguous() ? tensor : tensor.contiguous(); }
-
-// Copies `result` into `target` unless they are the same storage.
-inline void copy_back(const at::Tensor& target, const at::Tensor& result) {
-  if (!target.is_same(result)) const_cast<at::Tensor&>(target).copy_(result.view_as(target));
 }
 
 }  // namespace backplane::torch_backend

@@ -9,7 +9,7 @@
 #include <utility>
 
 #include "runtime_link.h"
-#include "scalar_types.h"
+#include "tensor_bridge.h"
 
 namespace backplane::parallel {
 
@@ -20,23 +20,20 @@ void check(bpl_status status, const char* what) {
 bpl_dtype to_bpl_dtype(at::ScalarType type) {
   const std::optional<bpl_dtype> dtype = bpl_dtype_of(type);
   if (!dtype) {
-    throw Error(BPL_ERR_INVALID_ARGUMENT, std::string("tensors of dtype ") + c10::toString(type) +
-                                              " cannot be communicated: expected " + kTorchDtypesMoved);
+    throw Error(BPL_ERR_INVALID_ARGUMENT, "the tensor " + unmoved_dtype(type));
   }
   return *dtype;
 }
 
 namespace {
 
-// The tensor as the backend sees it: itself when contiguous (no copy), else a contiguous copy.
+// The buffer the backend is handed for `tensor` (tensor_bridge.h), or the refusal naming the operation
+// and the argument (`name`).
 at::Tensor backend_view(const at::Tensor& tensor, const char* op, const char* name) {
-  if (!tensor.defined()) throw Error(BPL_ERR_INVALID_ARGUMENT, std::string(op) + ": " + name + " is undefined");
-  if (!tensor.device().is_cpu()) {
-    throw Error(BPL_ERR_INVALID_ARGUMENT, std::string(op) + ": " + name + " is on " + tensor.device().str() +
-                                              ": expected a CPU tensor");
+  if (const std::optional<std::string> why = why_unmovable(tensor)) {
+    throw Error(BPL_ERR_INVALID_ARGUMENT, std::string(op) + ": the " + name + " " + *why);
   }
-  to_bpl_dtype(tensor.scalar_type());
-  return tensor.contiguous();
+  return backend_buffer(tensor);
 }
 
 int64_t normalize_dim(const at::Tensor& tensor, int64_t dim, const char* op) {
@@ -55,7 +52,10 @@ bpl_dtype dtype_of(const at::Tensor& tensor) { return to_bpl_dtype(tensor.scalar
 // For in-place operations on a tensor the backend got a copy of: write the result back.
 std::function<at::Tensor()> copy_back(const at::Tensor& tensor, const at::Tensor& buffer) {
   if (buffer.is_same(tensor)) return nullptr;
-  return [tensor, buffer]() mutable { return tensor.copy_(buffer); };
+  return [tensor, buffer] {
+    write_back(tensor, buffer);
+    return tensor;
+  };
 }
 
 }  // namespace

@@ -156,6 +156,11 @@ TEST_F(OneRankTest, UsageErrorsAreClear) {
 
   // A group a module still holds outlives destroy_process_group, and then says so when used.
   bp::GroupPtr held = bp::get_tensor_model_parallel_group();
+  // The torch backend refuses such a tensor in the same words (test_process_group.py): one bridge.
+  at::Tensor flags = at::ones({2}, at::kBool);
+  EXPECT_NE(error_of([&] { held->all_reduce(flags); })
+                .find("all_reduce: the input has dtype Bool, which backplane does not move (it moves float32,"),
+            std::string::npos);
   bp::destroy_process_group();
   at::Tensor t = at::ones({2});
   EXPECT_NE(error_of([&] { held->all_reduce(t); }).find("used after destroy_process_group()"), std::string::npos);
