@@ -9,6 +9,7 @@
 
 #include <sys/socket.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <exception>
@@ -76,27 +77,49 @@ class QueuedRequest : public Request {
   plugin::OpQueue* queue_;
 };
 
-// An asynchronous send or recv: posted to Gloo at once; a thread waits for its completion with the
-// communicator's timeout, because Gloo's own wait with a shorter timeout would close the whole context.
+// An asynchronous send or recv, posted at once. Its completion (`complete`, which waits within the
+// communicator's timeout) runs on the thread that waits for the request at least that long: the usual
+// post-then-wait starts no thread. Gloo's wait cannot be polled, and one with a shorter timeout fails
+// the whole context, so a request tested, or waited for less, has its completion run on a thread of its
+// own, started then; so has one whose transfer moves only while its completion runs (`drive_at_once`:
+// a receive from shared memory's mailboxes, which the receiver reads), from the start.
 class PointToPointRequest : public Request {
  public:
-  // `complete` waits, within the communicator's timeout, for the posted transfer to finish.
-  explicit PointToPointRequest(std::function<void()> complete)
-      : op_(std::make_shared<plugin::Operation>(std::move(complete))) {
-    waiter_ = std::thread([op = op_] { op->run(classify); });
+  PointToPointRequest(std::function<void()> complete, std::chrono::milliseconds op_timeout, bool drive_at_once)
+      : op_(std::make_shared<plugin::Operation>(std::move(complete))), op_timeout_(op_timeout) {
+    if (drive_at_once) complete_elsewhere();
   }
   ~PointToPointRequest() override {
     if (waiter_.joinable()) waiter_.join();
   }
-  bpl_status test(int32_t* done) override { return QueuedRequest(op_).test(done); }
-  bpl_status wait(std::chrono::milliseconds timeout) override { return QueuedRequest(op_).wait(timeout); }
+  bpl_status test(int32_t* done) override {
+    complete_elsewhere();
+    return QueuedRequest(op_).test(done);
+  }
+  bpl_status wait(std::chrono::milliseconds timeout) override {
+    if (timeout >= op_timeout_ && claim()) {
+      op_->run(classify);
+    } else {
+      complete_elsewhere();
+    }
+    return QueuedRequest(op_).wait(timeout);
+  }
   bpl_status finish() override {
-    waiter_.join();  // the waiter ends within the communicator's timeout
+    if (claim()) op_->run(classify);  // never waited for: completed here, within the timeout
+    if (waiter_.joinable()) waiter_.join();  // the waiter ends within the communicator's timeout
     return BPL_OK;
   }
 
  private:
+  // Whether this caller takes the completion on (only the first does).
+  bool claim() { return !claimed_.exchange(true); }
+  void complete_elsewhere() {
+    if (claim()) waiter_ = std::thread([op = op_] { op->run(classify); });
+  }
+
   std::shared_ptr<plugin::Operation> op_;
+  std::chrono::milliseconds op_timeout_;
+  std::atomic<bool> claimed_{false};
   std::thread waiter_;
 };
 

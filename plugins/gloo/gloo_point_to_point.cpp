@@ -19,7 +19,9 @@ namespace backplane::gloo_plugin {
 void GlooComm::point_to_point(void* buf, size_t bytes, int peer, int tag, bool is_send, bpl_plugin_request** req) {
   std::function<void()> complete = path_->post_transfer(buf, bytes, peer, tag, is_send);
   if (req == nullptr) return complete();
-  *req = reinterpret_cast<bpl_plugin_request*>(static_cast<Request*>(new PointToPointRequest(std::move(complete))));
+  const bool drive_at_once = !is_send && path_->receives_move_only_while_waited();
+  *req = reinterpret_cast<bpl_plugin_request*>(
+      static_cast<Request*>(new PointToPointRequest(std::move(complete), timeout(), drive_at_once)));
 }
 
 // Over Gloo's pairs the slot carries the tag and 24 bits of a hash of the size: a send and a recv of
@@ -141,7 +143,8 @@ void GlooComm::recv(void* buf, size_t count, bpl_dtype dtype, int peer, int tag,
 void GlooComm::recv_any(void* buf, size_t count, bpl_dtype dtype, int tag, int32_t* source, bpl_plugin_request** req) {
   std::function<void()> complete = path_->post_recv_from_any(buf, count * plugin::dtype_size(dtype), tag, source);
   if (req == nullptr) return complete();
-  *req = reinterpret_cast<bpl_plugin_request*>(static_cast<Request*>(new PointToPointRequest(std::move(complete))));
+  *req = reinterpret_cast<bpl_plugin_request*>(static_cast<Request*>(
+      new PointToPointRequest(std::move(complete), timeout(), path_->receives_move_only_while_waited())));
 }
 
 }  // namespace backplane::gloo_plugin

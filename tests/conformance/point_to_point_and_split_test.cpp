@@ -1,4 +1,8 @@
 // The conformance suite's point to point (tags, receives from any rank), comm_split, and the host device.
+#include <fstream>
+#include <string>
+#include <vector>
+
 #include "conformance/conformance.h"
 
 namespace backplane::test {
@@ -168,6 +172,55 @@ TEST(PointToPoint, BlockingSendMeetsBlockingRecv) {
     EXPECT_EQ(wrong, 0u);
   }
   EXPECT_OK(bpl_barrier(world.comm, nullptr));
+}
+
+// The process's threads, as the kernel counts them.
+int thread_count() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("Threads:", 0) == 0) return std::stoi(line.substr(8));
+  }
+  return -1;
+}
+
+// Sends posted as requests, still waiting for their receives, hold no thread each: a request waited
+// for as long as the communicator's timeout is completed by its waiter.
+TEST(PointToPoint, PendingSendsHoldNoThreadEach) {
+  SKIP_UNLESS_SUPPORTED(BPL_COLL_SEND, BPL_DTYPE_I32, 0);
+  if (world.size < 2) GTEST_SKIP() << "needs 2 ranks";
+  if (world.rank > 1) {  // ranks 0 and 1 exchange; the others take part in the barrier only
+    EXPECT_OK(bpl_barrier(world.comm, nullptr));
+    return;
+  }
+  // Above every backend's size for a send copied at once (its buffer then free, its request ended).
+  constexpr int kMessages = 16;
+  constexpr size_t kCount = 64 * 1024;
+  const int peer = 1 - world.rank;
+  std::vector<std::vector<int32_t>> sent(kMessages, std::vector<int32_t>(kCount));
+  std::vector<std::vector<int32_t>> received(kMessages, std::vector<int32_t>(kCount, -1));
+  std::vector<bpl_request*> requests(2 * kMessages, nullptr);
+  const int threads_before = thread_count();
+  for (int k = 0; k < kMessages; ++k) {
+    sent[k].assign(kCount, world.rank * 1000 + k);
+    EXPECT_OK(bpl_send(world.comm, sent[k].data(), kCount, BPL_DTYPE_I32, peer, 100 + k, &requests[k]));
+  }
+  const int threads_with_sends = thread_count();
+  // Before any receive, so that no send can have ended yet.
+  EXPECT_OK(bpl_barrier(world.comm, nullptr));
+  for (int k = 0; k < kMessages; ++k) {
+    EXPECT_OK(bpl_recv(world.comm, received[k].data(), kCount, BPL_DTYPE_I32, peer, 100 + k, &requests[kMessages + k]));
+  }
+  for (bpl_request* r : requests) {
+    EXPECT_OK(bpl_request_wait(r, BPL_TIMEOUT_DEFAULT));
+    EXPECT_OK(bpl_request_free(r));
+  }
+  EXPECT_LT(threads_with_sends - threads_before, kMessages / 2)
+      << kMessages << " pending sends took " << threads_with_sends - threads_before << " threads";
+  for (int k = 0; k < kMessages; ++k) {
+    EXPECT_EQ(received[k].front(), peer * 1000 + k) << "message " << k;
+    EXPECT_EQ(received[k].back(), peer * 1000 + k) << "message " << k;
+  }
 }
 
 TEST(CommSplit, ParityGroupsReduceWithinThemselves) {
