@@ -2,8 +2,8 @@
 // for every rank of the job to start, and MPI_Finalize, which waits for every rank to finalize. A rank
 // stopped or stuck before either would hold the others there for as long as it stays so. The guard's
 // thread sleeps until the call returns; at the deadline it writes what did not return, and why it
-// may not have, and ends the process with status 124 (timeout's, as the watchdog ends a watched call):
-// the job's launcher then ends the others.
+// may not have, and ends the process with status 124 (timeout's): the job's launcher then ends the
+// others.
 #pragma once
 
 #include <chrono>

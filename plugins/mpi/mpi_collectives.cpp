@@ -15,7 +15,6 @@ namespace backplane::mpi_plugin {
 
 void MpiComm::allreduce(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_reduce_op op,
                         bpl_plugin_request** req) {
-  if (watching(req) && watched_allreduce(send, recv, count, dtype, op)) return;
   const bpl_dtype acc = plugin::accumulation_dtype(dtype, op);
   const int n = mpi_count(count);
   void* work = recv;
@@ -50,7 +49,6 @@ void MpiComm::allreduce(const void* send, void* recv, size_t count, bpl_dtype dt
 }
 
 void MpiComm::broadcast(void* buf, size_t count, bpl_dtype dtype, int root, bpl_plugin_request** req) {
-  if (watching(req) && watched_broadcast(buf, count, dtype, root)) return;
   const size_t bytes = count * plugin::dtype_size(dtype);
   auto request = std::make_unique<Request>(this, "broadcast", fingerprint_of(BPL_COLL_BROADCAST, dtype, count, root), bytes,
                                            nullptr);
@@ -66,7 +64,6 @@ void MpiComm::broadcast(void* buf, size_t count, bpl_dtype dtype, int root, bpl_
 
 void MpiComm::reduce(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_reduce_op op, int root,
                      bpl_plugin_request** req) {
-  if (watching(req) && watched_reduce(send, recv, count, dtype, op, root)) return;
   const bpl_dtype acc = plugin::accumulation_dtype(dtype, op);
   const bool is_root = rank_ == root;
   const size_t element = plugin::dtype_size(acc), bytes = count * element;
@@ -99,7 +96,6 @@ void MpiComm::reduce(const void* send, void* recv, size_t count, bpl_dtype dtype
 }
 
 void MpiComm::allgather(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_plugin_request** req) {
-  if (watching(req) && watched_allgather(send, recv, count, dtype)) return;
   const size_t block = count * plugin::dtype_size(dtype);
   auto request = std::make_unique<Request>(this, "allgather", fingerprint_of(BPL_COLL_ALLGATHER, dtype, count),
                                            block * static_cast<size_t>(size_), nullptr);
@@ -160,7 +156,6 @@ void MpiComm::reduce_scatter(const void* send, void* recv, size_t recvcount, bpl
 }
 
 void MpiComm::alltoall(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_plugin_request** req) {
-  if (watching(req) && watched_alltoall(send, recv, count, dtype)) return;
   const int n = mpi_count(count);
   mpi_count(count * static_cast<size_t>(size_));
   auto request = std::make_unique<Request>(this, "alltoall", fingerprint_of(BPL_COLL_ALLTOALL, dtype, count),
@@ -198,7 +193,6 @@ void MpiComm::alltoall(const void* send, void* recv, size_t count, bpl_dtype dty
 }
 
 void MpiComm::gather(const void* send, void* recv, size_t count, bpl_dtype dtype, int root, bpl_plugin_request** req) {
-  if (watching(req) && watched_gather(send, recv, count, dtype, root)) return;
   const int n = mpi_count(count);
   mpi_count(count * static_cast<size_t>(size_));
   const size_t block = count * plugin::dtype_size(dtype);
@@ -221,7 +215,6 @@ void MpiComm::gather(const void* send, void* recv, size_t count, bpl_dtype dtype
 }
 
 void MpiComm::scatter(const void* send, void* recv, size_t count, bpl_dtype dtype, int root, bpl_plugin_request** req) {
-  if (watching(req) && watched_scatter(send, recv, count, dtype, root)) return;
   const int n = mpi_count(count);
   mpi_count(count * static_cast<size_t>(size_));
   const size_t block = count * plugin::dtype_size(dtype);
@@ -244,7 +237,6 @@ void MpiComm::scatter(const void* send, void* recv, size_t count, bpl_dtype dtyp
 
 void MpiComm::allgatherv(const void* send, size_t sendcount, void* recv, plugin::CountsView recvcounts,
                          plugin::CountsView displs, bpl_dtype dtype, bpl_plugin_request** req) {
-  if (watching(req) && watched_allgatherv(send, sendcount, recv, recvcounts, displs, dtype)) return;
   const int n = mpi_count(sendcount);
   const Fingerprint f = allgatherv_fingerprint(dtype, sendcount, recvcounts, rank_, size_);
   auto request = std::make_unique<Request>(this, "allgatherv", f, static_cast<size_t>(f.count) * plugin::dtype_size(dtype),
@@ -274,7 +266,6 @@ void MpiComm::allgatherv(const void* send, size_t sendcount, void* recv, plugin:
 void MpiComm::alltoallv(const void* send, plugin::CountsView sendcounts, plugin::CountsView sdispls, void* recv,
                         plugin::CountsView recvcounts, plugin::CountsView rdispls, bpl_dtype dtype,
                         bpl_plugin_request** req) {
-  if (watching(req) && watched_alltoallv(send, sendcounts, sdispls, recv, recvcounts, rdispls, dtype)) return;
   const size_t element = plugin::dtype_size(dtype);
   // This rank's share of the bytes: it sizes the busy part of the waits.
   const size_t moved = (sendcounts.sum() + recvcounts.sum()) * element;
@@ -305,7 +296,6 @@ void MpiComm::alltoallv(const void* send, plugin::CountsView sendcounts, plugin:
 }
 
 void MpiComm::barrier(bpl_plugin_request** req) {
-  if (watching(req) && watched_barrier()) return;
   auto request = std::make_unique<Request>(this, "barrier", fingerprint_of(BPL_COLL_BARRIER), 0, nullptr);
   if (schedulable(0)) {
     barrier_rounds(request->schedule(), rank_, size_);
@@ -332,7 +322,6 @@ void MpiComm::send(const void* buf, size_t count, bpl_dtype dtype, int peer, int
   check_tag(tag);
   const int n = mpi_count(count);
   const size_t bytes = count * plugin::dtype_size(dtype);
-  if (watching(req) && watched_send(buf, count, dtype, peer, tag)) return;
   const int on_wire = wire_tag(tag, bytes);
   start(std::make_unique<Request>(this, "send", fingerprint_of(BPL_COLL_SEND), bytes,
                                   [=, comm = comm_](MPI_Request* r) {
@@ -345,10 +334,8 @@ void MpiComm::recv(void* buf, size_t count, bpl_dtype dtype, int peer, int tag, 
   check_tag(tag);
   const int n = mpi_count(count);
   const size_t bytes = count * plugin::dtype_size(dtype);
-  if (watching(req) && watched_recv(buf, count, dtype, peer, tag)) return;
-  // Posted at once up to the eager size (wire_tag); with BPL_MPI_WATCHDOG=1 at every size, so that MPI
-  // matches it while this rank is in MPI's own blocking calls.
-  if ((!probes_all() && bytes <= eager_bytes()) || own_calls()) {
+  // Posted at once up to the eager size (wire_tag).
+  if (!probes_all() && bytes <= eager_bytes()) {
     const int on_wire = wire_tag(tag, bytes);
     auto request = std::make_unique<Request>(this, "recv", fingerprint_of(BPL_COLL_RECV), bytes,
                                              [=, comm = comm_](MPI_Request* r) {
@@ -368,7 +355,7 @@ void MpiComm::recv_any(void* buf, size_t count, bpl_dtype dtype, int tag, int32_
   const size_t bytes = count * plugin::dtype_size(dtype);
   const int on_wire = wire_tag(tag, bytes);
   std::unique_ptr<Request> request;
-  if ((!probes_all() && bytes <= eager_bytes()) || own_calls()) {  // posted at once, as recv's
+  if (!probes_all() && bytes <= eager_bytes()) {  // posted at once, as recv's
     request = std::make_unique<Request>(this, "recv", fingerprint_of(BPL_COLL_RECV_ANY), bytes, [=, comm = comm_](MPI_Request* r) {
       return MPI_Irecv(buf, n, mpi_type(dtype), MPI_ANY_SOURCE, on_wire, comm, r);
     });

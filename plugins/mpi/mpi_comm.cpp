@@ -62,11 +62,9 @@ MpiComm::MpiComm(const MpiProcess& process, MPI_Comm comm, std::chrono::millisec
   }
   agree_ = duplicate_within(process_, comm_, timeout);
   learn_peers();
-  if (process_.watchdog != nullptr) process_.watchdog->watch(this);
 }
 
 MpiComm::~MpiComm() {
-  if (process_.watchdog != nullptr) process_.watchdog->forget(this);
   // Requests MPI still owns cannot be freed safely; after a failure the job is ending anyway.
   for (auto& request : abandoned_) (void)request.release();
   if (explanation_) (void)explanation_.release();  // MPI may still own its buffers
@@ -156,7 +154,6 @@ void MpiComm::keep_state(std::unique_ptr<RunState> state) {
 void MpiComm::abort() {
   aborted_.store(true, std::memory_order_release);
   poison(BPL_ERR_ABORTED, "the communicator was aborted (bpl_comm_abort) on this rank");
-  if (process_.watchdog != nullptr) process_.watchdog->wake();  // a blocking call of MPI's cannot be released
 }
 
 void MpiComm::require_usable() const {
@@ -177,10 +174,8 @@ void MpiComm::start(std::unique_ptr<Request> request, bpl_plugin_request** req) 
   } else if (r.request_ == MPI_REQUEST_NULL) {
     MpiLock lock(process_);
     // MPI's own collective: an alltoallv's bytes differ from rank to rank, so its ranks could not
-    // decide alike by size: they always agree first. Not with BPL_MPI_WATCHDOG=1, where MPI's own
-    // calls are posted at once, so that MPI moves them on while this rank is in a blocking call.
-    const bool agree = !r.scheduled_ && !own_calls() &&
-                       (r.bytes_ > eager_bytes() || r.fingerprint_.op == BPL_COLL_ALLTOALLV);
+    // decide alike by size: they always agree first.
+    const bool agree = !r.scheduled_ && (r.bytes_ > eager_bytes() || r.fingerprint_.op == BPL_COLL_ALLTOALLV);
     if (size_ > 1 && agree && is_collective(r.fingerprint_)) {
       r.phase_ = Request::Phase::kAgreeing;
       r.agreement_mine_ = encode(r.fingerprint_);
@@ -327,13 +322,6 @@ std::pair<bpl_status, std::string> MpiComm::explain_stall(const Fingerprint& min
   std::vector<bool> answered(calls.size());
   for (size_t r = 0; r < calls.size(); ++r) answered[r] = calls[r].has_value();
   return {BPL_ERR_TIMEOUT, stopped_peers_note(everyone, silent, answered)};
-}
-
-std::string MpiComm::describe_stall(const Fingerprint& mine) {
-  // explain_stall calls MPI; the stalled call holds MPI's lock where MPI is not thread-multiple.
-  if (process_.serialize != nullptr) return stopped_peers_note(false);
-  const auto [status, explanation] = explain_stall(mine);
-  return status == BPL_ERR_MISMATCH ? ": " + explanation : explanation;
 }
 
 std::string MpiComm::stopped_peers_note(bool every_rank_answered, const std::string& silent,

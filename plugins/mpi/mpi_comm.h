@@ -1,8 +1,8 @@
 // A communicator of the MPI plugin: an MPI communicator (with MPI_ERRORS_RETURN) and a duplicate of it
 // on which the plugin's own schedules run and the ranks compare what they call (fingerprint.h).
 // Defined in mpi_comm.cpp (making, splitting, failing and explaining a communicator), mpi_requests.cpp
-// (Request), mpi_collectives.cpp (the collectives and point-to-point calls) and mpi_watched_calls.cpp
-// (MPI's own blocking calls under BPL_MPI_WATCHDOG=1); mpi_internal.h holds what those files share.
+// (Request) and mpi_collectives.cpp (the collectives and point-to-point calls); mpi_internal.h holds
+// what those files share.
 //
 // Every bpl call is a schedule of the plugin's own of MPI's non-blocking point-to-point calls
 // (schedules.h: every collective), or MPI's own non-blocking call (send, recv, and collectives beyond
@@ -29,11 +29,8 @@
 // exchanges on the duplicate what it was calling, for a moment: ranks that called different
 // operations are MISMATCH naming them; otherwise the peers of this machine that are stopped are named.
 //
-// With BPL_MPI_WATCHDOG=1 a blocking operation is MPI's own blocking call instead, watched
-// (watchdog.h). Asynchronous ones stay as above, and what a rank in such a call cannot move on itself
-// is moved on for it: a recv is posted at once (MPI matches it inside any call), and the watchdog
-// steps the schedules in flight while a blocking call runs (where MPI is not thread-multiple, they are
-// MPI's own non-blocking calls instead, which MPI moves on).
+// This is the plugin's one way to run an operation: MPI's own blocking calls would be a few tenths of a
+// microsecond faster per call but keep none of those promises (bench/results/design-choices.md).
 #pragma once
 
 #include <mpi.h>
@@ -57,7 +54,6 @@
 #include "plugin_support.h"
 #include "polled_request.h"
 #include "schedules.h"
-#include "watchdog.h"
 
 namespace backplane::mpi_plugin {
 
@@ -71,8 +67,6 @@ struct MpiProcess {
   size_t eager_bytes = 4096 - 128;
   // Set once any communicator of the process failed: MPI_Finalize would then wait for the failed peer.
   mutable std::atomic<bool> communicator_failed{false};
-  // BPL_MPI_WATCHDOG=1: blocking operations are MPI's own blocking calls, watched by it (watchdog.h).
-  Watchdog* watchdog = nullptr;
 };
 
 class MpiComm;
@@ -215,10 +209,6 @@ class MpiComm {
   // out their own timeout.
   void abort();
   bool aborted() const { return aborted_.load(std::memory_order_acquire); }
-  // BPL_MPI_WATCHDOG=1: the blocking call MPI runs now, and what can be said when it stalls (what each
-  // rank called, where MPI lets a second thread ask, or which peers of this machine are stopped).
-  WatchedCall& watched_call() { return watched_call_; }
-  std::string describe_stall(const Fingerprint& mine);
 
   // Each posts one operation; with req == NULL it also waits for it (bounded by the timeout).
   void allreduce(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_reduce_op op, bpl_plugin_request** req);
@@ -245,8 +235,7 @@ class MpiComm {
   void recv_any(void* buf, size_t count, bpl_dtype dtype, int tag, int32_t* source, bpl_plugin_request** req);
   std::unique_ptr<MpiComm> split(int color, int key);
   // The barrier of bpl_finalize (fingerprinted as finalizing, kFinalizeOp): returns once every rank has
-  // called it, or throws at the timeout. MPI's own non-blocking barrier, waited for the bounded way in
-  // either mode (a watched call would end the job instead).
+  // called it, or throws at the timeout. MPI's own non-blocking barrier, waited for the bounded way.
   void finalize_barrier();
   // ABI 1.2: a communicator of `size` ranks that only they create (MPI_Comm_create_group), each passing
   // its `rank` in it; they learn each other's MPI_COMM_WORLD ranks through the caller's `store`, within
@@ -268,7 +257,6 @@ class MpiComm {
   void unregister_in_flight(Request* request);
   // Steps every registered operation but `self` (null: every one) that no other thread is moving now.
   void progress_others(const Request* self);
-  bool has_operations_in_flight() const { return in_flight_count_.load(std::memory_order_acquire) > 0; }
   // An operation's state: the one kept from an earlier operation, cleared, or a new one; and back.
   std::unique_ptr<RunState> take_state();
   void keep_state(std::unique_ptr<RunState> state);
@@ -284,8 +272,6 @@ class MpiComm {
   // ring's 2(n-1)), larger ones go round a ring of blocks, which moves 2(n-1)/n of the buffer per rank
   // instead of log2(n) times it. (ring_allreduce)
   static constexpr size_t kRecursiveDoublingMaxBytes = 65536;
-  // BPL_MPI_WATCHDOG=1: the largest allreduce made as MPI's own call (watched_allreduce).
-  static constexpr size_t kWatchedAllreduceMaxBytes = size_t{4} << 20;
   // Whether an allreduce of `count` elements, `bytes` in all, goes round the ring: above
   // kRecursiveDoublingMaxBytes, and where the whole buffer is above the eager size but the ring's
   // blocks are not (a message just above it waits for the probe: two eager rounds are faster than
@@ -305,39 +291,7 @@ class MpiComm {
   // Whether a collective whose largest single transfer is `bytes` runs as the plugin's own schedule
   // (schedules.h): on more than one rank, and where MPI's int counts of bytes reach (else MPI's own
   // non-blocking collective, counting in elements).
-  // With BPL_MPI_WATCHDOG=1, only where MPI is thread-multiple: the watchdog then moves the schedules on
-  // while this rank is in one of MPI's blocking calls (watchdog.h); else MPI must, as its own calls.
-  bool schedulable(size_t bytes) const {
-    return size_ > 1 && bytes <= static_cast<size_t>(INT_MAX) && !(own_calls() && process_.serialize != nullptr);
-  }
-  bool own_calls() const { return process_.watchdog != nullptr; }
-  // Whether an operation (req: its request, or NULL for a blocking one) is tried as a watched call.
-  bool watching(bpl_plugin_request** req) const { return req == nullptr && own_calls(); }
-  // BPL_MPI_WATCHDOG=1: runs `call`, MPI's own blocking call `what`, watched; false (nothing run) when
-  // another thread's call on this communicator already is (this one then goes the bounded way). A
-  // failure poisons the communicator and throws.
-  template <typename Call>
-  bool watched(const Fingerprint& what, Call&& call);
-  // Each runs the operation as MPI's own blocking call, watched, where the mode is on and MPI's call
-  // does what backplane's does (not: reductions that accumulate in a wider type, counts beyond int,
-  // in-place forms MPI has not), as fast; false where it does not. (Not reduce_scatter at all, nor an
-  // allreduce above kWatchedAllreduceMaxBytes: the plugin's rings run them in 0.15-0.7x and about
-  // 0.5x of Open MPI's time there, bench/results/xeon/README.md#2026-11-27-mpi-watchdog; they keep the bounded way.)
-  bool watched_allreduce(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_reduce_op op);
-  bool watched_broadcast(void* buf, size_t count, bpl_dtype dtype, int root);
-  bool watched_reduce(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_reduce_op op, int root);
-  bool watched_allgather(const void* send, void* recv, size_t count, bpl_dtype dtype);
-  bool watched_alltoall(const void* send, void* recv, size_t count, bpl_dtype dtype);
-  bool watched_gather(const void* send, void* recv, size_t count, bpl_dtype dtype, int root);
-  bool watched_scatter(const void* send, void* recv, size_t count, bpl_dtype dtype, int root);
-  bool watched_allgatherv(const void* send, size_t sendcount, void* recv, plugin::CountsView recvcounts,
-                          plugin::CountsView displs, bpl_dtype dtype);
-  bool watched_alltoallv(const void* send, plugin::CountsView sendcounts, plugin::CountsView sdispls, void* recv,
-                         plugin::CountsView recvcounts, plugin::CountsView rdispls, bpl_dtype dtype);
-  bool watched_barrier();
-  bool watched_send(const void* buf, size_t count, bpl_dtype dtype, int peer, int tag);
-  // Up to the eager size MPI_Recv; above it the matching probe first, its size checked (MISMATCH).
-  bool watched_recv(void* buf, size_t count, bpl_dtype dtype, int peer, int tag);
+  bool schedulable(size_t bytes) const { return size_ > 1 && bytes <= static_cast<size_t>(INT_MAX); }
   // Starts `request`; with req == NULL waits for it here.
   void start(std::unique_ptr<Request> request, bpl_plugin_request** req);
   void require_usable() const;
@@ -403,7 +357,6 @@ class MpiComm {
   int explanation_tag() const { return process_.tag_upper_bound; }
   std::unique_ptr<Exchange> explanation_;
   std::vector<pid_t> local_pid_of_rank_;   // 0 for this rank and for ranks on other machines
-  WatchedCall watched_call_;
 };
 
 // MPI's text for an error code.

@@ -1,6 +1,5 @@
 // The MPI plugin's own helpers, shared by its files (mpi_comm.cpp, the communicator; mpi_requests.cpp,
-// its requests; mpi_collectives.cpp, the collectives as schedules or MPI's calls; mpi_watched_calls.cpp,
-// MPI's own blocking calls under BPL_MPI_WATCHDOG=1): MPI's types and ops for the ABI's, the lock that
+// its requests; mpi_collectives.cpp, the collectives as schedules or MPI's calls): MPI's types and ops for the ABI's, the lock that
 // serializes MPI where it is not thread-safe, the fingerprints of the variable-size collectives, what
 // an MPI error is to backplane, and the process's receives that wait for a match.
 #pragma once

@@ -47,7 +47,6 @@ struct ProcessState {
   std::chrono::milliseconds exit_timeout{0};  // the last runtime's, which bounds MPI_Finalize at exit
   std::mutex serialize;  // for MpiProcess::serialize when MPI is not thread-multiple
   MpiProcess process;
-  Watchdog watchdog;  // MpiProcess::watchdog's, running while a runtime is (BPL_MPI_WATCHDOG=1)
 };
 ProcessState& state() {
   static ProcessState s;
@@ -163,10 +162,7 @@ void finalize_at_exit() {
     return;
   }
   // A runtime still open (a program that never called bpl_finalize, or whose torch backend outlives
-  // Python) is left to MPI_Finalize, which frees its communicators; its watchdog stops calling MPI first.
-  if (s.process.watchdog != nullptr) {
-    for (int open = 0; open < s.runtimes; ++open) s.watchdog.stop();  // one start for each runtime
-  }
+  // Python) is left to MPI_Finalize, which frees its communicators.
   DeadlineGuard guard(s.exit_timeout, "MPI_Finalize at exit",
                       "it waits for every rank of the job to finalize, and a rank is stopped, stuck, or still "
                       "running long after this one",
@@ -274,10 +270,7 @@ bpl_status runtime_create(const bpl_launch_info* launch, bpl_plugin_runtime** ou
     ProcessState& s = state();
     std::lock_guard<std::mutex> lock(s.mutex);
     const MPI_Comm base = native_world(*launch);
-    if (s.runtimes == 0) {
-      s.process.watchdog = plugin::env_switch("BPL_MPI_WATCHDOG", false) ? &s.watchdog : nullptr;
-      initialize_mpi(*launch);
-    }
+    if (s.runtimes == 0) initialize_mpi(*launch);
     if (base == MPI_COMM_WORLD) {
       int world_rank = 0, world_size = 0;
       MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
@@ -304,12 +297,7 @@ bpl_status runtime_create(const bpl_launch_info* launch, bpl_plugin_runtime** ou
                        "; eager messages up to " + std::to_string(s.process.eager_bytes) + " bytes" +
                        (s.initialized_here ? "; initialised by backplane" : "; initialised by the program") +
                        (base == MPI_COMM_WORLD ? "; world: MPI_COMM_WORLD" : "; world: the program's communicator") +
-                       (s.process.watchdog != nullptr
-                            ? "; blocking operations: MPI's own blocking calls, watched (BPL_MPI_WATCHDOG=1: one past "
-                              "the timeout ends the job)"
-                            : "; blocking operations: the plugin's schedules, waited for within the timeout") +
                        "; " + kernels_module::details();
-    if (s.process.watchdog != nullptr) s.watchdog.start();
     s.exit_timeout = std::chrono::milliseconds(launch->timeout_ms);
     ++s.runtimes;
     *out = runtime.release();
@@ -331,7 +319,6 @@ bpl_status runtime_destroy(bpl_plugin_runtime* rt) {
       }
     }
     delete rt;
-    if (s.process.watchdog != nullptr) s.watchdog.stop();
     --s.runtimes;  // MPI that backplane initialised is finalised at exit (finalize_at_exit)
     return BPL_OK;
   });

@@ -70,8 +70,7 @@ TEST(Collectives, AsyncCollectivesCompleteWhicheverOrderTheRanksWaitForThem) {
 // A blocking call between an asynchronous one and its wait, with the ranks waiting in different
 // orders: odd ranks wait for the allreduce and the recv before the barrier, even ranks after it. As
 // under MPI's progress rule, the asynchronous operations complete though a rank is inside the
-// blocking call (with BPL_MPI_WATCHDOG=1 that is MPI's own barrier, which moves nothing of backplane's
-// on by itself). Both move more than every eager limit, in several rounds.
+// blocking call. Both move more than every eager limit, in several rounds.
 TEST(Collectives, AsyncOperationsCompleteWhileAPeerIsInABlockingCall) {
   SKIP_UNLESS_SUPPORTED(BPL_COLL_ALLREDUCE, BPL_DTYPE_F32, BPL_OP_SUM);
   SKIP_UNLESS_SUPPORTED(BPL_COLL_SEND, BPL_DTYPE_F32, 0);

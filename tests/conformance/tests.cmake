@@ -84,24 +84,6 @@ if(TARGET backplane-gloo)
                 $<TARGET_FILE:bpl-conformance> --backend=mpi)
       set_tests_properties(conformance_mpi_${ranks}ranks PROPERTIES TIMEOUT 600 PROCESSORS ${ranks}
         ENVIRONMENT "${BPL_MPI_TEST_ENV}")
-      # Every operation MPI's own, the blocking ones watched (BPL_MPI_WATCHDOG=1).
-      add_test(NAME conformance_mpi_watchdog_${ranks}ranks
-        COMMAND ${MPIEXEC_EXECUTABLE} --oversubscribe ${MPIEXEC_NUMPROC_FLAG} ${ranks}
-                $<TARGET_FILE:bpl-conformance> --backend=mpi)
-      set_tests_properties(conformance_mpi_watchdog_${ranks}ranks PROPERTIES TIMEOUT 600 PROCESSORS ${ranks}
-        ENVIRONMENT "${BPL_MPI_TEST_ENV};BPL_MPI_WATCHDOG=1")
-      if(ranks EQUAL 2)
-        add_test(NAME mpi_bad_watchdog_switch_is_refused
-          COMMAND ${BPL_EXPECT_OUTPUT} 1 "BPL_MPI_WATCHDOG='2' is not valid: expected 0 or 1" --
-                  ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 1 $<TARGET_FILE:bpl-info> --init)
-        set_tests_properties(mpi_bad_watchdog_switch_is_refused PROPERTIES TIMEOUT 120
-          ENVIRONMENT "${BPL_MPI_TEST_ENV};BPL_BACKEND=mpi;BPL_MPI_WATCHDOG=2")
-        add_test(NAME mpi_watchdog_mode_is_reported
-          COMMAND ${BPL_EXPECT_OUTPUT} 0 "blocking operations: MPI's own blocking calls, watched \\(BPL_MPI_WATCHDOG=1" --
-                  ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 1 $<TARGET_FILE:bpl-info> --init)
-        set_tests_properties(mpi_watchdog_mode_is_reported PROPERTIES TIMEOUT 120
-          ENVIRONMENT "${BPL_MPI_TEST_ENV};BPL_BACKEND=mpi;BPL_MPI_WATCHDOG=1")
-      endif()
     endif()
   endforeach()
 endif()

@@ -29,8 +29,7 @@ if(TARGET backplane-gloo)
   bpl_add_test(fault_test system/fault/main.cpp system/fault/scenarios_kill_stop_abort.cpp
                           system/fault/scenarios_exit_mismatch_reinit.cpp system/fault/killed_rank_test.cpp
                           system/fault/stopped_rank_test.cpp system/fault/abort_test.cpp system/fault/mismatch_test.cpp
-                          system/fault/reinit_and_limits_test.cpp system/fault/mpi_watchdog_test.cpp
-                          system/fault/rendezvous_test.cpp)
+                          system/fault/reinit_and_limits_test.cpp system/fault/rendezvous_test.cpp)
   target_link_libraries(fault_test PRIVATE backplane)
   add_dependencies(fault_test backplane-gloo)
   if(TARGET backplane-mpi)
