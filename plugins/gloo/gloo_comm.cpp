@@ -9,6 +9,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -160,7 +161,20 @@ void GlooComm::connection_ended(int peer) {
   if (says_whose_end_it_follows()) {
     shared_->board->publish(closed_after_key(rank()), std::to_string(first_ended_.load()));
   }
+  let_gloo_read_what_arrived(peer);
   shut_down_connections();
+}
+
+void GlooComm::let_gloo_read_what_arrived(int peer) const {
+  constexpr auto kLongest = std::chrono::milliseconds(200);
+  const auto give_up = plugin::deadline_after(kLongest);
+  for (const PairSocket& socket : sockets_) {
+    if (socket.peer != peer) continue;
+    int unread = 0;
+    while (::ioctl(socket.fd, FIONREAD, &unread) == 0 && unread > 0 && std::chrono::steady_clock::now() < give_up) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
 }
 
 int GlooComm::closed_after(int peer) const {

@@ -267,6 +267,10 @@ class GlooComm {
   // than two ranks: a third rank that sees this rank's connections end then names that peer, not
   // this rank).
   void connection_ended(int peer);
+  // Waits (200 ms at most) until Gloo has read what `peer` sent before its connection ended: the watch
+  // sees the end when it arrives, perhaps before Gloo's thread read the bytes ahead of it, and an
+  // operation those bytes complete (a peer that finished it, then left) must not be failed.
+  void let_gloo_read_what_arrived(int peer) const;
   // The rank whose connection's end made `peer` close its own connections, as it said in the store
   // before closing them; `peer` itself when it said nothing (it ended, or failed on its own).
   int closed_after(int peer) const;

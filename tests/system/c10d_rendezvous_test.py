@@ -61,7 +61,22 @@ def agents(bin_dir, script, flags, count=2, env=None, between=0.0, session=False
 
 
 def finish(processes, timeout=90):
-    return [(p.wait(timeout=timeout), p.stdout.read()) for p in processes]
+    """Each agent's (exit code, output). One still running after `timeout` is stopped (SIGTERM: it
+    stops its ranks; SIGKILL 10 s later) and its code says so, so that the failure shows what it said."""
+    ended = []
+    for p in processes:
+        try:
+            code = p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.terminate()
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+            code = f"still running after {timeout} s"
+        ended.append((code, p.stdout.read()))
+    return ended
 
 
 def lines_of(output, pattern):
