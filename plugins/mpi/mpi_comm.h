@@ -29,8 +29,8 @@
 // exchanges on the duplicate what it was calling, for a moment: ranks that called different
 // operations are MISMATCH naming them; otherwise the peers of this machine that are stopped are named.
 //
-// This is the plugin's one way to run an operation: MPI's own blocking calls would be a few tenths of a
-// microsecond faster per call but keep none of those promises (bench/results/design-choices.md).
+// This is the plugin's one way to run an operation: MPI's own blocking calls would save at most a tenth
+// of a microsecond per small call and keep none of those promises (bench/results/design-choices.md).
 #pragma once
 
 #include <mpi.h>
