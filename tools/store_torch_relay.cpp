@@ -28,7 +28,7 @@ void log_to_stderr(int32_t, const char* source, const char* message) {
 const char* environment(const char* name) { return ::secure_getenv(name); }
 void keep_no_error(const char*) {}
 const bpl_host_api kStoreHost = {sizeof(bpl_host_api), BPL_ABI_MAJOR, BPL_ABI_MINOR, BPL_LOG_WARN, 0,
-                                 log_to_stderr, environment, keep_no_error};
+                                 log_to_stderr, environment, keep_no_error, nullptr};
 
 bool send_all(int fd, const uint8_t* data, size_t size) {
   while (size > 0) {

@@ -40,6 +40,32 @@ uint64_t call_hash(const Fingerprint& f) {
   return hash;  // not the pairing: each rank's own
 }
 
+bpl_operation_identity identity_of(const Fingerprint& f) {
+  bpl_operation_identity identity{};
+  identity.struct_size = sizeof(identity);
+  identity.sequence = static_cast<uint64_t>(f.sequence);
+  identity.hash = call_hash(f);
+  identity.kind = static_cast<int32_t>(f.op);
+  identity.dtype = static_cast<int32_t>(f.dtype);
+  identity.count = f.count;
+  identity.root = static_cast<int32_t>(f.root);
+  identity.reduce_op = static_cast<int32_t>(f.reduce_op);
+  identity.pairing = f.pairing;
+  return identity;
+}
+
+Fingerprint fingerprint_of(const bpl_operation_identity& identity) {
+  Fingerprint f;
+  f.sequence = static_cast<int64_t>(identity.sequence);
+  f.op = identity.kind;
+  f.dtype = identity.dtype;
+  f.count = identity.count;
+  f.root = identity.root;
+  f.reduce_op = identity.reduce_op;
+  f.pairing = identity.pairing;
+  return f;
+}
+
 std::optional<Fingerprint> decode(const FingerprintWords& words) {
   if (words[0] != kFingerprintMagic) return std::nullopt;
   Fingerprint f;
@@ -69,8 +95,10 @@ std::optional<Fingerprint> decode_text(const std::string& text) {
 }
 
 std::string describe(const Fingerprint& f) {
-  std::string text = std::string(f.op == kFinalizeOp ? "bpl_finalize" : bpl_collective_name(static_cast<bpl_collective>(f.op))) +
-                     (f.sequence > 0 ? " #" + std::to_string(f.sequence) : "");
+  const std::string name = f.op == kFinalizeOp           ? "bpl_finalize"
+                           : f.op == kFingerprintCheckOp ? "the BPL_DEBUG=detail check before"
+                                                         : bpl_collective_name(static_cast<bpl_collective>(f.op));
+  std::string text = name + (f.sequence > 0 ? " #" + std::to_string(f.sequence) : "");
   std::string args;
   auto add = [&](const std::string& item) { args += (args.empty() ? "" : ", ") + item; };
   if (f.dtype >= 0) add(bpl_dtype_name(static_cast<bpl_dtype>(f.dtype)));
@@ -145,22 +173,6 @@ std::string compare(const std::vector<std::pair<int, Fingerprint>>& by_rank, int
   std::string report = "ranks disagree on the collective they call: " + groups + "; differ in: ";
   for (size_t i = 0; i < fields.size(); ++i) report += (i ? ", " : "") + fields[i];
   return report;
-}
-
-StallFindings compare_stalled(const std::vector<std::optional<Fingerprint>>& said) {
-  std::vector<std::pair<int, Fingerprint>> by_rank;
-  std::string silent;
-  int silent_ranks = 0;
-  for (size_t r = 0; r < said.size(); ++r) {
-    if (said[r]) {
-      by_rank.emplace_back(static_cast<int>(r), *said[r]);
-    } else {
-      silent += (silent.empty() ? "" : ",") + std::to_string(r);
-      ++silent_ranks;
-    }
-  }
-  if (!silent.empty()) silent = (silent_ranks == 1 ? "rank " : "ranks ") + silent;
-  return {compare(by_rank, static_cast<int>(said.size())), silent};
 }
 
 }  // namespace backplane

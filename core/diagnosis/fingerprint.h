@@ -4,9 +4,9 @@
 //
 // BPL_DEBUG=detail exchanges fingerprints before each collective, as an allgather of a fixed number of
 // int64 words on the communicator itself: its shape never depends on the arguments being checked, so
-// it cannot mismatch even when they do. Plugins use the same words to explain an operation that
-// stalled (gloo through its store, mpi on a communicator of its own), so that their reports read alike;
-// this file and names.cpp are built into them too (bpl_diagnosis), depending on nothing else.
+// it cannot mismatch even when they do. The core hands each operation's fingerprint to the plugin
+// (bpl_operation_identity), which tags its messages with the hash and explains a stall with the words
+// (stall.h); this file, stall.cpp and names.cpp are built into the plugins too (bpl_diagnosis).
 #pragma once
 
 #include <algorithm>
@@ -18,13 +18,18 @@
 #include <utility>
 #include <vector>
 
-#include "backplane/backplane.h"
+#include "backplane/plugin.h"
 
 namespace backplane {
 
-// The barrier that bpl_finalize makes is no collective of the ABI, but ranks tell it from a bpl_barrier:
-// where one rank finalizes while the others call a collective, it is named as finalizing.
-constexpr int64_t kFinalizeOp = 1000;
+// The core's own exchanges (plugin.h): ranks tell the barrier of bpl_finalize from a bpl_barrier (where
+// one rank finalizes while the others call a collective, it is named as finalizing), and
+// BPL_DEBUG=detail's check from the collective it checks.
+constexpr int64_t kFinalizeOp = BPL_OPERATION_FINALIZE;
+constexpr int64_t kFingerprintCheckOp = BPL_OPERATION_FINGERPRINT_CHECK;
+
+// Whether every rank of the communicator takes part (a send or recv is two ranks' business).
+inline bool is_collective(int64_t op) { return op != BPL_COLL_SEND && op != BPL_COLL_RECV && op != BPL_COLL_RECV_ANY; }
 
 // -1 marks a field the operation does not have (a barrier has no dtype, a broadcast no reduce op).
 struct Fingerprint {
@@ -75,6 +80,15 @@ FingerprintWords encode(const Fingerprint& fingerprint);
 // build message tags from it, so that ranks calling different collectives post messages that never
 // match (up to its collisions) and stall, where the fingerprints then say what each called.
 uint64_t call_hash(const Fingerprint& fingerprint);
+// The identity the core hands a plugin for the operation `fingerprint` describes (its hash set), and
+// the fingerprint a plugin reads from it.
+bpl_operation_identity identity_of(const Fingerprint& fingerprint);
+Fingerprint fingerprint_of(const bpl_operation_identity& identity);
+// A plugin's operation: the core's identity of it, or `otherwise` where no call of the core started it
+// (an exchange of the plugin's own, such as a communicator's making).
+inline Fingerprint fingerprint_of(const bpl_operation_identity* identity, const Fingerprint& otherwise) {
+  return identity != nullptr ? fingerprint_of(*identity) : otherwise;
+}
 // Nothing when `words` were not made by encode (a peer running another version, or not checking).
 std::optional<Fingerprint> decode(const FingerprintWords& words);
 // The words as text ("w0 w1 … w7"), for a store's values, and back (nothing when not such words).
@@ -92,23 +106,8 @@ std::string compare(const std::vector<Fingerprint>& all);
 // missing; the pairing of counts is checked only when none is.
 std::string compare(const std::vector<std::pair<int, Fingerprint>>& by_rank, int ranks);
 
-// What each rank said it calls when an operation stalled (said[r] empty: no word from rank r), compared:
-// the report of compare() ("" when those that spoke agree), and the ranks that said nothing ("rank 2",
-// "ranks 1,3"; "" when every rank spoke). Both plugins explain a stall with it, whatever carried the words.
-struct StallFindings {
-  std::string report;
-  std::string silent;
-};
-StallFindings compare_stalled(const std::vector<std::optional<Fingerprint>>& said);
-
 // The ranks grouped by what they call, given as (rank, description) pairs (equal descriptions, same
 // call): "ranks 0,2 call X; rank 1 calls Y; rank 1 differs from the others". "" when all agree.
 std::string disagreement(const std::vector<std::pair<int, std::string>>& call_of_rank);
-
-// How long a rank whose operation timed out waits for the others' word about it (their fingerprints):
-// they time out at about the same moment, give or take how late each came to the operation.
-inline std::chrono::milliseconds explanation_window(std::chrono::milliseconds timeout) {
-  return std::min(timeout / 4, std::chrono::milliseconds(1000));
-}
 
 }  // namespace backplane

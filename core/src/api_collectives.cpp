@@ -185,10 +185,8 @@ bpl_status bpl_allgatherv(bpl_comm* comm, const void* send, int64_t sendcount, v
     int64_t total = 0;
     for (int32_t r = 0; r < c->size; ++r) total += recvcounts[r];
     Fingerprint fingerprint = fingerprint_of(BPL_COLL_ALLGATHERV, dtype, total);
-    if (c->runtime->debug_detail) {  // only BPL_DEBUG=detail compares them
-      fingerprint.pairing = pairing_share(c->rank, c->size, [&](int) { return sendcount; },
-                                          [&](int q) { return recvcounts[q]; });
-    }
+    fingerprint.pairing = pairing_share(c->rank, c->size, [&](int) { return sendcount; },
+                                        [&](int q) { return recvcounts[q]; });
     return run_operation("bpl_allgatherv", c, fingerprint,
                          Traced{BPL_COLL_ALLGATHERV, extent, dtype}, req,
                          [&](bpl_plugin_request** preq) {
@@ -209,13 +207,11 @@ bpl_status bpl_alltoallv(bpl_comm* comm, const void* send, const int64_t* sendco
     REQUIRE(sendcounts[c->rank] == recvcounts[c->rank],
             "sendcounts[" + std::to_string(c->rank) + "] = " + std::to_string(sendcounts[c->rank]) + " but recvcounts[" +
                 std::to_string(c->rank) + "] = " + std::to_string(recvcounts[c->rank]) + ": what a rank sends itself it receives");
-    // Each rank's counts differ from its peers': the fingerprint carries what they share and, where
-    // BPL_DEBUG=detail compares them, the rank's share of their pairing.
+    // Each rank's counts differ from its peers': the fingerprint carries what they share and the
+    // rank's share of their pairing.
     Fingerprint fingerprint = fingerprint_of(BPL_COLL_ALLTOALLV, dtype);
-    if (c->runtime->debug_detail) {
-      fingerprint.pairing = pairing_share(c->rank, c->size, [&](int q) { return sendcounts[q]; },
-                                          [&](int q) { return recvcounts[q]; });
-    }
+    fingerprint.pairing = pairing_share(c->rank, c->size, [&](int q) { return sendcounts[q]; },
+                                        [&](int q) { return recvcounts[q]; });
     return run_operation("bpl_alltoallv", c, fingerprint,
                          Traced{BPL_COLL_ALLTOALLV, sent, dtype}, req,
                          [&](bpl_plugin_request** preq) {
@@ -247,7 +243,7 @@ bpl_status bpl_send(bpl_comm* comm, const void* buf, int64_t count, bpl_dtype dt
     bpl_comm* c = check_comm(comm);
     auto fn = require_collective<BPL_COLL_SEND>(c);
     const size_t bytes = check_point_to_point(c, buf, count, dtype, peer, tag);
-    return run_operation("bpl_send", c, kPointToPoint, Traced{BPL_COLL_SEND, bytes, dtype}, req,
+    return run_operation("bpl_send", c, fingerprint_of(BPL_COLL_SEND), Traced{BPL_COLL_SEND, bytes, dtype}, req,
                          [&](bpl_plugin_request** preq) { return fn(c->impl, buf, count, dtype, peer, tag, preq); });
   });
 }
@@ -258,7 +254,7 @@ bpl_status bpl_recv(bpl_comm* comm, void* buf, int64_t count, bpl_dtype dtype, i
     bpl_comm* c = check_comm(comm);
     auto fn = require_collective<BPL_COLL_RECV>(c);
     const size_t bytes = check_point_to_point(c, buf, count, dtype, peer, tag);
-    return run_operation("bpl_recv", c, kPointToPoint, Traced{BPL_COLL_RECV, bytes, dtype}, req,
+    return run_operation("bpl_recv", c, fingerprint_of(BPL_COLL_RECV), Traced{BPL_COLL_RECV, bytes, dtype}, req,
                          [&](bpl_plugin_request** preq) { return fn(c->impl, buf, count, dtype, peer, tag, preq); });
   });
 }
@@ -271,7 +267,7 @@ bpl_status bpl_recv_any(bpl_comm* comm, void* buf, int64_t count, bpl_dtype dtyp
     const size_t bytes = check_transfer(c, buf, count, dtype, tag);
     REQUIRE(source != nullptr, "source is NULL: expected where to write the sender's rank");
     REQUIRE(c->size > 1, "the communicator has one rank: no other rank can send to it");
-    return run_operation("bpl_recv_any", c, kPointToPoint, Traced{BPL_COLL_RECV_ANY, bytes, dtype}, req,
+    return run_operation("bpl_recv_any", c, fingerprint_of(BPL_COLL_RECV_ANY), Traced{BPL_COLL_RECV_ANY, bytes, dtype}, req,
                          [&](bpl_plugin_request** preq) { return fn(c->impl, buf, count, dtype, tag, source, preq); });
   });
 }

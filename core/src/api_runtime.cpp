@@ -12,6 +12,7 @@
 #include "error.h"
 #include "handles.h"
 #include "operation.h"
+#include "operation_identity.h"
 #include "validation.h"
 #include "compile_cache.h"
 #include "environment.h"
@@ -48,9 +49,11 @@ void place_in_native_world(bpl_runtime& runtime) {
   const bpl_plugin_api& api = runtime.api();
   bpl_plugin_comm* local = nullptr;
   clear_last_error();
-  bpl_status status = api.comm_split != nullptr
-                          ? api.comm_split(runtime.world->impl, static_cast<int32_t>(color & 0x7fffffff), launch.rank, &local)
-                          : BPL_ERR_UNSUPPORTED;
+  bpl_status status = BPL_ERR_UNSUPPORTED;
+  if (api.comm_split != nullptr) {
+    const OperationScope splitting(numbered(runtime.world, fingerprint_of(BPL_COLL_COMM_SPLIT)));
+    status = api.comm_split(runtime.world->impl, static_cast<int32_t>(color & 0x7fffffff), launch.rank, &local);
+  }
   if (status != BPL_OK) throw Error(status, "finding this machine's ranks of options->native_comm: " + last_error());
   status = api.comm_rank_size(local, &launch.local_rank, &launch.local_world_size);
   api.comm_destroy(local);
@@ -222,9 +225,15 @@ bpl_status bpl_finalize(bpl_runtime* runtime) {
       program->magic = 0;
       delete program;
     }
+    // The plugin's last exchange, the finalize barrier, is the world's last collective.
+    const Fingerprint finalizing = numbered(runtime->world, fingerprint_of(static_cast<bpl_collective>(kFinalizeOp)));
     runtime->world->magic = 0;
     delete runtime->world;
-    bpl_status status = runtime->api().runtime_destroy(runtime->impl);
+    bpl_status status;
+    {
+      const OperationScope scope(finalizing);
+      status = runtime->api().runtime_destroy(runtime->impl);
+    }
     std::string message = last_error();
     runtime->magic = 0;
     delete runtime;

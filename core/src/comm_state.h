@@ -1,5 +1,5 @@
 // What the core tracks of one communicator on this rank, the same for every backend: its timeout, the
-// sequence numbers of its operations, and whether it failed or was aborted. A failed communicator
+// numbers of its operations, and whether it failed or was aborted. A failed communicator
 // refuses every later operation at once, with the first failure's status and message, so that no
 // rank sends into a group whose members have already diverged.
 #pragma once
@@ -20,9 +20,11 @@ class CommState {
   int64_t timeout_ms() const { return timeout_ms_.load(std::memory_order_relaxed); }
   void set_timeout_ms(int64_t timeout_ms) { timeout_ms_.store(timeout_ms, std::memory_order_relaxed); }
 
-  // The number of the next operation: 1, 2, … Operations are numbered alike on every rank as long
-  // as the ranks call the same collectives in the same order.
-  uint64_t next_sequence() { return sequence_.fetch_add(1, std::memory_order_relaxed) + 1; }
+  // The number of the next collective: 1, 2, …, alike on every rank as long as the ranks call the same
+  // collectives in the same order (the plugin is handed it: bpl_operation_identity). Sends and
+  // receives are numbered apart, on this rank only: ranks make different numbers of them.
+  uint64_t next_collective() { return collectives_.fetch_add(1, std::memory_order_relaxed) + 1; }
+  uint64_t next_point_to_point() { return point_to_point_.fetch_add(1, std::memory_order_relaxed) + 1; }
 
   // True once fail() or abort() ran. One acquire load: this runs before every operation.
   bool failed() const { return failed_.load(std::memory_order_acquire); }
@@ -71,7 +73,8 @@ class CommState {
 
  private:
   std::atomic<int64_t> timeout_ms_;
-  std::atomic<uint64_t> sequence_{0};
+  std::atomic<uint64_t> collectives_{0};
+  std::atomic<uint64_t> point_to_point_{0};
   std::atomic<bool> failed_{false};
   std::atomic<bool> aborted_{false};
   std::atomic<bool> revoked_{false};

@@ -11,6 +11,7 @@
 #include "environment.h"
 #include "error.h"
 #include "log.h"
+#include "operation_identity.h"
 
 namespace backplane {
 namespace {
@@ -42,7 +43,7 @@ std::string version_text(int32_t major, int32_t minor) {
 
 const bpl_host_api* host_api() {
   static const bpl_host_api host = {sizeof(bpl_host_api), BPL_ABI_MAJOR, BPL_ABI_MINOR, log_level(), 0,
-                                    &host_log, &host_get_env, &host_set_error};
+                                    &host_log, &host_get_env, &host_set_error, &current_operation};
   return &host;
 }
 

@@ -1,6 +1,6 @@
-// The core's part of every operation on a communicator: its number and label, the BPL_DEBUG=detail
-// fingerprint check, the plugin's call, and what a failure does (names the operation; fails the
-// communicator for good when the ranks may have diverged, comm_state.h).
+// The core's part of every operation on a communicator: its number, label and identity, the
+// BPL_DEBUG=detail fingerprint check, the plugin's call, and what a failure does (names the
+// operation; fails the communicator for good when the ranks may have diverged, comm_state.h).
 #pragma once
 
 #include <cstring>
@@ -13,6 +13,7 @@
 #include "fingerprint.h"
 #include "handles.h"
 #include "log.h"
+#include "operation_identity.h"
 #include "trace.h"
 
 namespace backplane {
@@ -122,6 +123,10 @@ inline bpl_status check_fingerprints(bpl_comm* comm, const Fingerprint& mine) {
   const FingerprintWords words = encode(mine);
   std::vector<FingerprintWords> all(static_cast<size_t>(comm->size));
   clear_last_error();
+  // The check shares the number of the collective it checks (plugin.h: BPL_OPERATION_FINGERPRINT_CHECK).
+  Fingerprint check = fingerprint_of(static_cast<bpl_collective>(kFingerprintCheckOp), BPL_DTYPE_I64, kFingerprintWords);
+  check.sequence = mine.sequence;
+  const OperationScope checking(check);
   const bpl_status status = rt->api().allgather(comm->impl, words.data(), all.data(), kFingerprintWords, BPL_DTYPE_I64,
                                                 nullptr);
   if (status != BPL_OK) {
@@ -145,22 +150,30 @@ inline bpl_status check_fingerprints(bpl_comm* comm, const Fingerprint& mine) {
   return BPL_ERR_MISMATCH;
 }
 
+// Numbers a collective of `comm` (fingerprint.sequence), once, for the core and its plugin alike.
+inline Fingerprint numbered(bpl_comm* comm, Fingerprint fingerprint) {
+  fingerprint.sequence = static_cast<int64_t>(comm->state.next_collective());
+  return fingerprint;
+}
+
 // Runs one operation on `comm` after the core's checks of its arguments: refuses it at once if the
 // communicator failed or was aborted, numbers it, checks its fingerprint under BPL_DEBUG=detail, then
-// calls the plugin (`call(preq)`, preq NULL for a blocking call) and reports the outcome.
+// calls the plugin (`call(preq)`, preq NULL for a blocking call) with the operation's identity
+// (operation_identity.h) and reports the outcome.
 template <typename Call>
 bpl_status run_operation(const char* function, bpl_comm* comm, Fingerprint fingerprint, const Traced& traced,
                          bpl_request** req, Call&& call) {
   const RuntimeCall in_progress(comm->runtime);
-  const uint64_t sequence = comm->state.next_sequence();
+  const bool collective = is_collective(fingerprint.op);
+  if (collective) fingerprint = numbered(comm, fingerprint);
+  const uint64_t sequence = collective ? static_cast<uint64_t>(fingerprint.sequence) : comm->state.next_point_to_point();
   if (comm->state.failed()) {
     const std::string cause = comm->state.cause();
     set_last_error(operation_label(function, comm, sequence) + ": not started: " +
                    (comm->state.status() == BPL_ERR_ABORTED ? cause : "the communicator failed earlier, at " + cause));
     return comm->state.status();
   }
-  if (comm->runtime->debug_detail && fingerprint.op >= 0) {
-    fingerprint.sequence = static_cast<int64_t>(sequence);
+  if (comm->runtime->debug_detail && collective) {
     const bpl_status checked = check_fingerprints(comm, fingerprint);
     if (checked != BPL_OK) {
       std::string message = last_error();
@@ -173,13 +186,13 @@ bpl_status run_operation(const char* function, bpl_comm* comm, Fingerprint finge
   std::optional<uint64_t> ticket;
   if (comm->runtime->trace) ticket = trace_begin(comm, function, sequence, traced);
   bpl_plugin_request* preq = nullptr;  // the message is still clear here (guarded() cleared it): no reset
-  const bpl_status status = call(req != nullptr ? &preq : nullptr);
+  bpl_status status;
+  {
+    const OperationScope running(fingerprint);
+    status = call(req != nullptr ? &preq : nullptr);
+  }
   return finish_operation(function, comm, sequence, status, preq, req, ticket ? &*ticket : nullptr);
 }
-
-// Send and recv: numbered, refused on a failed communicator, but not fingerprinted (they are not
-// collective: the ranks' sequences of them differ).
-const Fingerprint kPointToPoint{};
 
 // Plugin call for functions that are not collectives: prefix the plugin's message with the function.
 inline bpl_status forward(const char* function, const bpl_runtime* runtime, bpl_status status) {

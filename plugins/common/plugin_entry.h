@@ -259,6 +259,14 @@ bpl_status open_plugin(const bpl_host_api* host_api, const bpl_plugin_api* table
       host_api->struct_size < offsetof(bpl_host_api, set_error) + sizeof(host_api->set_error)) {
     return BPL_ERR_INVALID_ARGUMENT;
   }
+  // The plugin tags and explains its operations with the core's identity of them (ABI 1.10).
+  if (host_api->struct_size < offsetof(bpl_host_api, current_operation) + sizeof(host_api->current_operation) ||
+      host_api->current_operation == nullptr) {
+    host_api->set_error((std::string(Traits::kName) + " plugin: needs a backplane core of ABI 1.10 or later (this core "
+                         "is ABI " + std::to_string(host_api->abi_major) + "." + std::to_string(host_api->abi_minor) + ")")
+                            .c_str());
+    return BPL_ERR_ABI_MISMATCH;
+  }
   host() = host_api;
   name() = Traits::kName;
   *out = nullptr;

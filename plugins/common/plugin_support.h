@@ -99,6 +99,11 @@ inline const bpl_host_api*& host() {
   return api;
 }
 
+// The operation the core is starting on this thread (bpl_host_api::current_operation), or NULL.
+inline const bpl_operation_identity* current_operation() {
+  return host() != nullptr && host()->current_operation != nullptr ? host()->current_operation() : nullptr;
+}
+
 // A variable of the process's environment as the host reads it (plugin.h): NULL when unset or empty,
 // and for file-naming variables in a setuid program. Plugins read no variable any other way.
 inline const char* env(const char* variable) { return host() != nullptr ? host()->get_env(variable) : nullptr; }

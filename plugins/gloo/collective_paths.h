@@ -9,8 +9,8 @@
 //
 // The other two derive from TcpPath: an operation they do not take over runs on Gloo's TCP mesh.
 //
-// A path runs an operation that GlooComm has already numbered (begin); sizes are in bytes except where
-// a reduction needs elements. Reductions run in the accumulation dtype (dtypes.h):
+// A path runs an operation that GlooComm has begun (begin: the core's identity of it); sizes are in
+// bytes except where a reduction needs elements. Reductions run in the accumulation dtype (dtypes.h):
 // when it differs from the caller's, the data is widened into the communicator's scratch, reduced,
 // divided for AVG, and narrowed once at the end. What a path's segments know of failures (a rank's
 // call, its failure, its leaving) is told through the path too.

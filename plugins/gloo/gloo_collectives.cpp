@@ -1,5 +1,5 @@
-// The gloo communicator's collectives, each numbered and fingerprinted, then run on the path chosen
-// when the communicator was made (collective_paths.h), and its split.
+// The gloo communicator's collectives, each run on the path chosen when the communicator was made
+// (collective_paths.h), and its split.
 #include "gloo_comm.h"
 
 #include <algorithm>
@@ -12,40 +12,33 @@
 
 namespace backplane::gloo_plugin {
 
-// Each collective is numbered and fingerprinted (begin) on every path, so that ranks number their
-// collectives alike, then runs on the path chosen when the communicator was made.
+// Each collective runs, under the identity the core gave it (submit), on the path chosen when the
+// communicator was made.
 void GlooComm::run_allreduce(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_reduce_op op) {
-  const auto running = begin(BPL_COLL_ALLREDUCE, dtype, count, -1, op);
   if (count > 0) path_->allreduce(send, recv, count, dtype, op);
 }
 
 void GlooComm::run_broadcast(void* buf, size_t count, bpl_dtype dtype, int root) {
-  const auto running = begin(BPL_COLL_BROADCAST, dtype, count, root);
   if (count > 0) path_->broadcast(buf, count * plugin::dtype_size(dtype), root);
 }
 
 void GlooComm::run_reduce(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_reduce_op op, int root) {
-  const auto running = begin(BPL_COLL_REDUCE, dtype, count, root, op);
   if (count > 0) path_->reduce(send, recv, count, dtype, op, root);
 }
 
 void GlooComm::run_allgather(const void* send, void* recv, size_t count, bpl_dtype dtype) {
-  const auto running = begin(BPL_COLL_ALLGATHER, dtype, count);
   if (count > 0) path_->allgather(send, recv, count * plugin::dtype_size(dtype));
 }
 
 void GlooComm::run_reduce_scatter(const void* send, void* recv, size_t recvcount, bpl_dtype dtype, bpl_reduce_op op) {
-  const auto running = begin(BPL_COLL_REDUCE_SCATTER, dtype, recvcount, -1, op);
   if (recvcount > 0) path_->reduce_scatter(send, recv, recvcount, dtype, op);
 }
 
 void GlooComm::run_alltoall(const void* send, void* recv, size_t count, bpl_dtype dtype) {
-  const auto running = begin(BPL_COLL_ALLTOALL, dtype, count);
   if (count > 0) path_->alltoall(send, recv, count * plugin::dtype_size(dtype));
 }
 
-void GlooComm::run_barrier(bpl_collective as) {
-  const auto running = begin(as);
+void GlooComm::run_barrier() {
   path_->barrier();
 }
 
@@ -72,37 +65,25 @@ std::unique_ptr<GlooComm> GlooComm::run_split(int color, int key) {
 const char* GlooComm::path_of(bpl_collective op, uint64_t bytes) const { return path_->name_of(op, bytes); }
 
 void GlooComm::run_gather(const void* send, void* recv, size_t count, bpl_dtype dtype, int root) {
-  const auto running = begin(BPL_COLL_GATHER, dtype, count, root);
   path_->gather(send, recv, count * plugin::dtype_size(dtype), root);
 }
 
 void GlooComm::run_scatter(const void* send, void* recv, size_t count, bpl_dtype dtype, int root) {
-  const auto running = begin(BPL_COLL_SCATTER, dtype, count, root);
   path_->scatter(send, recv, count * plugin::dtype_size(dtype), root);
 }
 
 void GlooComm::run_allgatherv(const void* send, size_t sendcount, void* recv, const plugin::Counts& recvcounts,
                               const plugin::Counts& displs, bpl_dtype dtype) {
-  size_t total = 0;
-  for (size_t c : recvcounts) total += c;
-  const auto sent = [&](int) { return sendcount; };
-  const auto received = [&](int q) { return recvcounts[static_cast<size_t>(q)]; };
-  const int64_t pairing = pairing_share(rank(), size(), sent, received);
-  const auto running = begin(BPL_COLL_ALLGATHERV, dtype, static_cast<int64_t>(total), -1, -1, pairing);
   const size_t element = plugin::dtype_size(dtype);
   path_->allgatherv(send, sendcount * element, recv, plugin::in_bytes(recvcounts, element), plugin::in_bytes(displs, element),
-                    pairing);
+                    current_.pairing);
 }
 
 void GlooComm::run_alltoallv(const void* send, const plugin::Counts& sendcounts, const plugin::Counts& sdispls, void* recv,
                              const plugin::Counts& recvcounts, const plugin::Counts& rdispls, bpl_dtype dtype) {
-  const auto sent = [&](int q) { return sendcounts[static_cast<size_t>(q)]; };
-  const auto received = [&](int q) { return recvcounts[static_cast<size_t>(q)]; };
-  const int64_t pairing = pairing_share(rank(), size(), sent, received);
-  const auto running = begin(BPL_COLL_ALLTOALLV, dtype, -1, -1, -1, pairing);
   const size_t element = plugin::dtype_size(dtype);
   path_->alltoallv(send, plugin::in_bytes(sendcounts, element), plugin::in_bytes(sdispls, element), recv,
-                   plugin::in_bytes(recvcounts, element), plugin::in_bytes(rdispls, element), pairing);
+                   plugin::in_bytes(recvcounts, element), plugin::in_bytes(rdispls, element), current_.pairing);
 }
 
 }  // namespace backplane::gloo_plugin

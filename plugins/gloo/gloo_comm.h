@@ -138,11 +138,11 @@ class GlooComm {
     submit(count * plugin::dtype_size(dtype), [=] { run_alltoall(send, recv, count, dtype); }, req);
   }
   void barrier(bpl_plugin_request** req) {
-    submit(0, [=] { run_barrier(BPL_COLL_BARRIER); }, req);
+    submit(0, [=] { run_barrier(); }, req);
   }
-  // The barrier of bpl_finalize: fingerprinted as finalizing (kFinalizeOp), not as a bpl_barrier.
+  // The barrier of bpl_finalize (the core names it as finalizing, not as a bpl_barrier).
   void barrier_at_finalize() {
-    submit(0, [=] { run_barrier(static_cast<bpl_collective>(kFinalizeOp)); }, nullptr);
+    submit(0, [=] { run_barrier(); }, nullptr, fingerprint_of(static_cast<bpl_collective>(kFinalizeOp)));
   }
   void gather(const void* send, void* recv, size_t count, bpl_dtype dtype, int root, bpl_plugin_request** req) {
     submit(count * plugin::dtype_size(dtype), [=] { run_gather(send, recv, count, dtype, root); }, req);
@@ -184,13 +184,16 @@ class GlooComm {
   static constexpr uint8_t kPointToPointSlotPrefix = 0x41;
   static constexpr uint8_t kCollectiveSlotPrefix = 0x42;  // gather, scatter, allgatherv, alltoallv
 
-  // Runs `body`, an operation on `bytes` per rank, in this communicator's order: now (req == NULL) or
-  // as a request in *req. Now, on an idle communicator, it runs on this thread without being copied.
+  // Runs `body`, a collective on `bytes` per rank, in this communicator's order, under the identity
+  // the core gave it (`otherwise` where the core gave none): now (req == NULL) or as a request in *req.
+  // Now, on an idle communicator, it runs on this thread without being copied.
   template <typename Body>
-  void submit(size_t bytes, Body&& body, bpl_plugin_request** req) {
+  void submit(size_t bytes, Body&& body, bpl_plugin_request** req, const Fingerprint& otherwise = Fingerprint{}) {
     // Owns `body`: it may run on the worker (queued behind a request), even after a caller gave up.
-    auto checked = [this, body = std::forward<Body>(body)]() mutable {
+    auto checked = [this, call = fingerprint_of(plugin::current_operation(), otherwise),
+                    body = std::forward<Body>(body)]() mutable {
       try {
+        const auto running = begin(call);
         body();
       } catch (...) {
         rethrow_classified(std::current_exception());
@@ -204,15 +207,15 @@ class GlooComm {
     }
   }
 
-  // The operations themselves; they run inside submit's order and block until done. Each collective
-  // first records what it is (begin), on every path, so that ranks number their collectives alike.
+  // The operations themselves; they run inside submit's order, each begun as the core numbered it,
+  // and block until done.
   void run_allreduce(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_reduce_op op);
   void run_broadcast(void* buf, size_t count, bpl_dtype dtype, int root);
   void run_reduce(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_reduce_op op, int root);
   void run_allgather(const void* send, void* recv, size_t count, bpl_dtype dtype);
   void run_reduce_scatter(const void* send, void* recv, size_t recvcount, bpl_dtype dtype, bpl_reduce_op op);
   void run_alltoall(const void* send, void* recv, size_t count, bpl_dtype dtype);
-  void run_barrier(bpl_collective as);
+  void run_barrier();
   void run_gather(const void* send, void* recv, size_t count, bpl_dtype dtype, int root);
   void run_scatter(const void* send, void* recv, size_t count, bpl_dtype dtype, int root);
   void run_allgatherv(const void* send, size_t sendcount, void* recv, const plugin::Counts& recvcounts,
@@ -220,17 +223,15 @@ class GlooComm {
   void run_alltoallv(const void* send, const plugin::Counts& sendcounts, const plugin::Counts& sdispls, void* recv,
                      const plugin::Counts& recvcounts, const plugin::Counts& rdispls, bpl_dtype dtype);
   std::unique_ptr<GlooComm> run_split(int color, int key);
-  // Numbers and fingerprints the collective about to run (fingerprint.h; sequence set here; -1: a
-  // field it does not have); it runs until the returned mark is dropped (stall_report.h).
-  [[nodiscard]] StallReport::Running begin(bpl_collective op, bpl_dtype dtype = static_cast<bpl_dtype>(-1), int64_t count = -1, int root = -1,
-             int reduce_op = -1, int64_t pairing = 0);
-  // The Gloo tag of the running collective: a hash of its number and fingerprint, so that ranks that
-  // disagree on it post messages that never match (they stall, time out, and explain_stall says why)
-  // instead of one overflowing the other's buffer, which Gloo's transport answers with abort().
+  // Makes `call` the running collective, on every path; it runs until the returned mark is dropped
+  // (stall_report.h).
+  [[nodiscard]] StallReport::Running begin(const Fingerprint& call);
+  // The Gloo tag of the running collective: its identity's hash, so that ranks that disagree on it
+  // post messages that never match (they stall, time out, and explain_stall says why) instead of one
+  // overflowing the other's buffer, which Gloo's transport answers with abort().
   uint32_t tag() const;
-  // After a failure on Gloo's transport: every rank leaves its fingerprint of the stalled collective
-  // in the store and reads the others', waiting up to `wait` for all of them. The report of MISMATCH
-  // when they disagree.
+  // After a failure on Gloo's transport: the ranks' word on the stalled collective (stall.h), carried
+  // through the store, waiting up to `wait` for all of it. The report of MISMATCH when they disagree.
   std::optional<std::string> explain_stall(std::chrono::milliseconds wait);
   // A send or recv that failed: named, explained (a size or tag its peer does not share) and recorded.
   Error point_to_point_failure(const std::exception& e, bool is_send, int peer, int tag, size_t bytes);
@@ -353,8 +354,7 @@ class GlooComm {
   std::atomic<bool> ended_own_connections_{false};
   std::unique_ptr<CollectivePath> path_;  // how the operations travel (collective_paths.h)
   plugin::OpQueue queue_;
-  Fingerprint current_;          // the collective running now
-  uint64_t collectives_ = 0;     // collectives begun so far
+  Fingerprint current_;  // the collective running now
   std::atomic<bool> aborted_{false};
   std::atomic<bool> revoked_{false};  // by this rank
   uint32_t agreements_ = 0;           // agreements (and shrinks) run so far: numbers the next

@@ -34,6 +34,7 @@
 #include "plugin_support.h"
 #include "rendezvous.h"
 #include "shm_group.h"
+#include "stall.h"
 #include "gloo_comm_internal.h"
 
 namespace backplane::gloo_plugin {
@@ -271,15 +272,8 @@ void GlooComm::leave_after_failure() {
   shared_->board->gather(running, explanation_window(timeout()));
 }
 
-StallReport::Running GlooComm::begin(bpl_collective op, bpl_dtype dtype, int64_t count, int root, int reduce_op,
-                                     int64_t pairing) {
-  current_.sequence = static_cast<int64_t>(++collectives_);
-  current_.op = op;
-  current_.dtype = dtype;
-  current_.count = count;
-  current_.root = root;
-  current_.reduce_op = reduce_op;
-  current_.pairing = pairing;
+StallReport::Running GlooComm::begin(const Fingerprint& call) {
+  current_ = call;
   path_->set_call(current_);
   return StallReport::begin(stall_report_.get(), current_);
 }
@@ -296,19 +290,19 @@ std::optional<std::string> GlooComm::explain_stall(std::chrono::milliseconds wai
   // the failed operation must not read them as the collective it calls instead.
   if (failed_.load()) return std::nullopt;
   const std::string key = uid_ + "/stalled/" + std::to_string(current_.sequence) + "/";
-  shared_->board->publish(key + std::to_string(rank()), encode_text(current_));
-  std::vector<std::string> keys;
-  for (int r = 0; r < size(); ++r) keys.push_back(key + std::to_string(r));
-  const std::vector<std::optional<std::string>> said = shared_->board->gather(keys, wait);
-  std::vector<std::optional<Fingerprint>> calls;
-  for (const std::optional<std::string>& text : said) {
-    calls.push_back(text ? decode_text(*text) : std::nullopt);
-    if (calls.back()) calls.back()->sequence = 0;  // this plugin's numbering, not the caller's
-  }
-  const auto [report, silent] = compare_stalled(calls);
-  if (report.empty()) return std::nullopt;
-  return report + " (found when the operation stalled over Gloo's TCP pairs" +
-         (silent.empty() ? "" : "; " + silent + " did not say what they call") + ")";
+  const auto through_the_store = [&](const Fingerprint& mine, std::chrono::milliseconds window) {
+    shared_->board->publish(key + std::to_string(rank()), encode_text(mine));
+    std::vector<std::string> keys;
+    for (int r = 0; r < size(); ++r) keys.push_back(key + std::to_string(r));
+    std::vector<std::optional<Fingerprint>> said;
+    for (const std::optional<std::string>& text : shared_->board->gather(keys, window)) {
+      said.push_back(text ? decode_text(*text) : std::nullopt);
+    }
+    return said;
+  };
+  std::string mismatch = backplane::explain_stall(current_, rank(), wait, through_the_store).mismatch;
+  if (mismatch.empty()) return std::nullopt;
+  return mismatch;
 }
 
 Error GlooComm::recorded_failure(bpl_status status, const std::string& message, std::chrono::milliseconds defer) {

@@ -13,6 +13,7 @@
 
 #include "gloo_comm_internal.h"
 #include "plugin_support.h"
+#include "stall.h"
 
 namespace backplane::gloo_plugin {
 

@@ -186,7 +186,7 @@ class ShmGroup {
   // abort is ABORTED on the rank that aborted, REMOTE on the others). `late_rank`: the rank a timeout
   // waited for, which reads the record as the peer giving up on it. Never blocks.
   void fail(bpl_status status, const std::string& reason, int late_rank = -1);
-  // The collective the next steps belong to, as the communicator numbered it (GlooComm::begin): every
+  // The collective the next steps belong to, as the core numbered it (GlooComm::begin): every
   // step compares it as it compares the step's kind and size, so that ranks that disagree on its op,
   // dtype, count, root or reduce op fail with MISMATCH at its first step, whatever bytes they move.
   void set_call(const Fingerprint& call);

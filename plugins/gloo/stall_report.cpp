@@ -5,16 +5,6 @@
 #include "plugin_support.h"
 
 namespace backplane::gloo_plugin {
-namespace {
-
-// The call as the caller knows it: the sequence is this plugin's numbering, not the core's.
-std::string as_called(Fingerprint call) {
-  call.sequence = 0;
-  return describe(call);
-}
-
-}  // namespace
-
 std::unique_ptr<StallReport> StallReport::make_if_wanted(std::shared_ptr<FailureBoard> board, std::string prefix,
                                                          int rank, int size) {
   if (plugin::host() == nullptr || plugin::host()->log_level < BPL_LOG_INFO || size < 2) return nullptr;
@@ -84,11 +74,11 @@ std::string StallReport::describe_waiting(const Fingerprint& call, std::chrono::
     } else if (call_hash(*theirs) == call_hash(call)) {
       in_it.push_back(others[i]);
     } else {
-      elsewhere += "; rank " + std::to_string(others[i]) + " waits in " + as_called(*theirs) + " instead";
+      elsewhere += "; rank " + std::to_string(others[i]) + " waits in " + describe(*theirs) + " instead";
     }
   }
   std::string line = "TCP: still waiting after " + std::to_string(waited.count() / 1000) + " s of the " +
-                     std::to_string(timeout.count()) + " ms timeout in " + as_called(call) + ": ";
+                     std::to_string(timeout.count()) + " ms timeout in " + describe(call) + ": ";
   line += absent.empty() ? "every rank has arrived" : "ranks " + plugin::list_text(absent) + " have not arrived";
   if (!in_it.empty()) line += "; ranks " + plugin::list_text(in_it) + " wait in it too";
   if (!past.empty()) line += "; ranks " + plugin::list_text(past) + " have gone past it";

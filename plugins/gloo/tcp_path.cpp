@@ -164,7 +164,7 @@ void TcpPath::barrier() {
 // on one machine too). Their tags are negative, so that they never match the caller's sends and recvs
 // (whose tags are >= 0), and carry the collective's number.
 void TcpPath::exchange(const std::vector<Transfer>& transfers, const std::function<void()>& meanwhile) {
-  const int tag = -1 - static_cast<int>(comm_.collectives_ & 0x3fffffff);
+  const int tag = -1 - static_cast<int>(comm_.current_.sequence & 0x3fffffff);
   std::vector<std::function<void()>> receives, sends;
   for (const Transfer& t : transfers) {
     if (t.bytes == 0) continue;

@@ -20,7 +20,7 @@ void MpiComm::allreduce(const void* send, void* recv, size_t count, bpl_dtype dt
   void* work = recv;
   const void* input = in_place_or(send, recv);
   const size_t element = plugin::dtype_size(acc), bytes = count * element;
-  auto request = std::make_unique<Request>(this, "allreduce", fingerprint_of(BPL_COLL_ALLREDUCE, dtype, count, -1, op),
+  auto request = std::make_unique<Request>(this, "allreduce",
                                            bytes, nullptr);
   if (acc != dtype) {
     work = request->staging(0, bytes);
@@ -50,7 +50,7 @@ void MpiComm::allreduce(const void* send, void* recv, size_t count, bpl_dtype dt
 
 void MpiComm::broadcast(void* buf, size_t count, bpl_dtype dtype, int root, bpl_plugin_request** req) {
   const size_t bytes = count * plugin::dtype_size(dtype);
-  auto request = std::make_unique<Request>(this, "broadcast", fingerprint_of(BPL_COLL_BROADCAST, dtype, count, root), bytes,
+  auto request = std::make_unique<Request>(this, "broadcast", bytes,
                                            nullptr);
   if (schedulable(bytes)) {
     broadcast_rounds(request->schedule(), static_cast<char*>(buf), bytes, root, rank_, size_);
@@ -67,7 +67,7 @@ void MpiComm::reduce(const void* send, void* recv, size_t count, bpl_dtype dtype
   const bpl_dtype acc = plugin::accumulation_dtype(dtype, op);
   const bool is_root = rank_ == root;
   const size_t element = plugin::dtype_size(acc), bytes = count * element;
-  auto request = std::make_unique<Request>(this, "reduce", fingerprint_of(BPL_COLL_REDUCE, dtype, count, root, op), bytes,
+  auto request = std::make_unique<Request>(this, "reduce", bytes,
                                            nullptr);
   const void* input = send;
   void* output = is_root ? recv : nullptr;
@@ -97,7 +97,7 @@ void MpiComm::reduce(const void* send, void* recv, size_t count, bpl_dtype dtype
 
 void MpiComm::allgather(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_plugin_request** req) {
   const size_t block = count * plugin::dtype_size(dtype);
-  auto request = std::make_unique<Request>(this, "allgather", fingerprint_of(BPL_COLL_ALLGATHER, dtype, count),
+  auto request = std::make_unique<Request>(this, "allgather",
                                            block * static_cast<size_t>(size_), nullptr);
   // In place, the caller's block already sits at recv + rank*count: MPI_IN_PLACE means exactly that.
   char* own = static_cast<char*>(recv) + block * static_cast<size_t>(rank_);
@@ -121,9 +121,7 @@ void MpiComm::reduce_scatter(const void* send, void* recv, size_t recvcount, bpl
                              bpl_plugin_request** req) {
   const bpl_dtype acc = plugin::accumulation_dtype(dtype, op);
   const size_t total = recvcount * static_cast<size_t>(size_), element = plugin::dtype_size(acc);
-  auto request = std::make_unique<Request>(this, "reduce_scatter",
-                                           fingerprint_of(BPL_COLL_REDUCE_SCATTER, dtype, recvcount, -1, op),
-                                           total * element, nullptr);
+  auto request = std::make_unique<Request>(this, "reduce_scatter", total * element, nullptr);
   const void* input = send;
   void* output = recv;
   if (acc != dtype) {  // widened: reduced from the request's copy into its buffer, then narrowed
@@ -158,7 +156,7 @@ void MpiComm::reduce_scatter(const void* send, void* recv, size_t recvcount, bpl
 void MpiComm::alltoall(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_plugin_request** req) {
   const int n = mpi_count(count);
   mpi_count(count * static_cast<size_t>(size_));
-  auto request = std::make_unique<Request>(this, "alltoall", fingerprint_of(BPL_COLL_ALLTOALL, dtype, count),
+  auto request = std::make_unique<Request>(this, "alltoall",
                                            count * static_cast<size_t>(size_) * plugin::dtype_size(dtype), nullptr);
   const size_t block = count * plugin::dtype_size(dtype), bytes = block * static_cast<size_t>(size_);
   const bool in_place = send == recv;
@@ -198,7 +196,7 @@ void MpiComm::gather(const void* send, void* recv, size_t count, bpl_dtype dtype
   const size_t block = count * plugin::dtype_size(dtype);
   // In place, the root's block already sits at recv + root*count: MPI_IN_PLACE means exactly that.
   const bool in_place = rank_ == root && send == static_cast<char*>(recv) + block * static_cast<size_t>(root);
-  auto request = std::make_unique<Request>(this, "gather", fingerprint_of(BPL_COLL_GATHER, dtype, count, root),
+  auto request = std::make_unique<Request>(this, "gather",
                                            block * static_cast<size_t>(size_), nullptr);
   if (schedulable(block)) {
     if (rank_ == root && !in_place && block > 0) std::memcpy(static_cast<char*>(recv) + block * static_cast<size_t>(root), send, block);
@@ -219,7 +217,7 @@ void MpiComm::scatter(const void* send, void* recv, size_t count, bpl_dtype dtyp
   mpi_count(count * static_cast<size_t>(size_));
   const size_t block = count * plugin::dtype_size(dtype);
   const bool in_place = rank_ == root && recv == static_cast<const char*>(send) + block * static_cast<size_t>(root);
-  auto request = std::make_unique<Request>(this, "scatter", fingerprint_of(BPL_COLL_SCATTER, dtype, count, root),
+  auto request = std::make_unique<Request>(this, "scatter",
                                            block * static_cast<size_t>(size_), nullptr);
   if (schedulable(block)) {
     if (rank_ == root && !in_place && block > 0) std::memcpy(recv, static_cast<const char*>(send) + block * static_cast<size_t>(root), block);
@@ -238,9 +236,7 @@ void MpiComm::scatter(const void* send, void* recv, size_t count, bpl_dtype dtyp
 void MpiComm::allgatherv(const void* send, size_t sendcount, void* recv, plugin::CountsView recvcounts,
                          plugin::CountsView displs, bpl_dtype dtype, bpl_plugin_request** req) {
   const int n = mpi_count(sendcount);
-  const Fingerprint f = allgatherv_fingerprint(dtype, sendcount, recvcounts, rank_, size_);
-  auto request = std::make_unique<Request>(this, "allgatherv", f, static_cast<size_t>(f.count) * plugin::dtype_size(dtype),
-                                           nullptr);
+  auto request = std::make_unique<Request>(this, "allgatherv", recvcounts.sum() * plugin::dtype_size(dtype), nullptr);
   const size_t element = plugin::dtype_size(dtype);
   if (schedulable(recvcounts.max() * element)) {
     char* own = static_cast<char*>(recv) + displs[static_cast<size_t>(rank_)] * element;
@@ -269,8 +265,7 @@ void MpiComm::alltoallv(const void* send, plugin::CountsView sendcounts, plugin:
   const size_t element = plugin::dtype_size(dtype);
   // This rank's share of the bytes: it sizes the busy part of the waits.
   const size_t moved = (sendcounts.sum() + recvcounts.sum()) * element;
-  auto request = std::make_unique<Request>(this, "alltoallv",
-                                           alltoallv_fingerprint(dtype, sendcounts, recvcounts, rank_, size_), moved, nullptr);
+  auto request = std::make_unique<Request>(this, "alltoallv", moved, nullptr);
   if (schedulable(std::max(sendcounts.max(), recvcounts.max()) * element)) {
     const auto me = static_cast<size_t>(rank_);
     if (sendcounts[me] > 0) {
@@ -296,7 +291,7 @@ void MpiComm::alltoallv(const void* send, plugin::CountsView sendcounts, plugin:
 }
 
 void MpiComm::barrier(bpl_plugin_request** req) {
-  auto request = std::make_unique<Request>(this, "barrier", fingerprint_of(BPL_COLL_BARRIER), 0, nullptr);
+  auto request = std::make_unique<Request>(this, "barrier", 0, nullptr);
   if (schedulable(0)) {
     barrier_rounds(request->schedule(), rank_, size_);
     request->run_schedule();
@@ -323,7 +318,7 @@ void MpiComm::send(const void* buf, size_t count, bpl_dtype dtype, int peer, int
   const int n = mpi_count(count);
   const size_t bytes = count * plugin::dtype_size(dtype);
   const int on_wire = wire_tag(tag, bytes);
-  start(std::make_unique<Request>(this, "send", fingerprint_of(BPL_COLL_SEND), bytes,
+  start(std::make_unique<Request>(this, "send", bytes,
                                   [=, comm = comm_](MPI_Request* r) {
                                     return MPI_Isend(buf, n, mpi_type(dtype), peer, on_wire, comm, r);
                                   }),
@@ -337,7 +332,7 @@ void MpiComm::recv(void* buf, size_t count, bpl_dtype dtype, int peer, int tag, 
   // Posted at once up to the eager size (wire_tag).
   if (!probes_all() && bytes <= eager_bytes()) {
     const int on_wire = wire_tag(tag, bytes);
-    auto request = std::make_unique<Request>(this, "recv", fingerprint_of(BPL_COLL_RECV), bytes,
+    auto request = std::make_unique<Request>(this, "recv", bytes,
                                              [=, comm = comm_](MPI_Request* r) {
                                                return MPI_Irecv(buf, n, mpi_type(dtype), peer, on_wire, comm, r);
                                              });
@@ -356,7 +351,7 @@ void MpiComm::recv_any(void* buf, size_t count, bpl_dtype dtype, int tag, int32_
   const int on_wire = wire_tag(tag, bytes);
   std::unique_ptr<Request> request;
   if (!probes_all() && bytes <= eager_bytes()) {  // posted at once, as recv's
-    request = std::make_unique<Request>(this, "recv", fingerprint_of(BPL_COLL_RECV_ANY), bytes, [=, comm = comm_](MPI_Request* r) {
+    request = std::make_unique<Request>(this, "recv", bytes, [=, comm = comm_](MPI_Request* r) {
       return MPI_Irecv(buf, n, mpi_type(dtype), MPI_ANY_SOURCE, on_wire, comm, r);
     });
     request->posted_recv_ = true;

@@ -9,6 +9,7 @@
 #include "local_process.h"
 #include "mpi_internal.h"
 #include "plugin_support.h"
+#include "stall.h"
 
 namespace backplane::mpi_plugin {
 
@@ -74,8 +75,8 @@ MpiComm::~MpiComm() {
   MPI_Comm_free(&comm_);
 }
 
-int MpiComm::next_schedule_tag(const Fingerprint& f, bool with_count) {
-  const uint32_t sequence = schedules_.fetch_add(1, std::memory_order_relaxed);
+int MpiComm::schedule_tag(const Fingerprint& f, bool with_count) const {
+  const auto sequence = static_cast<uint32_t>(f.sequence);
   // The largest tag, MPI_TAG_UB, is the explanations' (explanation_tag): no schedule's reaches it.
   if (probes_all()) return static_cast<int>(sequence % static_cast<uint32_t>(process_.tag_upper_bound));
   // Bits 16-29: the sequence, below 0x3fff; bits 0-15: the call's hash. (Bit 30: the message's size
@@ -300,28 +301,20 @@ bool MpiComm::receive_explanations(Exchange& exchange) {
 std::pair<bpl_status, std::string> MpiComm::explain_stall(const Fingerprint& mine) {
   Exchange* exchange = post_explanation(mine);
   if (exchange == nullptr || !is_collective(mine)) return {BPL_ERR_TIMEOUT, stopped_peers_note(false)};
-  // The peers that stalled in this operation too time out at about the same moment, give or take how
-  // late each came to it: within the window, each one's word arrives.
-  const auto give_up = plugin::deadline_after(explanation_window(timeout()));
-  Backoff backoff(0);
-  bool everyone = false;
-  while (!(everyone = receive_explanations(*exchange)) && std::chrono::steady_clock::now() < give_up) backoff.pause();
-  std::vector<std::optional<Fingerprint>> calls;
-  for (int r = 0; r < size_; ++r) {
-    const std::optional<FingerprintWords>& words = r == rank_ ? std::optional<FingerprintWords>(exchange->mine)
-                                                               : exchange->theirs[static_cast<size_t>(r)];
-    calls.push_back(words ? decode(*words) : std::nullopt);
-  }
-  const auto [report, silent] = compare_stalled(calls);
-  if (!report.empty()) {
-    return {BPL_ERR_MISMATCH, report + (silent.empty() ? "" : "; no word from " + silent + ", which left the operation or never came") +
-                                  " (found when the operation stalled)"};
-  }
+  const auto point_to_point = [&](const Fingerprint&, std::chrono::milliseconds window) {
+    const auto give_up = plugin::deadline_after(window);
+    Backoff backoff(0);
+    while (!receive_explanations(*exchange) && std::chrono::steady_clock::now() < give_up) backoff.pause();
+    std::vector<std::optional<Fingerprint>> said;
+    for (const std::optional<FingerprintWords>& words : exchange->theirs) said.push_back(words ? decode(*words) : std::nullopt);
+    return said;
+  };
+  const StallExplanation explained =
+      backplane::explain_stall(mine, rank_, explanation_window(timeout()), point_to_point);
+  if (!explained.mismatch.empty()) return {BPL_ERR_MISMATCH, explained.mismatch};
   // A peer whose word came was in this operation too (it may have ended since, having given up as
   // this rank does): it is not what held the operation up.
-  std::vector<bool> answered(calls.size());
-  for (size_t r = 0; r < calls.size(); ++r) answered[r] = calls[r].has_value();
-  return {BPL_ERR_TIMEOUT, stopped_peers_note(everyone, silent, answered)};
+  return {BPL_ERR_TIMEOUT, stopped_peers_note(explained.everyone_answered, explained.silent, explained.answered)};
 }
 
 std::string MpiComm::stopped_peers_note(bool every_rank_answered, const std::string& silent,
@@ -352,9 +345,10 @@ void MpiComm::learn_peers() {
   const std::vector<int64_t> mine = {static_cast<int64_t>(std::hash<std::string>()(plugin::process_space_identity())),
                                      static_cast<int64_t>(::getpid())};
   std::vector<int64_t> all(2 * static_cast<size_t>(size_));
-  start(std::make_unique<Request>(this, "learning where the ranks run", fingerprint_of(BPL_COLL_ALLGATHER), 0,
+  start(std::make_unique<Request>(this, "learning where the ranks run", 0,
                                   [&](MPI_Request* r) { return MPI_Iallgather(mine.data(), 2, MPI_INT64_T, all.data(), 2,
-                                                                              MPI_INT64_T, agree_, r); }),
+                                                                              MPI_INT64_T, agree_, r); },
+                                  fingerprint_of(BPL_COLL_ALLGATHER)),
         nullptr);
   local_pid_of_rank_.assign(static_cast<size_t>(size_), 0);
   for (int r = 0; r < size_; ++r) {
@@ -368,8 +362,8 @@ void MpiComm::learn_peers() {
 // buffers and narrowed into the caller's buffer when MPI completes.
 
 void MpiComm::finalize_barrier() {
-  start(std::make_unique<Request>(this, "bpl_finalize", fingerprint_of(static_cast<bpl_collective>(kFinalizeOp)), 0,
-                                  [comm = comm_](MPI_Request* r) { return MPI_Ibarrier(comm, r); }),
+  start(std::make_unique<Request>(this, "bpl_finalize", 0, [comm = comm_](MPI_Request* r) { return MPI_Ibarrier(comm, r); },
+                                  fingerprint_of(static_cast<bpl_collective>(kFinalizeOp))),
         nullptr);
 }
 
@@ -378,7 +372,7 @@ std::unique_ptr<MpiComm> MpiComm::split(int color, int key) {
   // so the split itself only waits for peers that are already there.
   int arrived[1] = {1};
   std::vector<int> everyone(static_cast<size_t>(size_));
-  start(std::make_unique<Request>(this, "comm_split (arrival check)", fingerprint_of(BPL_COLL_COMM_SPLIT), 0,
+  start(std::make_unique<Request>(this, "comm_split (arrival check)", 0,
                                   [&, comm = comm_](MPI_Request* r) {
                                     return MPI_Iallgather(arrived, 1, MPI_INT, everyone.data(), 1, MPI_INT, comm, r);
                                   }),

@@ -89,9 +89,12 @@ struct RunState {
 // (narrow a widened result, …).
 class Request : public plugin::PolledRequest {
  public:
-  // Posts the operation, or its agreement or probe first; bounded by the communicator's timeout from
-  // now. `post(handle)` posts the operation's non-blocking form into *handle.
-  Request(MpiComm* comm, const char* op, Fingerprint fingerprint, size_t bytes, std::function<int(MPI_Request*)> post);
+  // Posts the operation the core is starting (its identity: plugin.h's bpl_operation_identity), or
+  // its agreement or probe first; bounded by the communicator's timeout from now. `post(handle)` posts
+  // the operation's non-blocking form into *handle. `own`: what the plugin's own exchanges, which no
+  // call of the core starts (a communicator's making), are.
+  Request(MpiComm* comm, const char* op, size_t bytes, std::function<int(MPI_Request*)> post,
+          const Fingerprint& own = Fingerprint{});
   // A recv: matched by probe in posting order, its size checked before it is received.
   Request(MpiComm* comm, void* buf, int count, MPI_Datatype type, size_t bytes, int peer, int tag);
   ~Request() override;
@@ -281,12 +284,12 @@ class MpiComm {
     const bool blocks_eager = bytes > eager_bytes() && bytes / static_cast<size_t>(size_) + 1 <= eager_bytes();
     return bytes > kRecursiveDoublingMaxBytes || blocks_eager;
   }
-  // The tag of the next collective the plugin schedules itself, `f`: its number on the communicator
-  // (its ranks start them in the same order, so operations in flight together never share a tag) and,
-  // where MPI's tags are wide enough, a hash of its fingerprint (`with_count` or not), so that ranks
-  // calling different collectives post messages that never match: they stall, and the explanation
-  // names what each calls. Where they are not, every receive is probed (probes_all).
-  int next_schedule_tag(const Fingerprint& f, bool with_count);
+  // The tag of a collective the plugin schedules itself, `f` as the core numbered it: its number
+  // (operations in flight together never share a tag) and, where MPI's tags are wide enough, a hash of
+  // its fingerprint (`with_count` or not), so that ranks calling different collectives post messages
+  // that never match: they stall, and the explanation names what each calls. Where they are not,
+  // every receive is probed (probes_all).
+  int schedule_tag(const Fingerprint& f, bool with_count) const;
   bool probes_all() const { return process_.tag_upper_bound < 0x7fffffff; }
   // Whether a collective whose largest single transfer is `bytes` runs as the plugin's own schedule
   // (schedules.h): on more than one rank, and where MPI's int counts of bytes reach (else MPI's own
@@ -334,7 +337,6 @@ class MpiComm {
   int rank_ = 0;
   int size_ = 1;
   std::atomic<bool> aborted_{false};
-  std::atomic<uint32_t> schedules_{0};
   std::atomic<RunState*> spare_state_{nullptr};  // take_state's
   std::mutex in_flight_mutex_;  // guards in_flight_; never taken while mutex_ is held
   std::vector<Request*> in_flight_;
@@ -353,7 +355,7 @@ class MpiComm {
     std::vector<MPI_Request> sends;
     std::vector<std::optional<FingerprintWords>> theirs;  // by rank
   };
-  // The explanations' tag on agree_, which schedules never use (next_schedule_tag).
+  // The explanations' tag on agree_, which schedules never use (schedule_tag).
   int explanation_tag() const { return process_.tag_upper_bound; }
   std::unique_ptr<Exchange> explanation_;
   std::vector<pid_t> local_pid_of_rank_;   // 0 for this rank and for ranks on other machines

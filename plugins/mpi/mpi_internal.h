@@ -78,25 +78,7 @@ inline const void* in_place_or(const void* send, const void* recv) { return send
 
 // Whether every rank of the communicator takes part (a point-to-point wait is two ranks' business: its
 // timeout is not explained as a collective's stall, nor agreed on).
-inline bool is_collective(const Fingerprint& f) {
-  return f.op != BPL_COLL_SEND && f.op != BPL_COLL_RECV && f.op != BPL_COLL_RECV_ANY;
-}
-
-// The variable-size collectives' fingerprints: the total count, or none, and this rank's share of the
-// pairing of counts (fingerprint.h).
-inline Fingerprint allgatherv_fingerprint(bpl_dtype dtype, size_t sendcount, plugin::CountsView recvcounts, int rank, int size) {
-  Fingerprint f = fingerprint_of(BPL_COLL_ALLGATHERV, dtype, static_cast<int64_t>(recvcounts.sum()));
-  f.pairing = pairing_share(rank, size, [&](int) { return sendcount; },
-                            [&](int q) { return recvcounts[static_cast<size_t>(q)]; });
-  return f;
-}
-inline Fingerprint alltoallv_fingerprint(bpl_dtype dtype, plugin::CountsView sendcounts, plugin::CountsView recvcounts, int rank,
-                                  int size) {
-  Fingerprint f = fingerprint_of(BPL_COLL_ALLTOALLV, dtype);
-  f.pairing = pairing_share(rank, size, [&](int q) { return sendcounts[static_cast<size_t>(q)]; },
-                            [&](int q) { return recvcounts[static_cast<size_t>(q)]; });
-  return f;
-}
+inline bool is_collective(const Fingerprint& f) { return backplane::is_collective(f.op); }
 
 // MPI's int counts and displacements of a variable-size collective, one array after another (inline
 // up to 8 ranks, as plugin::Counts).

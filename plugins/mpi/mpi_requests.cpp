@@ -8,13 +8,14 @@
 
 #include "mpi_internal.h"
 #include "plugin_support.h"
+#include "stall.h"
 
 namespace backplane::mpi_plugin {
 
-Request::Request(MpiComm* comm, const char* op, Fingerprint fingerprint, size_t bytes, std::function<int(MPI_Request*)> post)
+Request::Request(MpiComm* comm, const char* op, size_t bytes, std::function<int(MPI_Request*)> post, const Fingerprint& own)
     : PolledRequest(op, comm->timeout(), bytes),
       comm_(comm),
-      fingerprint_(fingerprint),
+      fingerprint_(fingerprint_of(plugin::current_operation(), own)),
       bytes_(bytes),
       post_(std::move(post)),
       state_(comm->take_state()) {}
@@ -22,7 +23,7 @@ Request::Request(MpiComm* comm, const char* op, Fingerprint fingerprint, size_t 
 Request::Request(MpiComm* comm, void* buf, int count, MPI_Datatype type, size_t bytes, int peer, int tag)
     : PolledRequest("recv", comm->timeout(), bytes),
       comm_(comm),
-      fingerprint_(fingerprint_of(BPL_COLL_RECV)),
+      fingerprint_(fingerprint_of(plugin::current_operation(), fingerprint_of(BPL_COLL_RECV))),
       bytes_(bytes),
       phase_(Phase::kProbing),
       receive_(true),
@@ -63,7 +64,7 @@ void Request::run_schedule(plugin::ReduceFn reduce) {
   fold_ = reduce;
   // Up to the eager size in all, ranks that disagree on the count stall (the count is in the tag's
   // hash) and the fingerprints name them at the timeout; above it, the messages' sizes tell at once.
-  schedule_tag_ = comm_->next_schedule_tag(fingerprint_, /*with_count=*/bytes_ <= comm_->eager_bytes());
+  schedule_tag_ = comm_->schedule_tag(fingerprint_, /*with_count=*/bytes_ <= comm_->eager_bytes());
 }
 
 namespace {

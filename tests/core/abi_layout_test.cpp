@@ -187,7 +187,7 @@ TEST(AbiLayout, bpl_launch_info) {
 
 TEST(AbiLayout, bpl_host_api) {
   EXPECT_EQ(offsetof(bpl_host_api, struct_size), 0u);
-  EXPECT_EQ(sizeof(bpl_host_api), 48u);
+  EXPECT_EQ(sizeof(bpl_host_api), 56u);
   EXPECT_EQ(offsetof(bpl_host_api, abi_major), 8u);
   EXPECT_EQ(offsetof(bpl_host_api, abi_minor), 12u);
   EXPECT_EQ(offsetof(bpl_host_api, log_level), 16u);
@@ -195,7 +195,25 @@ TEST(AbiLayout, bpl_host_api) {
   EXPECT_EQ(offsetof(bpl_host_api, log), 24u);
   EXPECT_EQ(offsetof(bpl_host_api, get_env), 32u);
   EXPECT_EQ(offsetof(bpl_host_api, set_error), 40u);
-  EXPECT_NO_TRAILING_PADDING(bpl_host_api, set_error);
+  // ABI 1.10
+  EXPECT_EQ(offsetof(bpl_host_api, current_operation), 48u);
+  EXPECT_NO_TRAILING_PADDING(bpl_host_api, current_operation);
+}
+
+TEST(AbiLayout, bpl_operation_identity) {
+  EXPECT_EQ(sizeof(bpl_operation_identity), 56u);
+  EXPECT_EQ(offsetof(bpl_operation_identity, struct_size), 0u);
+  EXPECT_EQ(offsetof(bpl_operation_identity, sequence), 8u);
+  EXPECT_EQ(offsetof(bpl_operation_identity, hash), 16u);
+  EXPECT_EQ(offsetof(bpl_operation_identity, kind), 24u);
+  EXPECT_EQ(offsetof(bpl_operation_identity, dtype), 28u);
+  EXPECT_EQ(offsetof(bpl_operation_identity, count), 32u);
+  EXPECT_EQ(offsetof(bpl_operation_identity, root), 40u);
+  EXPECT_EQ(offsetof(bpl_operation_identity, reduce_op), 44u);
+  EXPECT_EQ(offsetof(bpl_operation_identity, pairing), 48u);
+  EXPECT_NO_TRAILING_PADDING(bpl_operation_identity, pairing);
+  EXPECT_EQ(BPL_OPERATION_FINALIZE, 1000);
+  EXPECT_EQ(BPL_OPERATION_FINGERPRINT_CHECK, 1001);
 }
 
 TEST(AbiLayout, bpl_plugin_caps) {

@@ -2,10 +2,13 @@
 // variable-size collectives, which no rank can check from its own arguments.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "fingerprint.h"
+#include "stall.h"
 
 namespace backplane {
 namespace {
@@ -105,18 +108,48 @@ TEST(Fingerprint, FinalizeIsNamedAndDiffersFromABarrier) {
             "ranks disagree on the collective they call: rank 0 calls barrier; rank 1 calls bpl_finalize; differ in: op");
 }
 
-// A stall's words: the ranks that said nothing, as one rank or several, and the report of those that spoke.
+// A stall's words, through a plugin's transport: the ranks that said nothing, as one rank or several,
+// and the report of those that spoke; this rank's own word is its own, whatever the transport returned.
 TEST(Fingerprint, AStallNamesTheSilentRanksAndComparesTheOthers) {
   const Fingerprint barrier = fingerprint_of(BPL_COLL_BARRIER);
   const Fingerprint allreduce = fingerprint_of(BPL_COLL_ALLREDUCE, BPL_DTYPE_F32, 16, -1, BPL_OP_SUM);
-  const StallFindings one_silent = compare_stalled({barrier, std::nullopt, barrier});
-  EXPECT_EQ(one_silent.report, "");
-  EXPECT_EQ(one_silent.silent, "rank 1");
-  const StallFindings two_silent = compare_stalled({barrier, std::nullopt, allreduce, std::nullopt});
-  EXPECT_EQ(two_silent.silent, "ranks 1,3");
-  EXPECT_NE(two_silent.report.find("rank 0 calls barrier"), std::string::npos) << two_silent.report;
-  EXPECT_NE(two_silent.report.find("rank 2 calls allreduce"), std::string::npos) << two_silent.report;
-  EXPECT_EQ(compare_stalled({allreduce, allreduce}).silent, "");
+  using Said = std::vector<std::optional<Fingerprint>>;
+  const auto saying = [](Said said) {
+    return [said](const Fingerprint&, std::chrono::milliseconds) { return said; };
+  };
+  const StallExplanation agreed = explain_stall(barrier, 0, std::chrono::milliseconds(0),
+                                                saying({std::nullopt, std::nullopt, barrier}));
+  EXPECT_EQ(agreed.mismatch, "");
+  EXPECT_EQ(agreed.answered, (std::vector<bool>{true, false, true}));
+  EXPECT_FALSE(agreed.everyone_answered);
+  EXPECT_EQ(agreed.silent, "rank 1");
+  const StallExplanation split = explain_stall(barrier, 0, std::chrono::milliseconds(0),
+                                               saying({barrier, std::nullopt, allreduce, std::nullopt}));
+  EXPECT_EQ(split.silent, "ranks 1,3");
+  EXPECT_NE(split.mismatch.find("rank 0 calls barrier"), std::string::npos) << split.mismatch;
+  EXPECT_NE(split.mismatch.find("rank 2 calls allreduce"), std::string::npos) << split.mismatch;
+  EXPECT_NE(split.mismatch.find("; no word from ranks 1,3, which left the operation or never came (found when the "
+                                "operation stalled)"),
+            std::string::npos)
+      << split.mismatch;
+  const StallExplanation all = explain_stall(allreduce, 1, std::chrono::milliseconds(0), saying({allreduce, allreduce}));
+  EXPECT_TRUE(all.everyone_answered);
+  EXPECT_EQ(all.mismatch, "");
+}
+
+// The identity the core hands a plugin carries the fingerprint whole, and its hash is the call's.
+TEST(Fingerprint, AnOperationsIdentityCarriesItsFingerprint) {
+  Fingerprint alltoallv = fingerprint_of(BPL_COLL_ALLTOALLV, BPL_DTYPE_I32);
+  alltoallv.sequence = 7;
+  alltoallv.pairing = -12345;
+  const bpl_operation_identity identity = identity_of(alltoallv);
+  EXPECT_EQ(identity.struct_size, sizeof(bpl_operation_identity));
+  EXPECT_EQ(identity.hash, call_hash(alltoallv));
+  EXPECT_EQ(encode(fingerprint_of(identity)), encode(alltoallv));
+  EXPECT_EQ(encode(fingerprint_of(nullptr, alltoallv)), encode(alltoallv));
+  Fingerprint check = fingerprint_of(static_cast<bpl_collective>(kFingerprintCheckOp), BPL_DTYPE_I64, 8);
+  check.sequence = 7;
+  EXPECT_EQ(describe(check), "the BPL_DEBUG=detail check before #7 (i64, count 8)");
 }
 
 }  // namespace

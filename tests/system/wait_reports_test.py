@@ -63,7 +63,7 @@ def main():
                               capture_output=True, text=True, timeout=60)
     for rank, other in ((0, 1), (1, 0)):
         said = re.findall(rf"\[rank{rank}\]:\[backplane:gloo\] INFO: TCP: still waiting after (\d+) s of the 8000 ms "
-                          rf"timeout in allreduce \(i32, count 1, sum\): ranks \[2\] have not arrived; "
+                          rf"timeout in allreduce #\d+ \(i32, count 1, sum\): ranks \[2\] have not arrived; "
                           rf"ranks \[{other}\] wait in it too$", over_tcp.stderr, re.M)
         expect(over_tcp.returncode == 0 and said == ["2", "4"] and f"done {rank} 6" in over_tcp.stdout,
                f"rank {rank}, stalled over TCP, names rank 2 as not arrived at 2 s and 4 s: {said} "

@@ -30,7 +30,7 @@ extern "C" {
 #endif
 
 #define BPL_ABI_MAJOR 1
-#define BPL_ABI_MINOR 9
+#define BPL_ABI_MINOR 10
 
 #if defined(__GNUC__)
 #define BPL_API __attribute__((visibility("default")))

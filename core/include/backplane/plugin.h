@@ -1,5 +1,5 @@
 /*
- * plugin.h — the plugin ABI of backplane (ABI 1.8; what each minor added: core/ABI_CHANGELOG.md):
+ * plugin.h — the plugin ABI of backplane (ABI 1.10; what each minor added: core/ABI_CHANGELOG.md):
  * what a backend plugin exports and what the core passes in. A plugin includes only this header (and
  * backplane.h, which it includes).
  *
@@ -56,6 +56,32 @@ typedef struct bpl_launch_info {
   const void* native_comm;
 } bpl_launch_info;
 
+/* ABI 1.10: an operation as the core numbered and described it, the same on every rank that makes the
+ * same call, so that every plugin tags its messages and explains a stall alike. Collectives are
+ * numbered 1, 2, … on their communicator (the core's own exchanges included: the finalize barrier,
+ * the split that finds the local ranks of a caller's communicator); sends and receives have sequence
+ * 0. -1 marks a field the operation does not have. */
+typedef struct bpl_operation_identity {
+  size_t struct_size;
+  uint64_t sequence;
+  uint64_t hash;     /* of the sequence and every field below but pairing: ranks whose calls differ get
+                        different hashes (a plugin's message tags derive from it) */
+  int32_t kind;      /* bpl_collective, or BPL_OPERATION_FINALIZE, BPL_OPERATION_FINGERPRINT_CHECK */
+  int32_t dtype;     /* bpl_dtype */
+  int64_t count;     /* a v-collective's total (allgatherv) or -1 (alltoallv) */
+  int32_t root;
+  int32_t reduce_op; /* bpl_reduce_op */
+  /* allgatherv and alltoallv: this rank's share of a sum over the ranks that is 0 exactly when each
+   * rank's count for a peer is that peer's count for it; 0 elsewhere. */
+  int64_t pairing;
+} bpl_operation_identity;
+
+/* bpl_operation_identity.kind of the core's own exchanges, which are no collectives of the ABI: the
+ * barrier bpl_finalize makes, and BPL_DEBUG=detail's allgather of fingerprints (8 int64 per rank) before
+ * collective `sequence`, which it shares. */
+#define BPL_OPERATION_FINALIZE 1000
+#define BPL_OPERATION_FINGERPRINT_CHECK 1001
+
 /* What the core offers a plugin. Valid from bpl_plugin_open_v1 until the plugin is unloaded. */
 typedef struct bpl_host_api {
   size_t struct_size;
@@ -69,6 +95,10 @@ typedef struct bpl_host_api {
   const char* (*get_env)(const char* name);
   /* Sets the calling thread's bpl_last_error() message (copied). */
   void (*set_error)(const char* message);
+  /* ABI 1.10: the operation the calling thread is starting, for the duration of the plugin call that
+   * starts it (a collective, send or recv, comm_split, and runtime_destroy's finalize barrier); NULL
+   * in any other call. A plugin that queues the operation copies it. */
+  const bpl_operation_identity* (*current_operation)(void);
 } bpl_host_api;
 
 /* What a plugin reports about itself at run time. Strings owned by the plugin runtime. */

@@ -36,7 +36,7 @@ void keep_line(int32_t, const char*, const char* message) {
 const char* no_variable(const char*) { return nullptr; }
 void no_error(const char*) {}
 const bpl_host_api kHost = {sizeof(bpl_host_api), BPL_ABI_MAJOR, BPL_ABI_MINOR, BPL_LOG_WARN, 0, keep_line, no_variable,
-                            no_error};
+                            no_error, nullptr};
 
 // What the server said, once it said `expected` (it may say it just after its answer), or within 2 s.
 std::string said_lines(const std::string& expected) {

@@ -49,6 +49,15 @@ TEST_P(Fault, DetailModeReportsMismatchedCollectivesOnEveryRank) {
   }
 }
 
+// Collectives are numbered apart from sends and receives, which ranks make in different numbers: under
+// BPL_DEBUG=detail an allreduce after rank 0 sent to each peer is checked and runs (every rank's
+// "mismatch" step reports BPL_OK and the sum).
+TEST_P(Fault, DetailModeNumbersCollectivesApartFromSendsAndReceives) {
+  Job job = run_job(backend(), 3, "mismatched_collectives",
+                    {{"BPL_DEBUG", "detail"}, {"BPL_TEST_CASE", "uneven_sends"}, {"BPL_TIMEOUT_MS", mismatch_timeout()}});
+  for (int rank = 0; rank < 3; ++rank) EXPECT_EVENT(job, rank, "mismatch", "BPL_OK");
+}
+
 // Without detail, ranks that disagree on a transfer's size never write out of bounds, never crash,
 // and never all succeed. With 64 Ki elements (above every library's eager limit) every rank reports
 // MISMATCH: at once through shared memory; on MPI, at once where a rank receives (the probe that
@@ -165,6 +174,11 @@ TEST_P(Fault, SmallMismatchesAndSkippedCollectivesWithoutDetailAreErrors) {
           << mismatch->message;
       if (leaf_returns) {
         EXPECT_NE(mismatch->message.find("differ in: root; no word from rank 2"), std::string::npos) << mismatch->message;
+      }
+      // Every backend names the calls by the core's numbers (the barrier before them is #1).
+      if (which == "skip") {
+        EXPECT_NE(mismatch->message.find(" allreduce #2 (f32"), std::string::npos) << mismatch->message;
+        EXPECT_NE(mismatch->message.find("calls barrier #2"), std::string::npos) << mismatch->message;
       }
     }
   }

@@ -114,7 +114,7 @@ int mismatched_collectives() {
   constexpr size_t kGuard = 4096;
   constexpr float kGuardValue = -12345.0f;
   const bool large = which != "op" && which != "count" && which != "skip" && which != "root" && which != "dtype" &&
-                     which != "reduce_op" && which != "reduce_root" && which != "recv_any";
+                     which != "reduce_op" && which != "reduce_root" && which != "recv_any" && which != "uneven_sends";
   // Send/recv of two sizes, the recv's buffer (rank 1) exactly its size: across the MPI backend's
   // size classes ("sendrecv_classes": 8 KiB sent, 2000 bytes expected) and within the eager one
   // ("sendrecv_short": 2000 bytes sent, 2400 expected).
@@ -182,6 +182,13 @@ int mismatched_collectives() {
       int32_t source = -1;
       status = r.rank == 0 ? bpl_recv_any(r.world, recv.data(), 16, BPL_DTYPE_F32, 7, &source, nullptr)
                            : bpl_barrier(r.world, nullptr);
+    } else if (which == "uneven_sends") {  // no mismatch: rank 0 sends to each peer, then all allreduce
+      for (int peer = 1; peer < r.size && status == BPL_OK && r.rank == 0; ++peer) {
+        status = bpl_send(r.world, send.data(), n, BPL_DTYPE_F32, peer, 7, nullptr);
+      }
+      if (r.rank != 0) status = bpl_recv(r.world, recv.data(), n, BPL_DTYPE_F32, 0, 7, nullptr);
+      if (status == BPL_OK) status = bpl_allreduce(r.world, send.data(), recv.data(), n, BPL_DTYPE_F32, BPL_OP_SUM, nullptr);
+      if (status == BPL_OK && recv[0] != static_cast<float>(r.size)) status = BPL_ERR_INTERNAL;
     } else if (which == "sendrecv" || classes || short_one) {
       if (r.rank == 0) status = bpl_send(r.world, send.data(), n, BPL_DTYPE_F32, 1, 7, nullptr);
       if (r.rank == 1) status = bpl_recv(r.world, recv.data(), n, BPL_DTYPE_F32, 0, 7, nullptr);
