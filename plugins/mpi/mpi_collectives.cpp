@@ -20,8 +20,7 @@ void MpiComm::allreduce(const void* send, void* recv, size_t count, bpl_dtype dt
   void* work = recv;
   const void* input = in_place_or(send, recv);
   const size_t element = plugin::dtype_size(acc), bytes = count * element;
-  auto request = std::make_unique<Request>(this, "allreduce",
-                                           bytes, nullptr);
+  auto request = std::make_unique<Request>(this, "allreduce", bytes, nullptr);
   if (acc != dtype) {
     work = request->staging(0, bytes);
     plugin::convert(send, dtype, work, acc, count);
@@ -50,8 +49,7 @@ void MpiComm::allreduce(const void* send, void* recv, size_t count, bpl_dtype dt
 
 void MpiComm::broadcast(void* buf, size_t count, bpl_dtype dtype, int root, bpl_plugin_request** req) {
   const size_t bytes = count * plugin::dtype_size(dtype);
-  auto request = std::make_unique<Request>(this, "broadcast", bytes,
-                                           nullptr);
+  auto request = std::make_unique<Request>(this, "broadcast", bytes, nullptr);
   if (schedulable(bytes)) {
     broadcast_rounds(request->schedule(), static_cast<char*>(buf), bytes, root, rank_, size_);
     request->run_schedule();
@@ -67,8 +65,7 @@ void MpiComm::reduce(const void* send, void* recv, size_t count, bpl_dtype dtype
   const bpl_dtype acc = plugin::accumulation_dtype(dtype, op);
   const bool is_root = rank_ == root;
   const size_t element = plugin::dtype_size(acc), bytes = count * element;
-  auto request = std::make_unique<Request>(this, "reduce", bytes,
-                                           nullptr);
+  auto request = std::make_unique<Request>(this, "reduce", bytes, nullptr);
   const void* input = send;
   void* output = is_root ? recv : nullptr;
   if (acc != dtype) {  // widened: reduced in the request's copy, the root's result narrowed from it
@@ -97,8 +94,7 @@ void MpiComm::reduce(const void* send, void* recv, size_t count, bpl_dtype dtype
 
 void MpiComm::allgather(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_plugin_request** req) {
   const size_t block = count * plugin::dtype_size(dtype);
-  auto request = std::make_unique<Request>(this, "allgather",
-                                           block * static_cast<size_t>(size_), nullptr);
+  auto request = std::make_unique<Request>(this, "allgather", block * static_cast<size_t>(size_), nullptr);
   // In place, the caller's block already sits at recv + rank*count: MPI_IN_PLACE means exactly that.
   char* own = static_cast<char*>(recv) + block * static_cast<size_t>(rank_);
   const bool in_place = send == own;
@@ -156,8 +152,8 @@ void MpiComm::reduce_scatter(const void* send, void* recv, size_t recvcount, bpl
 void MpiComm::alltoall(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_plugin_request** req) {
   const int n = mpi_count(count);
   mpi_count(count * static_cast<size_t>(size_));
-  auto request = std::make_unique<Request>(this, "alltoall",
-                                           count * static_cast<size_t>(size_) * plugin::dtype_size(dtype), nullptr);
+  auto request =
+      std::make_unique<Request>(this, "alltoall", count * static_cast<size_t>(size_) * plugin::dtype_size(dtype), nullptr);
   const size_t block = count * plugin::dtype_size(dtype), bytes = block * static_cast<size_t>(size_);
   const bool in_place = send == recv;
   if (schedulable(block)) {
@@ -196,8 +192,7 @@ void MpiComm::gather(const void* send, void* recv, size_t count, bpl_dtype dtype
   const size_t block = count * plugin::dtype_size(dtype);
   // In place, the root's block already sits at recv + root*count: MPI_IN_PLACE means exactly that.
   const bool in_place = rank_ == root && send == static_cast<char*>(recv) + block * static_cast<size_t>(root);
-  auto request = std::make_unique<Request>(this, "gather",
-                                           block * static_cast<size_t>(size_), nullptr);
+  auto request = std::make_unique<Request>(this, "gather", block * static_cast<size_t>(size_), nullptr);
   if (schedulable(block)) {
     if (rank_ == root && !in_place && block > 0) std::memcpy(static_cast<char*>(recv) + block * static_cast<size_t>(root), send, block);
     gather_rounds(request->schedule(), static_cast<const char*>(send), static_cast<char*>(recv),
@@ -217,8 +212,7 @@ void MpiComm::scatter(const void* send, void* recv, size_t count, bpl_dtype dtyp
   mpi_count(count * static_cast<size_t>(size_));
   const size_t block = count * plugin::dtype_size(dtype);
   const bool in_place = rank_ == root && recv == static_cast<const char*>(send) + block * static_cast<size_t>(root);
-  auto request = std::make_unique<Request>(this, "scatter",
-                                           block * static_cast<size_t>(size_), nullptr);
+  auto request = std::make_unique<Request>(this, "scatter", block * static_cast<size_t>(size_), nullptr);
   if (schedulable(block)) {
     if (rank_ == root && !in_place && block > 0) std::memcpy(recv, static_cast<const char*>(send) + block * static_cast<size_t>(root), block);
     scatter_rounds(request->schedule(), static_cast<const char*>(send), static_cast<char*>(recv),
