@@ -44,12 +44,11 @@ void GlooComm::run_barrier() {
 
 std::unique_ptr<GlooComm> GlooComm::run_split(int color, int key) {
   // Every rank learns every (color, key), then each group connects its own mesh under a store prefix
-  // that all its members derive alike: parent uid / split number / color.
+  // that all its members derive alike: parent uid / the split's number (the core's) / color.
   const int n = size();
   std::vector<int64_t> mine = {color, key};
   std::vector<int64_t> all(2 * static_cast<size_t>(n));
   run_allgather(mine.data(), all.data(), 2, BPL_DTYPE_I64);
-  const uint32_t split_number = splits_++;
   if (color < 0) return nullptr;
 
   std::vector<int> members;
@@ -58,7 +57,7 @@ std::unique_ptr<GlooComm> GlooComm::run_split(int color, int key) {
   }
   std::stable_sort(members.begin(), members.end(), [&](int a, int b) { return all[2 * a + 1] < all[2 * b + 1]; });
   const int new_rank = static_cast<int>(std::find(members.begin(), members.end(), rank()) - members.begin());
-  return std::make_unique<GlooComm>(shared_, uid_ + "/" + std::to_string(split_number) + "/" + std::to_string(color),
+  return std::make_unique<GlooComm>(shared_, uid_ + "/" + std::to_string(current_.sequence) + "/" + std::to_string(color),
                                     new_rank, static_cast<int>(members.size()), timeout());
 }
 

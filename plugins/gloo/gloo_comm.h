@@ -361,7 +361,6 @@ class GlooComm {
   uint32_t grows_ = 0;                // grows run so far: numbers the next
   // Set on this rank's first failure or abort: the communicator then does not leave normally.
   std::atomic<bool> failed_{false};
-  uint32_t splits_ = 0;
   std::vector<std::vector<char>> scratch_;
 };
 
