@@ -41,6 +41,7 @@ void with_element_type(bpl_dtype dtype, Fn&& fn) {
 }
 
 class GlooComm;
+class Request;
 
 class CollectivePath {
  public:
@@ -76,9 +77,10 @@ class CollectivePath {
   virtual std::function<void()> post_transfer(void* buf, size_t bytes, int peer, int tag, bool is_send);
   // A recv from whichever rank sends first with `tag`, whose wait also writes that rank to *source.
   virtual std::function<void()> post_recv_from_any(void* buf, size_t bytes, int tag, int32_t* source);
-  // Whether a posted receive moves only while its wait runs (the receiver reads the sender's buffer);
-  // over Gloo's pairs Gloo's own thread moves it.
-  virtual bool receives_move_only_while_waited() const { return false; }
+  // Either of them as a request, whose end the caller waits for or tests later (`source` non-null: a
+  // recv from any rank, `peer` unused). Here a PointToPointRequest of the completion above.
+  virtual std::unique_ptr<Request> post_request(void* buf, size_t bytes, int peer, int tag, bool is_send,
+                                                int32_t* source);
 
   // What the path's segments are told of the communicator (none over TCP): the collective about to run
   // (they check that ranks call the same), a failure that ends every wait on them with `status`.
@@ -165,7 +167,9 @@ class ShmPath : public TcpPath {
                  const plugin::Counts& recv_bytes, const plugin::Counts& recv_offsets, int64_t pairing) override;
   std::function<void()> post_transfer(void* buf, size_t bytes, int peer, int tag, bool is_send) override;
   std::function<void()> post_recv_from_any(void* buf, size_t bytes, int tag, int32_t* source) override;
-  bool receives_move_only_while_waited() const override { return segment_->single_copy(); }
+  // Through the mailboxes, a request that the rank's waits and its tests move on (MailboxRequest).
+  std::unique_ptr<Request> post_request(void* buf, size_t bytes, int peer, int tag, bool is_send,
+                                        int32_t* source) override;
   void set_call(const Fingerprint& call) override { segment_->set_call(call); }
   void fail(bpl_status status, const std::string& reason) override { segment_->fail(status, reason); }
   bool segment_holds_every_rank() const override { return true; }

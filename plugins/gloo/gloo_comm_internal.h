@@ -77,18 +77,15 @@ class QueuedRequest : public Request {
   plugin::OpQueue* queue_;
 };
 
-// An asynchronous send or recv, posted at once. Its completion (`complete`, which waits within the
-// communicator's timeout) runs on the thread that waits for the request at least that long: the usual
-// post-then-wait starts no thread. Gloo's wait cannot be polled, and one with a shorter timeout fails
-// the whole context, so a request tested, or waited for less, has its completion run on a thread of its
-// own, started then; so has one whose transfer moves only while its completion runs (`drive_at_once`:
-// a receive from shared memory's mailboxes, which the receiver reads), from the start.
+// An asynchronous send or recv over Gloo's pairs, posted at once (Gloo's thread moves its bytes). Its
+// completion (`complete`, which waits within the communicator's timeout) runs on the thread that waits
+// for the request at least that long: the usual post-then-wait starts no thread. Gloo's wait cannot be
+// polled, and one with a shorter timeout fails the whole context, so a request tested, or waited for
+// less, has its completion run on a thread of its own, started then.
 class PointToPointRequest : public Request {
  public:
-  PointToPointRequest(std::function<void()> complete, std::chrono::milliseconds op_timeout, bool drive_at_once)
-      : op_(std::make_shared<plugin::Operation>(std::move(complete))), op_timeout_(op_timeout) {
-    if (drive_at_once) complete_elsewhere();
-  }
+  PointToPointRequest(std::function<void()> complete, std::chrono::milliseconds op_timeout)
+      : op_(std::make_shared<plugin::Operation>(std::move(complete))), op_timeout_(op_timeout) {}
   ~PointToPointRequest() override {
     if (waiter_.joinable()) waiter_.join();
   }

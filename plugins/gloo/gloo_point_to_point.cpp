@@ -18,11 +18,8 @@
 namespace backplane::gloo_plugin {
 
 void GlooComm::point_to_point(void* buf, size_t bytes, int peer, int tag, bool is_send, bpl_plugin_request** req) {
-  std::function<void()> complete = path_->post_transfer(buf, bytes, peer, tag, is_send);
-  if (req == nullptr) return complete();
-  const bool drive_at_once = !is_send && path_->receives_move_only_while_waited();
-  *req = reinterpret_cast<bpl_plugin_request*>(
-      static_cast<Request*>(new PointToPointRequest(std::move(complete), timeout(), drive_at_once)));
+  if (req == nullptr) return path_->post_transfer(buf, bytes, peer, tag, is_send)();
+  *req = reinterpret_cast<bpl_plugin_request*>(path_->post_request(buf, bytes, peer, tag, is_send, nullptr).release());
 }
 
 // Over Gloo's pairs the slot carries the tag and 24 bits of a hash of the size: a send and a recv of
@@ -142,10 +139,9 @@ void GlooComm::recv(void* buf, size_t count, bpl_dtype dtype, int peer, int tag,
 }
 
 void GlooComm::recv_any(void* buf, size_t count, bpl_dtype dtype, int tag, int32_t* source, bpl_plugin_request** req) {
-  std::function<void()> complete = path_->post_recv_from_any(buf, count * plugin::dtype_size(dtype), tag, source);
-  if (req == nullptr) return complete();
-  *req = reinterpret_cast<bpl_plugin_request*>(static_cast<Request*>(
-      new PointToPointRequest(std::move(complete), timeout(), path_->receives_move_only_while_waited())));
+  const size_t bytes = count * plugin::dtype_size(dtype);
+  if (req == nullptr) return path_->post_recv_from_any(buf, bytes, tag, source)();
+  *req = reinterpret_cast<bpl_plugin_request*>(path_->post_request(buf, bytes, /*peer=*/-1, tag, false, source).release());
 }
 
 }  // namespace backplane::gloo_plugin

@@ -128,17 +128,23 @@ std::shared_ptr<::gloo::transport::Device> make_device(bool on_this_host, std::s
   return ::gloo::transport::tcp::CreateDevice(attr);
 }
 
-// Waits for the arrivals of the `size` ranks in `world` on `store`, then makes the Gloo view of it and
-// the failure board on `board_store`, a connection of its own whose calls give up soon.
-Rendezvous meet(std::shared_ptr<KvStore> store, std::shared_ptr<KvStore> board_store, const World& world,
-                int32_t rank, int32_t size, std::chrono::milliseconds timeout) {
-  arrive(*store, world, rank, size, timeout);
+// What the communicators see of the job's store, wherever it lives: the store itself, Gloo's view of it
+// and the failure board on `board_store`, a connection of its own whose calls give up soon.
+Rendezvous views_of(std::shared_ptr<KvStore> store, std::shared_ptr<KvStore> board_store, const World& world,
+                    std::chrono::milliseconds timeout) {
   Rendezvous result;
   result.kv = store;
   result.prefix = world.prefix;
   result.store = std::make_shared<GlooKvStore>(std::move(store), world.prefix, timeout);
   result.board = make_store_board(std::move(board_store), world.prefix);
   return result;
+}
+
+// Waits for the arrivals of the `size` ranks in `world` on `store`, then makes its views.
+Rendezvous meet(std::shared_ptr<KvStore> store, std::shared_ptr<KvStore> board_store, const World& world,
+                int32_t rank, int32_t size, std::chrono::milliseconds timeout) {
+  arrive(*store, world, rank, size, timeout);
+  return views_of(std::move(store), std::move(board_store), world, timeout);
 }
 
 // Meets the other `size` ranks through a caller's store, every key under "backplane/". The failure
@@ -243,11 +249,9 @@ Rendezvous rendezvous_to_join(const bpl_launch_info& launch) {
   try {
     auto [store, board_store] = connect_to_store(addr, job.port, false, timeout, job.host_name);
     const World world = current_world(*store, job.base, timeout);
-    result.liveness = liveness_connection(addr, job.port, timeout, job.host_name, world.prefix);
-    result.kv = store;
-    result.prefix = world.prefix;
-    result.store = std::make_shared<GlooKvStore>(std::move(store), world.prefix, timeout);
-    result.board = make_store_board(std::move(board_store), world.prefix);
+    std::shared_ptr<KvStore> liveness = liveness_connection(addr, job.port, timeout, job.host_name, world.prefix);
+    result = views_of(std::move(store), std::move(board_store), world, timeout);
+    result.liveness = std::move(liveness);
   } catch (const Error& e) {
     throw Error(e.status(), "joining the job at " + where + " failed: " + e.what());
   }

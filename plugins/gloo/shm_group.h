@@ -150,6 +150,14 @@ class ShmGroup {
   std::shared_ptr<PendingRecv> post_recv(void* buf, size_t bytes, int peer, int tag);
   // Returns the communicator's rank that sent (for a recv from kAnyRank).
   int wait_received(const std::shared_ptr<PendingRecv>& recv, std::chrono::milliseconds timeout);
+  // The same without waiting: whether the send was received, or the recv matched and read (this call
+  // reads it where its send has come); each throws what its wait would. A request's polls.
+  bool sent(const SendTicket& ticket);
+  bool received(const std::shared_ptr<PendingRecv>& recv, int* source);
+  // A wait's or a request's deadline passed before its end: a recv (if given) is withdrawn, its buffer
+  // the caller's again, and the group fails with TIMEOUT saying `what` (late: rank `peer`, whose
+  // process is said to be stopped where it is). Returns the reason.
+  std::string give_up(int peer, const std::shared_ptr<PendingRecv>& recv, const std::string& what);
 
   // Collectives, on this rank's buffers; each wait is bounded by `timeout`. Reductions run in `acc`
   // (the caller has widened the data) with `op` (its sum for AVG); send may equal recv.
@@ -216,6 +224,21 @@ class ShmGroup {
   void match_arrivals(int peer);
   // match_arrivals for `peer`, or for every peer when it is kAnyRank.
   void match_arrivals_from(int peer);
+  // A recv's bytes move only while its receiver reads the sender's buffer, so every wait on shared
+  // memory (wait_until) reads for the recvs posted on every group of the process, as MPI's progress
+  // rule asks: a rank blocked in a send, a collective or another communicator's wait still completes
+  // the recvs it posted, which a peer's blocking send to it may be waiting for. A group is listed from
+  // its first pending recv until a pass finds none left; a pass skips a group whose own thread is
+  // matching, and never runs with a group's p2p_mutex_ held.
+  static void drive_posted_receives() {
+    if (groups_receiving_.load(std::memory_order_relaxed) != 0) drive_listed_receives();
+  }
+  static void drive_listed_receives();
+  static inline std::atomic<size_t> groups_receiving_{0};  // listed groups: most waits read only this
+  void list_as_receiving();  // under p2p_mutex_
+  void withdraw_from_receiving();  // the destructor's
+  void withdraw(const std::shared_ptr<PendingRecv>& recv);
+  bool receiving_listed_ = false;  // under p2p_mutex_
   // The recvs waiting for `peer` (or kAnyRank); under p2p_mutex_.
   std::deque<std::shared_ptr<PendingRecv>>& pending_of(int peer);
 

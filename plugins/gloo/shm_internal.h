@@ -273,6 +273,7 @@ void ShmGroup::wait_until(int peer, std::atomic<uint32_t>& word, Reached reached
     }
     if ((i & 63) == 0) {
       if (failed()) throw_failure_record();
+      drive_posted_receives();
       const auto now = std::chrono::steady_clock::now();
       if (spin_until == std::chrono::steady_clock::time_point{}) {
         spin_until = now + (long_spin ? std::chrono::microseconds(long_spin_us) : std::chrono::microseconds(kSpin));
@@ -289,6 +290,7 @@ void ShmGroup::wait_until(int peer, std::atomic<uint32_t>& word, Reached reached
   }
   for (int i = 0; yielding && i < kYields; ++i) {
     if (reached()) return;
+    drive_posted_receives();
     ::sched_yield();
   }
   const pid_t pid = peer_pid(peer);
@@ -298,6 +300,7 @@ void ShmGroup::wait_until(int peer, std::atomic<uint32_t>& word, Reached reached
   for (;;) {
     if (reached()) return;
     if (failed()) throw_failure_record();
+    drive_posted_receives();
     const auto now = std::chrono::steady_clock::now();
     if (report.due()) {
       plugin::log(BPL_LOG_INFO, "gloo", "shared memory: still waiting after " + report.waited() + " of the " +
@@ -311,14 +314,7 @@ void ShmGroup::wait_until(int peer, std::atomic<uint32_t>& word, Reached reached
       }
       next_liveness_check = now + kLivenessInterval;
     }
-    if (now >= deadline.at()) {
-      std::string reason = "shared memory: " + late();
-      if (pid != 0 && plugin::process_state(pid) == plugin::ProcessState::kStopped) {
-        reason += " (" + plugin::local_peer_description(rank_name(peer), pid, plugin::ProcessState::kStopped) + ")";
-      }
-      fail(BPL_ERR_TIMEOUT, reason, peer);
-      throw plugin::Error(BPL_ERR_TIMEOUT, reason);
-    }
+    if (now >= deadline.at()) throw plugin::Error(BPL_ERR_TIMEOUT, give_up(peer, nullptr, late()));
     header_->sleepers.fetch_add(1, std::memory_order_seq_cst);
     const uint32_t seen = word.load(std::memory_order_seq_cst);
     if (!reached() && !failed()) {

@@ -21,7 +21,69 @@
 
 namespace backplane::gloo_plugin {
 
+namespace {
+
+// The groups of this process with recvs posted (ShmGroup::drive_posted_receives). Never destroyed: a
+// group may end after static destructors ran.
+struct ReceivingGroups {
+  std::mutex mutex;
+  std::vector<ShmGroup*> groups;  // their count in ShmGroup::groups_receiving_
+};
+ReceivingGroups& receiving_groups() {
+  static auto* groups = new ReceivingGroups;
+  return *groups;
+}
+
+}  // namespace
+
 /* ---- point to point ---- */
+
+void ShmGroup::drive_listed_receives() {
+  ReceivingGroups& receiving = receiving_groups();
+  std::unique_lock<std::mutex> listed(receiving.mutex, std::try_to_lock);
+  if (!listed.owns_lock()) return;  // another thread's pass is reading for them
+  auto& groups = receiving.groups;
+  for (auto it = groups.begin(); it != groups.end();) {
+    ShmGroup& group = **it;
+    std::unique_lock<std::mutex> lock(group.p2p_mutex_, std::try_to_lock);
+    if (!lock.owns_lock()) {
+      ++it;
+      continue;
+    }
+    try {
+      group.match_arrivals_from(kAnyRank);
+    } catch (const std::exception&) {
+      // A failed read failed that group: its own waits throw the failure.
+    }
+    const bool pending = !group.pending_from_any_.empty() ||
+                         std::any_of(group.pending_recvs_.begin(), group.pending_recvs_.end(),
+                                     [](const auto& recvs) { return !recvs.empty(); });
+    if (pending) {
+      ++it;
+      continue;
+    }
+    group.receiving_listed_ = false;
+    it = groups.erase(it);
+    groups_receiving_.store(groups.size(), std::memory_order_relaxed);
+  }
+}
+
+void ShmGroup::list_as_receiving() {
+  if (receiving_listed_) return;
+  ReceivingGroups& receiving = receiving_groups();
+  std::lock_guard<std::mutex> listed(receiving.mutex);
+  receiving.groups.push_back(this);
+  groups_receiving_.store(receiving.groups.size(), std::memory_order_relaxed);
+  receiving_listed_ = true;
+}
+
+void ShmGroup::withdraw_from_receiving() {
+  ReceivingGroups& receiving = receiving_groups();
+  std::lock_guard<std::mutex> listed(receiving.mutex);  // after any pass that reads for this group
+  auto& groups = receiving.groups;
+  groups.erase(std::remove(groups.begin(), groups.end(), this), groups.end());
+  groups_receiving_.store(groups.size(), std::memory_order_relaxed);
+}
 
 ShmGroup::SendTicket ShmGroup::post_send(const void* buf, size_t bytes, int peer, int tag,
                                          std::chrono::milliseconds timeout) {
@@ -106,7 +168,14 @@ std::shared_ptr<ShmGroup::PendingRecv> ShmGroup::post_recv(void* buf, size_t byt
   recv->order = recvs_posted_++;
   pending_of(peer).push_back(recv);
   match_arrivals_from(peer);  // a send already announced completes it at once
+  if (!recv->done) list_as_receiving();
   return recv;
+}
+
+void ShmGroup::withdraw(const std::shared_ptr<PendingRecv>& recv) {
+  std::lock_guard<std::mutex> lock(p2p_mutex_);
+  auto& pending = pending_of(recv->peer);
+  pending.erase(std::remove(pending.begin(), pending.end(), recv), pending.end());
 }
 
 std::deque<std::shared_ptr<ShmGroup::PendingRecv>>& ShmGroup::pending_of(int peer) {
@@ -134,14 +203,53 @@ int ShmGroup::wait_received(const std::shared_ptr<PendingRecv>& recv, std::chron
                         " (tag " + std::to_string(recv->tag) + "): no matching send in time";
                });
   } catch (...) {
-    // Never matched: its buffer is the caller's again.
-    std::lock_guard<std::mutex> lock(p2p_mutex_);
-    auto& pending = pending_of(peer);
-    pending.erase(std::remove(pending.begin(), pending.end(), recv), pending.end());
+    withdraw(recv);  // never matched: its buffer is the caller's again
     throw;
   }
   if (recv->status != BPL_OK) throw plugin::Error(recv->status, recv->error);
   return recv->source;
+}
+
+bool ShmGroup::received(const std::shared_ptr<PendingRecv>& recv, int* source) {
+  {
+    std::lock_guard<std::mutex> lock(p2p_mutex_);
+    match_arrivals_from(recv->peer);
+    if (!recv->done) {
+      if (header_->failed_by.load(std::memory_order_acquire) == 0) return false;
+    } else if (recv->status == BPL_OK) {
+      *source = recv->source;
+      return true;
+    }
+  }
+  if (!recv->done) {
+    withdraw(recv);
+    throw_failure_record();
+  }
+  throw plugin::Error(recv->status, recv->error);
+}
+
+bool ShmGroup::sent(const SendTicket& ticket) {
+  if (ticket.bytes > kInlineSendBytes) {
+    const Announcement& slot = mailbox(rank_, ticket.peer).slots[ticket.sequence % kMailboxSlots];
+    const auto sent = static_cast<uint32_t>(ticket.sequence + 1);
+    if (static_cast<int32_t>(slot.done.load(std::memory_order_acquire) - sent) < 0) {
+      if (header_->failed_by.load(std::memory_order_acquire) != 0) throw_failure_record();
+      return false;
+    }
+  }
+  wait_sent(ticket, std::chrono::milliseconds(0));  // received: says whether the sizes matched
+  return true;
+}
+
+std::string ShmGroup::give_up(int peer, const std::shared_ptr<PendingRecv>& recv, const std::string& what) {
+  if (recv) withdraw(recv);
+  std::string reason = "shared memory: " + what;
+  const pid_t pid = peer_pid(peer);  // 0 for kAnyRank
+  if (pid != 0 && plugin::process_state(pid) == plugin::ProcessState::kStopped) {
+    reason += " (" + plugin::local_peer_description(rank_name(peer), pid, plugin::ProcessState::kStopped) + ")";
+  }
+  fail(BPL_ERR_TIMEOUT, reason, peer);
+  return reason;
 }
 
 void ShmGroup::match_arrivals(int peer) {

@@ -101,7 +101,10 @@ ShmGroup::ShmGroup(void* base, size_t bytes, int rank, int size)
       pending_recvs_(static_cast<size_t>(size)),
       long_spin_us_(static_cast<uint32_t>(kLongSpin.count())) {}
 
-ShmGroup::~ShmGroup() { ::munmap(base_, bytes_); }
+ShmGroup::~ShmGroup() {
+  withdraw_from_receiving();
+  ::munmap(base_, bytes_);
+}
 
 std::unique_ptr<ShmGroup> ShmGroup::create(const std::string& name, int size) {
   const size_t bytes = segment_bytes(size);

@@ -12,6 +12,7 @@
 #include "collective_paths.h"
 #include "dtypes.h"
 #include "gloo_comm.h"
+#include "gloo_comm_internal.h"
 
 namespace backplane::gloo_plugin {
 
@@ -38,6 +39,13 @@ std::function<void()> CollectivePath::post_transfer(void* buf, size_t bytes, int
 
 std::function<void()> CollectivePath::post_recv_from_any(void* buf, size_t bytes, int tag, int32_t* source) {
   return comm_.post_pair_recv_from_any(buf, bytes, tag, source);
+}
+
+std::unique_ptr<Request> CollectivePath::post_request(void* buf, size_t bytes, int peer, int tag, bool is_send,
+                                                      int32_t* source) {
+  std::function<void()> complete =
+      source != nullptr ? post_recv_from_any(buf, bytes, tag, source) : post_transfer(buf, bytes, peer, tag, is_send);
+  return std::make_unique<PointToPointRequest>(std::move(complete), comm_.timeout());
 }
 
 void TcpPath::allreduce(const void* send, void* recv, size_t count, bpl_dtype dtype, bpl_reduce_op op) {

@@ -94,6 +94,32 @@ TEST(Collectives, AsyncOperationsCompleteWhileAPeerIsInABlockingCall) {
   EXPECT_TRUE(elements_match(received, 0, c.count, [&](size_t i) { return input_value(c.dtype, c.op, previous, i); }));
 }
 
+// The same across communicators: a rank's recv posted on a copy of the world completes while the rank
+// waits in a barrier of the world, which its sender joins only once its blocking send on the copy is
+// received (odd ranks send first; even ranks after the barrier). As under MPI's progress rule, any
+// wait of a rank moves every receive it posted.
+TEST(Collectives, AReceiveCompletesWhileItsRankWaitsOnAnotherCommunicator) {
+  SKIP_UNLESS_SUPPORTED(BPL_COLL_SEND, BPL_DTYPE_F32, 0);
+  SKIP_UNLESS_SUPPORTED(BPL_COLL_COMM_SPLIT, 0, 0);
+  if (world.size < 2) GTEST_SKIP() << "needs 2 ranks";
+  const Case c{BPL_DTYPE_F32, BPL_OP_SUM, 256 * 1024 + 3};
+  bpl_comm* copy = nullptr;
+  ASSERT_EQ(bpl_comm_split(world.comm, 0, world.rank, &copy), BPL_OK) << bpl_last_error();
+  Buffer sent = input(c, world.rank), received(c.dtype, c.count);
+  const int next = (world.rank + 1) % world.size, previous = (world.rank + world.size - 1) % world.size;
+  bpl_request* request = nullptr;
+  EXPECT_OK(bpl_recv(copy, received.data(), c.count, c.dtype, previous, 7, &request));
+  const bool sends_first = world.rank % 2 == 1;
+  const auto send = [&] { EXPECT_OK(bpl_send(copy, sent.data(), c.count, c.dtype, next, 7, nullptr)); };
+  if (sends_first) send();
+  EXPECT_OK(bpl_barrier(world.comm, nullptr));
+  if (!sends_first) send();
+  EXPECT_OK(bpl_request_wait(request, 20000));
+  EXPECT_OK(bpl_request_free(request));
+  EXPECT_TRUE(elements_match(received, 0, c.count, [&](size_t i) { return input_value(c.dtype, c.op, previous, i); }));
+  EXPECT_OK(bpl_comm_destroy(copy));
+}
+
 TEST(Collectives, AlltoallInPlace) {
   SKIP_UNLESS_SUPPORTED(BPL_COLL_ALLTOALL, BPL_DTYPE_I32, 0);
   const size_t count = 513;

@@ -184,9 +184,10 @@ int thread_count() {
   return -1;
 }
 
-// Sends posted as requests, still waiting for their receives, hold no thread each: a request waited
-// for as long as the communicator's timeout is completed by its waiter.
-TEST(PointToPoint, PendingSendsHoldNoThreadEach) {
+// Receives and sends posted as requests, still waiting for their peers, hold no thread each: a request
+// waited for as long as the communicator's timeout is completed by its waiter (a receive that moves
+// only while its receiver reads the sender's buffer, by any wait of its rank).
+TEST(PointToPoint, PendingSendsAndReceivesHoldNoThreadEach) {
   SKIP_UNLESS_SUPPORTED(BPL_COLL_SEND, BPL_DTYPE_I32, 0);
   if (world.size < 2) GTEST_SKIP() << "needs 2 ranks";
   if (world.rank > 1) {  // ranks 0 and 1 exchange; the others take part in the barrier only
@@ -202,21 +203,24 @@ TEST(PointToPoint, PendingSendsHoldNoThreadEach) {
   std::vector<bpl_request*> requests(2 * kMessages, nullptr);
   const int threads_before = thread_count();
   for (int k = 0; k < kMessages; ++k) {
+    EXPECT_OK(bpl_recv(world.comm, received[k].data(), kCount, BPL_DTYPE_I32, peer, 100 + k, &requests[kMessages + k]));
+  }
+  const int threads_with_receives = thread_count();
+  // After every receive is posted, before any send: no receive can have ended yet.
+  EXPECT_OK(bpl_barrier(world.comm, nullptr));
+  for (int k = 0; k < kMessages; ++k) {
     sent[k].assign(kCount, world.rank * 1000 + k);
     EXPECT_OK(bpl_send(world.comm, sent[k].data(), kCount, BPL_DTYPE_I32, peer, 100 + k, &requests[k]));
   }
   const int threads_with_sends = thread_count();
-  // Before any receive, so that no send can have ended yet.
-  EXPECT_OK(bpl_barrier(world.comm, nullptr));
-  for (int k = 0; k < kMessages; ++k) {
-    EXPECT_OK(bpl_recv(world.comm, received[k].data(), kCount, BPL_DTYPE_I32, peer, 100 + k, &requests[kMessages + k]));
-  }
   for (bpl_request* r : requests) {
     EXPECT_OK(bpl_request_wait(r, BPL_TIMEOUT_DEFAULT));
     EXPECT_OK(bpl_request_free(r));
   }
-  EXPECT_LT(threads_with_sends - threads_before, kMessages / 2)
-      << kMessages << " pending sends took " << threads_with_sends - threads_before << " threads";
+  EXPECT_LT(threads_with_receives - threads_before, kMessages / 2)
+      << kMessages << " pending receives took " << threads_with_receives - threads_before << " threads";
+  EXPECT_LT(threads_with_sends - threads_with_receives, kMessages / 2)
+      << kMessages << " sends took " << threads_with_sends - threads_with_receives << " threads";
   for (int k = 0; k < kMessages; ++k) {
     EXPECT_EQ(received[k].front(), peer * 1000 + k) << "message " << k;
     EXPECT_EQ(received[k].back(), peer * 1000 + k) << "message " << k;
