@@ -61,7 +61,9 @@ GlooComm::GlooComm(std::shared_ptr<Shared> shared, std::string uid, int rank, in
   context_ = std::move(context);
   // Unless set_up_shared_memory finds ranks sharing a machine.
   path_ = std::make_unique<TcpPath>(*this, size == 1 ? "single rank" : "gloo over tcp");
-  learn_peers(store);
+  std::vector<std::string> own_ends(static_cast<size_t>(size));
+  for (int r = 0; r < size; ++r) own_ends[static_cast<size_t>(r)] = r == rank ? "" : context_->getPair(r)->address().str();
+  peers_.learn(store, rank, own_ends);
   set_up_shared_memory(store);
   watch_connections();
 }
@@ -121,10 +123,10 @@ void GlooComm::watch_connections() {
   std::vector<std::pair<int, int>> watched;
   for (const PairSocket& socket : sockets_) {
     watched.emplace_back(socket.fd, socket.peer);
-    if (on_another_machine(socket.peer)) probe_while_idle(socket.fd);
+    if (peers_.on_another_machine(socket.peer)) probe_while_idle(socket.fd);
     // The leaders' mesh too: Gloo's messages name a pair by its peer's end.
     const std::string peer_end = address_of(socket.fd, false);
-    if (!peer_end.empty()) peer_of_address_.emplace(peer_end, socket.peer);
+    if (!peer_end.empty()) peers_.add_end(peer_end, socket.peer);
   }
   // Shared memory says itself what its collectives wait for.
   if (!path_->segment_holds_every_rank()) stall_report_ = StallReport::make_if_wanted(shared_->board, uid_, rank(), size());
@@ -188,12 +190,10 @@ int GlooComm::cause_in(const std::optional<std::string>& said, int peer) const {
 }
 
 int GlooComm::ranks_on_this_machine() const {
-  if (machine_of_rank_.empty()) return 1;
-  const int machine = machine_of_rank_[static_cast<size_t>(rank())];
-  return static_cast<int>(std::count(machine_of_rank_.begin(), machine_of_rank_.end(), machine));
+  return static_cast<int>(peers_.ranks_beside(rank()).size());
 }
 
-// Ranks are grouped by machine (learn_peers). All on one: every collective goes through one segment.
+// Ranks are grouped by machine (PeerDirectory). All on one: every collective goes through one segment.
 // Spanning machines with some sharing one: each machine's ranks share a segment, and one rank per
 // machine (its lowest) joins the leaders' Gloo mesh (hierarchical path). Otherwise: Gloo over TCP.
 void GlooComm::set_up_shared_memory(::gloo::rendezvous::Store& store) {
@@ -203,12 +203,8 @@ void GlooComm::set_up_shared_memory(::gloo::rendezvous::Store& store) {
   const bool wanted = plugin::env_switch("BPL_GLOO_SHM", true);
   const bool single_copy = plugin::env_switch("BPL_GLOO_SINGLE_COPY", true);
   if (size() == 1) return;
-  const int machine = machine_of_rank_[static_cast<size_t>(rank())];
-  const int machines = 1 + *std::max_element(machine_of_rank_.begin(), machine_of_rank_.end());
-  std::vector<int> local_ranks;  // this machine's, ascending
-  for (int r = 0; r < size(); ++r) {
-    if (machine_of_rank_[static_cast<size_t>(r)] == machine) local_ranks.push_back(r);
-  }
+  const int machines = peers_.machine_count();
+  const std::vector<int> local_ranks = peers_.ranks_beside(rank());
   if (machines == size()) {
     path_ = std::make_unique<TcpPath>(*this, "gloo over tcp (each rank on a machine of its own)");
     return;
@@ -231,7 +227,7 @@ void GlooComm::set_up_shared_memory(::gloo::rendezvous::Store& store) {
   }
   std::shared_ptr<ReleasableContext> leaders;
   if (local_ranks.front() == rank()) {
-    leaders = std::make_shared<ReleasableContext>(machine, machines);
+    leaders = std::make_shared<ReleasableContext>(peers_.machine(rank()), machines);
     leaders->setTimeout(timeout());
     ::gloo::rendezvous::PrefixStore leaders_store("leaders", store);
     leaders->connect_full_mesh(leaders_store, shared_->device);
@@ -300,7 +296,7 @@ std::unique_ptr<ShmGroup> GlooComm::map_machine_segment(::gloo::rendezvous::Stor
   if (!refusal.empty()) return nullptr;
   if (group) {
     std::vector<pid_t> pids;
-    for (int r : local_ranks) pids.push_back(local_pid_of_peer_[static_cast<size_t>(r)]);
+    for (int r : local_ranks) pids.push_back(peers_.local_pid(r));
     group->set_peers(std::move(pids), local_ranks);
   }
   return group;

@@ -4,7 +4,8 @@
 // queue's worker; point-to-point transfers are posted at once and only their completion is waited for.
 // Defined in gloo_comm.cpp (making, aborting and watching a communicator, its shared memory, posting),
 // gloo_collectives.cpp (the collectives and split), gloo_point_to_point.cpp (sends and receives) and
-// gloo_failures.cpp (naming a failure); gloo_comm_internal.h holds what those files share.
+// gloo_failures.cpp (naming a failure, with the peers its PeerDirectory knows); gloo_comm_internal.h
+// holds what those files share.
 #pragma once
 
 #include <gloo/context.h>
@@ -24,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "peer_directory.h"
 #include "backplane/plugin.h"
 #include "collective_paths.h"
 #include "connection_watch.h"
@@ -245,9 +247,6 @@ class GlooComm {
   std::function<void()> post_pair_recv_from_any(void* buf, size_t bytes, int tag, int32_t* source);
   // The Gloo slot of a transfer of `bytes` with `tag`: the prefix, the tag and a hash of the size.
   static uint64_t slot_of(uint8_t slot_prefix, int tag, size_t bytes);
-  // Publishes this rank's process and its end of each connection, and learns the peers', so that a
-  // failure can name the rank behind it.
-  void learn_peers(::gloo::rendezvous::Store& store);
   // Maps the shared-memory segment of the ranks on this machine, and connects the leaders' mesh when
   // the ranks span machines (BPL_GLOO_SHM); sets path_, which owns them.
   void set_up_shared_memory(::gloo::rendezvous::Store& store);
@@ -293,9 +292,6 @@ class GlooComm {
   // " (rank R at HOST is unreachable: …)" for each peer on another machine whose connection waits
   // unanswered (peer_reachability.h), or "".
   std::string unreachable_peers_note() const;
-  bool on_another_machine(int peer) const {
-    return machine_of_rank_[static_cast<size_t>(peer)] != machine_of_rank_[static_cast<size_t>(rank())];
-  }
   // What a failed Gloo call becomes: its status, its message with the peer's rank named, and, if the
   // group is now broken, every connection closed so that the peers fail at once instead of waiting
   // out their timeout. A rank that fails because a peer closed on it reports the communicator's first
@@ -336,11 +332,7 @@ class GlooComm {
   std::string uid_;
   std::atomic<int64_t> timeout_ms_;
   std::shared_ptr<ReleasableContext> context_;
-  // A peer's connection end or announced address, as Gloo writes them → its rank.
-  std::map<std::string, int> peer_of_address_;
-  std::vector<pid_t> local_pid_of_peer_;  // by rank; 0 for this rank and for peers on other machines
-  std::vector<std::string> process_of_rank_;  // process_key of each rank ("" unknown)
-  std::vector<int> machine_of_rank_;      // machines numbered in order of their lowest rank
+  PeerDirectory peers_;  // each rank's process and machine, and the rank behind each connection end
   struct PairSocket {
     int fd;    // this communicator's own descriptor of the socket (closed with it)
     int peer;  // rank in this communicator

@@ -1,4 +1,4 @@
-// How the gloo communicator names a failure: the peers it learned of, which of them failed, were
+// How the gloo communicator names a failure: which of its peers (PeerDirectory) failed, were
 // unreachable or stalled, and the communicator's first failure recorded for every rank to see.
 #include "gloo_comm.h"
 
@@ -23,7 +23,6 @@
 #include <iomanip>
 #include <numeric>
 #include <map>
-#include <regex>
 #include <set>
 #include <sstream>
 #include <tuple>
@@ -39,67 +38,6 @@
 
 namespace backplane::gloo_plugin {
 
-namespace {
-
-// The lines of a peer's record in the store.
-std::vector<std::string> lines_of(const std::vector<char>& bytes) {
-  std::vector<std::string> lines;
-  std::string line;
-  for (char c : bytes) {
-    if (c == '\n') {
-      lines.push_back(line);
-      line.clear();
-    } else {
-      line += c;
-    }
-  }
-  return lines;
-}
-
-}  // namespace
-
-// A connected Gloo pair names its peer by the connection's remote end. Each rank publishes its process
-// (process space and pid) and its own end of each connection through the store. (The addresses a
-// pair announced before connecting are not used: a pair that connects gives up its listening port,
-// which a later socket of any rank may then take, so that port would name the wrong rank.) The
-// processes let a failure that names no known address still be traced to a peer on this machine that
-// has ended or is stopped.
-void GlooComm::learn_peers(::gloo::rendezvous::Store& store) {
-  machine_of_rank_.assign(static_cast<size_t>(size()), 0);
-  if (size() == 1) return;
-  const std::string my_process_space = plugin::process_space_identity() + machine_partition();
-  std::string mine = my_process_space + "\n" + std::to_string(::getpid()) + "\n";
-  for (int r = 0; r < size(); ++r) mine += (r == rank() ? "" : context_->getPair(r)->address().str()) + "\n";
-  store.set("peers/" + std::to_string(rank()), std::vector<char>(mine.begin(), mine.end()));
-  local_pid_of_peer_.assign(static_cast<size_t>(size()), 0);
-  process_of_rank_.assign(static_cast<size_t>(size()), "");
-  process_of_rank_[static_cast<size_t>(rank())] = process_key(my_process_space, std::to_string(::getpid()));
-  std::vector<std::string> process_space_of_rank(static_cast<size_t>(size()));
-  for (int r = 0; r < size(); ++r) {
-    if (r == rank()) {
-      process_space_of_rank[static_cast<size_t>(r)] = my_process_space;
-      continue;
-    }
-    const std::vector<std::string> theirs = lines_of(store.get("peers/" + std::to_string(r)));
-    if (theirs.size() != static_cast<size_t>(size()) + 2) {
-      process_space_of_rank[static_cast<size_t>(r)] = "unknown: rank " + std::to_string(r);
-      continue;
-    }
-    process_space_of_rank[static_cast<size_t>(r)] = theirs[0];
-    process_of_rank_[static_cast<size_t>(r)] = process_key(theirs[0], theirs[1]);
-    if (theirs[0] == my_process_space) local_pid_of_peer_[static_cast<size_t>(r)] = std::atoi(theirs[1].c_str());
-    peer_of_address_[theirs[2 + static_cast<size_t>(rank())]] = r;
-  }
-  // Machines numbered in order of their lowest rank, identically on every rank.
-  int machines = 0;
-  for (size_t r = 0; r < process_space_of_rank.size(); ++r) {
-    const auto first = static_cast<size_t>(
-        std::find(process_space_of_rank.begin(), process_space_of_rank.end(), process_space_of_rank[r]) -
-        process_space_of_rank.begin());
-    machine_of_rank_[r] = first == r ? machines++ : machine_of_rank_[first];
-  }
-}
-
 // Names the peer behind a failure, or says what is unknown here, never a wrong one. The peers of this
 // machine whose process ended (REMOTE) or is stopped (TIMEOUT) are named first; for a timeout, then the
 // peers on machines that acknowledge nothing (unreachable_peers_note). A connection that
@@ -109,29 +47,12 @@ void GlooComm::learn_peers(::gloo::rendezvous::Store& store) {
 std::string GlooComm::failed_peers_note(const std::string& message, bpl_status status, int pair_peer) const {
   // The watch saw this peer's connection end first: what this rank's own operation saw after that is
   // its own connections being failed in turn. Otherwise the pair the failure came from, when the
-  // operation tells, or the address in Gloo's message, "[host]:port", looked up whole (one port may be
-  // another's prefix).
+  // operation tells, or the address in Gloo's message.
   int closed_by = status == BPL_ERR_REMOTE ? first_ended_.load() : -1;
   if (closed_by < 0 && status == BPL_ERR_REMOTE) closed_by = pair_peer;
-  static const std::regex address_in_message(R"(\[[^\]]*\]:\d+)");
-  auto host_of = [](const std::string& address) { return address.substr(0, address.rfind(':')); };
-  for (std::sregex_iterator it(message.begin(), message.end(), address_in_message), end; closed_by < 0 && it != end; ++it) {
-    const auto known = peer_of_address_.find(it->str());
-    if (known != peer_of_address_.end()) {
-      closed_by = known->second;
-      break;
-    }
-    // Gloo sometimes names a pair by a port of the peer that is neither end known here (seen across
-    // test hosts): the host then tells, when a single rank of this communicator runs there.
-    std::set<int> there;
-    for (const auto& [address, peer] : peer_of_address_) {
-      if (host_of(address) == host_of(it->str())) there.insert(peer);
-    }
-    if (there.size() == 1) closed_by = *there.begin();
-  }
-  auto local_pid = [&](int r) { return local_pid_of_peer_.empty() ? 0 : local_pid_of_peer_[static_cast<size_t>(r)]; };
-  const bool any_local_peer = std::any_of(local_pid_of_peer_.begin(), local_pid_of_peer_.end(), [](pid_t pid) { return pid != 0; });
-  if (any_local_peer) {
+  if (closed_by < 0) closed_by = peers_.rank_named_in(message);
+  const auto local_pid = [&](int r) { return peers_.local_pid(r); };
+  if (peers_.any_local_peer()) {
     // A killed peer's sockets close a moment before its process is marked ended, hence the short
     // wait for one.
     const auto wanted = status == BPL_ERR_TIMEOUT ? plugin::ProcessState::kStopped : plugin::ProcessState::kEnded;
@@ -139,7 +60,7 @@ std::string GlooComm::failed_peers_note(const std::string& message, bpl_status s
                          (status == BPL_ERR_TIMEOUT ? std::chrono::milliseconds(0) : std::chrono::milliseconds(200));
     // The peer whose connection the watch saw end first, where its process ended, is the cause: a peer
     // whose process ended after it (it failed in turn and exited) followed it, and is not named.
-    std::vector<pid_t> suspects = local_pid_of_peer_;
+    std::vector<pid_t> suspects = peers_.local_pids();
     const int first = first_ended_.load();
     if (status == BPL_ERR_REMOTE && first >= 0 && local_pid(first) != 0 &&
         plugin::process_state(local_pid(first)) == plugin::ProcessState::kEnded) {
@@ -175,7 +96,7 @@ std::string GlooComm::unreachable_peers_note() const {
   };
   std::map<std::string, Silent> silent_hosts;  // a peer machine's address → its ranks that do not answer
   for (const PairSocket& socket : sockets_) {
-    if (!on_another_machine(socket.peer)) continue;
+    if (!peers_.on_another_machine(socket.peer)) continue;
     const std::optional<std::chrono::milliseconds> waited = unanswered_for(socket.fd);
     if (!waited) continue;
     const std::string address = address_of(socket.fd, false);  // "[host]:port", or "" if it cannot be read
@@ -246,8 +167,7 @@ Error GlooComm::failure(const std::exception& e) {
 // this rank cannot explain, or a connection to another machine that ended (it may only have followed
 // a failure there), waits a moment for that rank's record to come first.
 std::chrono::milliseconds GlooComm::record_defer(bpl_status status, const std::string& peers_note) const {
-  const bool spans_machines =
-      std::any_of(machine_of_rank_.begin(), machine_of_rank_.end(), [](int machine) { return machine > 0; });
+  const bool spans_machines = peers_.machine_count() > 1;
   const bool unexplained = status == BPL_ERR_TIMEOUT ? peers_note.empty()
                                                      : peers_note.find("on another machine") != std::string::npos;
   return spans_machines && unexplained ? explanation_window(timeout()) : std::chrono::milliseconds(0);
@@ -263,7 +183,7 @@ void GlooComm::leave_after_failure() {
   // Not waited for: the peers of this machine whose process ended or is stopped.
   std::vector<std::string> running;
   for (int r = 0; r < size(); ++r) {
-    const pid_t pid = local_pid_of_peer_.empty() ? 0 : local_pid_of_peer_[static_cast<size_t>(r)];
+    const pid_t pid = peers_.local_pid(r);
     if (r == rank() || (pid != 0 && plugin::process_state(pid) != plugin::ProcessState::kRunning)) continue;
     running.push_back(key + std::to_string(r));
   }

@@ -80,9 +80,9 @@ int GlooComm::revoked_by() const {
 }
 
 bool GlooComm::has_ended(int member) const {
-  const pid_t pid = local_pid_of_peer_.empty() ? 0 : local_pid_of_peer_[static_cast<size_t>(member)];
+  const pid_t pid = peers_.local_pid(member);
   if (pid != 0) return plugin::process_state(pid) == plugin::ProcessState::kEnded;
-  const std::string& process = process_of_rank_.empty() ? std::string() : process_of_rank_[static_cast<size_t>(member)];
+  const std::string& process = peers_.process(member);
   return shared_->liveness != nullptr && !process.empty() && shared_->kv->check(shared_->prefix + "/" + gone_key(process));
 }
 
@@ -188,10 +188,10 @@ std::unique_ptr<GlooComm> GlooComm::shrink(int32_t* failed, int32_t* num_failed)
 }
 
 void GlooComm::say_counted_out(const std::vector<int32_t>& members) {
-  if (!shared_->kv || process_of_rank_.empty()) return;
+  if (!shared_->kv) return;
   try {
     for (int32_t r : members) {
-      const std::string& process = process_of_rank_[static_cast<size_t>(r)];
+      const std::string& process = peers_.process(r);
       if (!process.empty()) shared_->kv->set(counted_out_key(process), bytes_of("1"));
     }
   } catch (const std::exception& e) {  // the agreement that follows finds the store gone, and says so

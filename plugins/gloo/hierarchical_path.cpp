@@ -19,11 +19,9 @@ const char* HierarchicalPath::name_of(bpl_collective op, uint64_t bytes) const {
 
 void HierarchicalPath::add_connection_ends(std::map<std::string, int>& peer_of_end) const {
   if (!leaders_) return;
-  const std::vector<int>& machine_of_rank = comm_.machine_of_rank_;
   for (int m = 0; m < leaders_->size; ++m) {
     if (m == leaders_->rank || !leaders_->getPair(m)) continue;
-    const int leader = static_cast<int>(std::find(machine_of_rank.begin(), machine_of_rank.end(), m) - machine_of_rank.begin());
-    peer_of_end[leaders_->getPair(m)->address().str()] = leader;
+    peer_of_end[leaders_->getPair(m)->address().str()] = comm_.peers_.first_rank_on(m);
   }
 }
 
