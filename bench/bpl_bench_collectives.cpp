@@ -9,8 +9,8 @@
 // output; reduce_scatter and scatter: the input; alltoall and alltoallv: what each rank sends). The
 // variable-size forms run with equal counts (each rank's block end to end), so that they compare with
 // the fixed forms and with the raw library's own v-forms. Every (operation, dtype, size) runs a fixed number of
-// iterations decided from the size alone, so all ranks run the same counts without talking; rank 0
-// reports. Counters: algbw = bytes / time, busbw = algbw × nccl-tests' bus factor (GB/s). The console
+// iterations decided from the size alone, so all ranks run the same counts without talking; every rank
+// times its calls, and rank 0 reports the slowest rank's time per call (rank_timing.h). Counters: algbw = bytes / time, busbw = algbw × nccl-tests' bus factor (GB/s). The console
 // adds "backplane/raw" after each pair: the abstraction's cost, measured in one run. The op "copy" is
 // the machine's reference: every rank memcpy's each size from one buffer to another at the same time
 // ("copy/u8/<bytes>/memcpy"), the copy bandwidth that bench/README.md's model of shared memory divides by.
@@ -38,6 +38,7 @@
 
 #include "backplane/backplane.h"
 #include "collectives_settings.h"
+#include "rank_timing.h"
 #include "raw_library.h"
 
 namespace backplane::bench {
@@ -55,6 +56,13 @@ Job job;
 [[noreturn]] void fail(const std::string& message) {
   std::fprintf(stderr, "bpl-bench-collectives (rank %d): %s\n", job.rank, message.c_str());
   std::exit(1);
+}
+
+// Every rank's seconds for a repetition, gathered through backplane's world whichever library ran it.
+void share_times(double mine, double* every_rank) {
+  if (bpl_allgather(job.world, &mine, every_rank, 1, BPL_DTYPE_F64, nullptr) != BPL_OK) {
+    fail(std::string("sharing the ranks' times: ") + bpl_last_error());
+  }
 }
 
 /* ---- one operation, two implementations ---- */
@@ -214,7 +222,7 @@ int64_t iterations_for(int64_t bytes, int64_t max_iterations) {
 // one repetition: the caller registers the point's pair once per repetition.
 void configure(benchmark::internal::Benchmark* b, int64_t iterations, const Settings& settings) {
   b->Iterations(iterations)->Repetitions(settings.interleave ? 1 : settings.repetitions)->ReportAggregatesOnly(true)
-      ->UseRealTime()->Unit(benchmark::kMicrosecond);
+      ->UseManualTime()->Unit(benchmark::kMicrosecond);
 }
 
 // How many times a point's benchmarks are registered: once, or once per repetition when interleaved.
@@ -227,10 +235,10 @@ void register_copy(int64_t bytes, const Settings& settings) {
     benchmark::internal::Benchmark* b = benchmark::RegisterBenchmark(
         ("copy/u8/" + std::to_string(bytes) + "/memcpy").c_str(), [=](benchmark::State& state) {
           Buffers buffers(static_cast<size_t>(bytes), static_cast<size_t>(bytes), static_cast<size_t>(settings.buffer_offset));
-          for (auto _ : state) {
+          time_on_every_rank(state, job.size, [&] {
             std::memcpy(buffers.recv.data(), buffers.send.data(), static_cast<size_t>(bytes));
             benchmark::ClobberMemory();
-          }
+          }, share_times);
           state.counters["bytes"] = static_cast<double>(bytes);
           for (const char* counter : {"algbw", "busbw"}) {  // bytes per second, shown as G/s
             state.counters[counter] = benchmark::Counter(static_cast<double>(bytes), benchmark::Counter::kIsIterationInvariantRate);
@@ -266,7 +274,7 @@ void register_pair(const std::string& op, const std::string& dtype_name, int64_t
     Buffers buffers(s.send_bytes, s.recv_bytes, static_cast<size_t>(settings.buffer_offset));
     meet();
     for (int64_t i = 0; i < warm_up; ++i) once(buffers);
-    for (auto _ : state) once(buffers);
+    time_on_every_rank(state, job.size, [&] { once(buffers); }, share_times);
     set_counters(state);
   };
   auto through_backplane = [=](Buffers& buffers) {

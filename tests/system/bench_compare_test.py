@@ -206,6 +206,12 @@ def main():
                         for run in runs.get(name, []):
                             expect(run["real_time"] > 0, f"{backend}: {name} has a time")
                             expect(run.get("busbw", 0) > 0, f"{backend}: {name} has a busbw counter")
+                            # every rank timed: the time is the slowest rank's, the fastest's times the spread
+                            fastest, spread = run.get("fastest_rank_us", 0), run.get("rank_spread", 0)
+                            expect(fastest > 0 and spread >= 1 and
+                                   abs(run["real_time"] - fastest * spread) <= 1e-6 * run["real_time"],
+                                   f"{backend}: {name}: {run['real_time']} µs is the slowest rank's "
+                                   f"(fastest {fastest} µs, spread {spread})")
             expect("barrier/backplane" in runs and "barrier/raw" in runs, f"{backend}: barrier measured")
         with open(os.path.join(out, "collectives.md")) as f:
             table = f.read()
