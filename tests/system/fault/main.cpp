@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
                                           {"kill_mid_alltoallv", kill_mid_alltoallv},
                                           {"stop_mid_allreduce", stop_mid_allreduce},
                                           {"per_call_timeouts", per_call_timeouts},
+                                          {"recv_tested_past_its_deadline", recv_tested_past_its_deadline},
                                           {"abort_from_another_thread", abort_from_another_thread},
                                           {"abort_notifies_peers", abort_notifies_peers},
                                           {"abort_blocking_call", abort_blocking_call},

@@ -54,6 +54,7 @@ int kill_mid_broadcast();
 int kill_mid_alltoallv();
 int stop_mid_allreduce();
 int per_call_timeouts();
+int recv_tested_past_its_deadline();
 int abort_from_another_thread();
 int abort_notifies_peers();
 int abort_blocking_call();

@@ -151,6 +151,29 @@ int per_call_timeouts() {
   return 3;
 }
 
+// 2 ranks. Rank 0 posts a recv from rank 1, which sends nothing (it waits in a barrier), and only
+// tests the request, every millisecond, until it ends (at most ten timeouts).
+int recv_tested_past_its_deadline() {
+  Rank r = join();
+  const auto start = Clock::now();
+  if (r.rank == 0) {
+    std::vector<float> data(64 * 1024);  // beyond every backend's size for a message copied at once
+    bpl_request* req = nullptr;
+    bpl_status status = bpl_recv(r.world, data.data(), data.size(), BPL_DTYPE_F32, 1, 9, &req);
+    int32_t done = 0;
+    while (status == BPL_OK && done == 0 && ms_since(start) < 10 * r.timeout_ms) {
+      status = bpl_request_test(req, &done);
+      if (status == BPL_OK && done == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    report(r, "tested", status, start, " done=" + std::to_string(done));
+    bpl_request_free(req);
+  } else {
+    report(r, "barrier", bpl_barrier(r.world, nullptr), start);
+  }
+  finalize(r);
+  return 3;
+}
+
 // 2 ranks, rank 1 stopped. Rank 0 waits for an allreduce; another thread aborts the world
 // 500 ms later.
 int abort_from_another_thread() {

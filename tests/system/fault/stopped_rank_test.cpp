@@ -121,6 +121,25 @@ TEST_P(Fault, PerCallTimeoutsShorterAndLongerThanTheCommunicators) {
   EXPECT_EVENT(job, 0, "finalize", "BPL_OK");
 }
 
+// A recv request that is only tested, never waited for, still ends at the communicator's timeout: a
+// TIMEOUT naming the rank that sent nothing; that rank's barrier fails too.
+TEST_P(Fault, RecvRequestOnlyTestedEndsAtTheTimeoutNamingTheSilentPeer) {
+  constexpr int kTimeoutMs = 1500;
+  Job job = run_job(backend(), 2, "recv_tested_past_its_deadline", {{"BPL_TIMEOUT_MS", std::to_string(kTimeoutMs)}});
+  const Event* tested = job.event(0, "tested");
+  ASSERT_NE(tested, nullptr) << job.output;
+  EXPECT_EQ(tested->status, "BPL_ERR_TIMEOUT") << tested->message;
+  EXPECT_NE(tested->message.find("done=1"), std::string::npos) << tested->message;
+  EXPECT_NE(tested->message.find("rank 1"), std::string::npos) << tested->message;
+  EXPECT_GE(tested->ms, kTimeoutMs - 50) << job.output;
+  EXPECT_LT(tested->ms, kTimeoutMs + 3000) << job.output;
+  const Event* barrier = job.event(1, "barrier");
+  ASSERT_NE(barrier, nullptr) << job.output;
+  EXPECT_NE(barrier->status, "BPL_OK") << job.output;
+  std::printf("%s: rank 0's recv, only tested: %s after %lld ms: %s\n", backend().c_str(), tested->status.c_str(),
+              static_cast<long long>(tested->ms), tested->message.c_str());
+}
+
 // Idle ranks use no core while nothing happens, also after a peer left the job: over 2 s of calling
 // nothing after rank 0 exited, a survivor's process uses under 5% of a core. Their next call fails
 // at once naming rank 0.
