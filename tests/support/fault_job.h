@@ -179,8 +179,13 @@ inline std::vector<pid_t> processes_whose(const char* file, const std::string& t
   while (dirent* entry = readdir(proc)) {
     const pid_t pid = std::atoi(entry->d_name);
     if (pid <= 0) continue;
-    std::ifstream in("/proc/" + std::string(entry->d_name) + "/" + file);
-    const std::string content((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::string content;
+    try {
+      std::ifstream in("/proc/" + std::string(entry->d_name) + "/" + file);
+      content.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    } catch (const std::ios_base::failure&) {
+      continue;  // it ended while being read: /proc answers ESRCH, which the stream throws
+    }
     if (content.find(text) != std::string::npos) found.push_back(pid);
   }
   closedir(proc);
