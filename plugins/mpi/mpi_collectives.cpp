@@ -312,11 +312,12 @@ void MpiComm::send(const void* buf, size_t count, bpl_dtype dtype, int peer, int
   const int n = mpi_count(count);
   const size_t bytes = count * plugin::dtype_size(dtype);
   const int on_wire = wire_tag(tag, bytes);
-  start(std::make_unique<Request>(this, "send", bytes,
-                                  [=, comm = comm_](MPI_Request* r) {
-                                    return MPI_Isend(buf, n, mpi_type(dtype), peer, on_wire, comm, r);
-                                  }),
-        req);
+  auto request = std::make_unique<Request>(this, "send", bytes, [=, comm = comm_](MPI_Request* r) {
+    return MPI_Isend(buf, n, mpi_type(dtype), peer, on_wire, comm, r);
+  });
+  request->peer_ = peer;  // named if it times out
+  request->tag_ = on_wire;
+  start(std::move(request), req);
 }
 
 void MpiComm::recv(void* buf, size_t count, bpl_dtype dtype, int peer, int tag, bpl_plugin_request** req) {

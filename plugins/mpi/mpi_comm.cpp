@@ -335,6 +335,16 @@ std::string MpiComm::stopped_peers_note(bool every_rank_answered, const std::str
          "named from here)";
 }
 
+std::string MpiComm::silent_peer_note(int peer, bool is_recv, int tag) const {
+  std::vector<pid_t> suspect(local_pid_of_rank_.size(), 0);
+  if (static_cast<size_t>(peer) < suspect.size()) suspect[static_cast<size_t>(peer)] = local_pid_of_rank_[static_cast<size_t>(peer)];
+  const std::string stopped =
+      plugin::local_peers_note(suspect, [](plugin::ProcessState state) { return state != plugin::ProcessState::kRunning; });
+  if (!stopped.empty()) return stopped;
+  return " (rank " + std::to_string(peer) + " posted no matching " + (is_recv ? "send" : "recv") + " with tag " +
+         std::to_string(tag) + ")";
+}
+
 int MpiComm::local_ranks() const {
   return 1 + static_cast<int>(std::count_if(local_pid_of_rank_.begin(), local_pid_of_rank_.end(), [](pid_t pid) { return pid != 0; }));
 }

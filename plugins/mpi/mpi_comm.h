@@ -164,7 +164,7 @@ class Request : public plugin::PolledRequest {
   MPI_Request request_ = MPI_REQUEST_NULL;
   FingerprintWords agreement_mine_{};
   std::vector<FingerprintWords> agreement_all_;
-  // A recv's match.
+  // A recv's match (peer_ and tag_ also a send's, which its timeout names).
   void* recv_buf_ = nullptr;
   int recv_count_ = 0;
   MPI_Datatype recv_type_ = MPI_BYTE;
@@ -325,6 +325,9 @@ class MpiComm {
   // `answered[r]`: rank r's word came (it was in the operation: never named as what held it up).
   std::string stopped_peers_note(bool every_rank_answered, const std::string& silent = "",
                                  const std::vector<bool>& answered = {}) const;
+  // What held up a send or a recv from `peer` that timed out: that rank, stopped or ended where this
+  // machine can tell, else " (rank P posted no matching send with tag T)" (recv for a send).
+  std::string silent_peer_note(int peer, bool is_recv, int tag) const;
   // Takes the explanations that arrived; true once every peer's is in.
   bool receive_explanations(Exchange& exchange);
   // Learns the process (machine and pid) of every rank, to name a stopped or ended one.

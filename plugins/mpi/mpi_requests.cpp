@@ -300,6 +300,8 @@ void Request::expire() {
     explained = comm_->explain_stall(fingerprint_);
   } else if (const std::string other = message_of_the_other_class(); !other.empty()) {
     explained = {BPL_ERR_MISMATCH, other};
+  } else if (peer_ >= 0) {  // a send, or a recv from one rank: what it waited for is that rank
+    explained.second = comm_->silent_peer_note(peer_, receive_ || posted_recv_, user_tag());
   } else {
     explained.second = comm_->explain_stall(fingerprint_).second;
   }
