@@ -300,10 +300,11 @@ void Request::expire() {
     explained = comm_->explain_stall(fingerprint_);
   } else if (const std::string other = message_of_the_other_class(); !other.empty()) {
     explained = {BPL_ERR_MISMATCH, other};
-  } else if (peer_ >= 0) {  // a send, or a recv from one rank: what it waited for is that rank
-    explained.second = comm_->silent_peer_note(peer_, receive_ || posted_recv_, user_tag());
   } else {
+    // Posts its word for peers stalled in a collective meanwhile; a send, or a recv from one rank,
+    // waited for that rank.
     explained.second = comm_->explain_stall(fingerprint_).second;
+    if (peer_ >= 0) explained.second = comm_->silent_peer_note(peer_, receive_ || posted_recv_, user_tag());
   }
   std::string message = explained.first == BPL_ERR_MISMATCH ? explained.second : late + explained.second;
   if (in_flight()) {
