@@ -10,7 +10,8 @@ namespace backplane::bench {
 
 // The operations measured, derived from the ABI's list of kinds: every collective, then "pingpong" (what
 // send and recv cost: the point-to-point kinds) and "copy" (the machine's reference). A split moves no
-// data. A kind added to the list without a runner in bpl_bench_collectives.cpp fails the benchmark's test by name.
+// data. A kind added to the list without a runner in bpl_bench_collectives.cpp fails the benchmark's
+// test by name.
 std::vector<std::string> all_operations();
 
 struct Settings {

@@ -15,6 +15,8 @@ import time
 SIZES = [4, 64, 1024]
 OPS = ["allreduce", "allgather", "reduce_scatter", "broadcast", "alltoall", "pingpong"]
 failures = []
+PEER_BINARIES = {"mpich": "bpl-bench-peer-mpich", "impi": "bpl-bench-peer-mpich", "openmpi5": "bpl-bench-peer-openmpi5"}
+PEER_LIBRARIES = {"mpich": "MPICH", "impi": "Intel(R) MPI", "openmpi5": "Open MPI v5"}
 
 
 def expect(condition, message):
@@ -45,7 +47,9 @@ def under_load():
     shows them) and none is left after it; the table says the run was under load."""
     bin_dir = sys.argv[1]
     with tempfile.TemporaryDirectory() as out:
-        command = [os.path.join(bin_dir, "bpl-bench-compare"), "--out", out, "--backends", "gloo", "--load", "2", "--",
+        # (no peer: none is where --peers-dir says, and each is said to be left out, with why)
+        command = [os.path.join(bin_dir, "bpl-bench-compare"), "--out", out, "--backends", "gloo", "--load", "2",
+                   "--peers-dir", os.path.join(out, "none"), "--",
                    "--dtypes=f32", "--max-bytes=64", "--step-factor=16", "--repetitions=1", "--max-iterations=5",
                    "--ops=allreduce"]
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -61,12 +65,17 @@ def under_load():
             table = f.read()
         expect("Under load: 2 busy processes" in table, "the table says the run was under load")
         expect("alternating" in table, "the repetitions alternate (--interleave)")
+        for peer in PEER_LIBRARIES:
+            expect(f"peer {peer} " in output and f"skipped: not installed: no {os.path.join(out, 'none', peer)} " in output,
+                   f"--peers-dir without peers: {peer} is said to be left out, and why: {output}")
     expect(subprocess.run([os.path.join(bin_dir, "bpl-bench-compare"), "--load", "-1"], capture_output=True).returncode
            != 0, "--load -1 is refused")
     with tempfile.TemporaryDirectory() as out:
         unknown = subprocess.run([os.path.join(bin_dir, "bpl-bench-compare"), "--backends", "foo", "--out", out],
                                  capture_output=True, text=True)
     expect(unknown.returncode == 2 and "'foo'" in unknown.stderr, f"--backends foo is refused naming it: {unknown}")
+    unknown = subprocess.run([os.path.join(bin_dir, "bpl-bench-compare"), "--peers", "mpich,foo"], capture_output=True, text=True)
+    expect(unknown.returncode == 2 and "'foo'" in unknown.stderr, f"--peers foo is refused naming it: {unknown}")
     for argv, named in ((["--nproc", "0"], "--nproc 0"), (["--load", "-1"], "--load -1")):
         refused = subprocess.run([os.path.join(bin_dir, "bpl-bench-compare")] + argv, capture_output=True, text=True)
         expect(refused.returncode == 2 and named in refused.stderr, f"bpl-bench-compare refuses {named}: {refused}")
@@ -84,12 +93,8 @@ def copy_model():
     writes at the rate memcpy moves them (a copy of X reads X and writes X in X / B). An out-of-place
     allgather of S on n ranks: each rank writes S, reading as much; a scatter: each rank copies S/n; an
     allreduce: each rank reads S and writes S/n reducing its share, then copies the others' (n-1)/n S."""
-    import importlib.machinery
-    import importlib.util
-    loader = importlib.machinery.SourceFileLoader("bpl_bench_compare", os.path.join(sys.argv[1], "bpl-bench-compare"))
-    spec = importlib.util.spec_from_loader(loader.name, loader)
-    compare = importlib.util.module_from_spec(spec)
-    loader.exec_module(compare)
+    sys.path.insert(0, os.path.join(sys.argv[1], "..", "python"))
+    from backplane import _bench_tables
     size, copy_gbps, time_s = 64 << 20, 10.0, 0.01
     for n in (2, 4):
         ring = (n - 1) / n
@@ -99,7 +104,7 @@ def copy_model():
                  ("allreduce", 2 * ring * size / time_s / 1e9, (3 - 1 / n) * size / (2 * copy_gbps * 1e9)),
                  ("pingpong", 2 * size / time_s / 1e9, 2 * size / (copy_gbps * 1e9))]
         for op, busbw, model in cases:
-            got = compare.copy_model_ratio(op, busbw, copy_gbps, n)
+            got = _bench_tables.copy_model_ratio(op, busbw, copy_gbps, n)
             expect(abs(got - time_s / model) < 1e-9, f"{op} on {n} ranks: /copy {got}, expected {time_s / model}")
 
 
@@ -161,8 +166,33 @@ def interleaved(backend):
                f"--interleave: the table has the medians: {row.group(0) if row else None}")
 
 
+def every_point_measured(name, results, implementations):
+    """Each operation and size of the sweep measured twice by each implementation, every run with its
+    time, the slowest rank's, and its busbw; the runs by name."""
+    runs = {}  # name -> its runs (one per repetition: they alternate)
+    for b in results["benchmarks"]:
+        runs.setdefault(b["run_name"].split("/iterations")[0], []).append(b)
+    for op in OPS:
+        for size in expected_sizes(op):
+            for impl in implementations:
+                point = f"{op}/f32/{size}/{impl}"
+                expect(len(runs.get(point, [])) == 2, f"{name}: {point}: {len(runs.get(point, []))} runs, expected 2")
+                for run in runs.get(point, []):
+                    expect(run["real_time"] > 0, f"{name}: {point} has a time")
+                    expect(run.get("busbw", 0) > 0, f"{name}: {point} has a busbw counter")
+                    # every rank timed: the time is the slowest rank's, the fastest's times the spread
+                    fastest, spread = run.get("fastest_rank_us", 0), run.get("rank_spread", 0)
+                    expect(fastest > 0 and spread >= 1 and abs(run["real_time"] - fastest * spread) <= 1e-6 * run["real_time"],
+                           f"{name}: {point}: {run['real_time']} µs is the slowest rank's (fastest {fastest} µs, spread {spread})")
+    return runs
+
+
 def main():
     bin_dir = sys.argv[1]
+    # The peers that tools/install-deps installed and the build built a benchmark for run beside backplane.
+    peers_dir = sys.argv[2]
+    peers = [p for p, binary in PEER_BINARIES.items()
+             if os.path.isdir(os.path.join(peers_dir, p)) and os.path.exists(os.path.join(bin_dir, binary))]
     copy_model()
     backends = ["gloo"]
     if os.path.exists(os.path.join(bin_dir, "..", "lib", "backplane", "plugins", "libbackplane-mpi.so")):
@@ -195,24 +225,17 @@ def main():
                 share = 1 if backend == "mpi" else cpus // 2
                 expect(context.get("host", "").endswith(f"rank 0 may run on {share}"),
                        f"{backend}: ranks bound ({share} CPU(s) each): {context.get('host')}")
-            runs = {}  # name -> its runs (one per repetition: they alternate)
-            for b in results["benchmarks"]:
-                runs.setdefault(b["run_name"].split("/iterations")[0], []).append(b)
-            for op in OPS:
-                for size in expected_sizes(op):
-                    for impl in ("backplane", "raw"):
-                        name = f"{op}/f32/{size}/{impl}"
-                        expect(len(runs.get(name, [])) == 2, f"{backend}: {name}: {len(runs.get(name, []))} runs, expected 2")
-                        for run in runs.get(name, []):
-                            expect(run["real_time"] > 0, f"{backend}: {name} has a time")
-                            expect(run.get("busbw", 0) > 0, f"{backend}: {name} has a busbw counter")
-                            # every rank timed: the time is the slowest rank's, the fastest's times the spread
-                            fastest, spread = run.get("fastest_rank_us", 0), run.get("rank_spread", 0)
-                            expect(fastest > 0 and spread >= 1 and
-                                   abs(run["real_time"] - fastest * spread) <= 1e-6 * run["real_time"],
-                                   f"{backend}: {name}: {run['real_time']} µs is the slowest rank's "
-                                   f"(fastest {fastest} µs, spread {spread})")
+            runs = every_point_measured(backend, results, ("backplane", "raw"))
             expect("barrier/backplane" in runs and "barrier/raw" in runs, f"{backend}: barrier measured")
+        for peer in peers:
+            with open(os.path.join(out, f"{peer}.json")) as f:
+                results = json.load(f)
+            library = results["context"].get("raw_library", "")
+            expect(library.startswith(PEER_LIBRARIES[peer]), f"{peer}: its context names the library: {library}")
+            expect("barrier/raw" in every_point_measured(peer, results, ("raw",)), f"{peer}: barrier measured")
+        for peer in set(PEER_LIBRARIES) - set(peers):
+            expect(f"peer {peer} " in result.stdout and "skipped: " in result.stdout,
+                   f"the console says why {peer} was left out:\n{result.stdout}")
         with open(os.path.join(out, "collectives.md")) as f:
             table = f.read()
         for op in OPS:
@@ -228,15 +251,22 @@ def main():
                         if spread:
                             low, median, high = float(spread.group(2)), float(spread.group(1)), float(spread.group(3))
                             expect(low <= median <= high, f"row {op} {label}: {cell}: the median lies in its range")
-                    numbers = [m.group(0) for m in (re.match(r"[0-9]+\.[0-9]+", c) for c in cells) if m]
-                    # time, busbw, raw time, ratio, and the time against the copy model; with both
-                    # backends, gloo's time against raw Open MPI's (the mpi run's raw time)
-                    both = len(backends) == 2
-                    expect(len(numbers) == 5 * len(backends) + both, f"row {op} {label} is complete: {row.group(0)}")
-                    if both and len(numbers) == 11:
-                        gloo_us, against_mpi, raw_mpi_us = (float(numbers[i]) for i in (0, 5, 8))
-                        expect(abs(against_mpi - gloo_us / raw_mpi_us) <= 0.15 * against_mpi + 0.01,
-                               f"row {op} {label}: gloo/raw mpi {against_mpi} is gloo's {gloo_us} over {raw_mpi_us}")
+                    numbers = [float(m.group(0)) for m in (re.match(r"[0-9]+\.[0-9]+", c) for c in cells) if m]
+                    # per backend: time, busbw, raw time, ratio, and the time against the copy model; then the
+                    # best library's time and each backend's time over it
+                    expect(len(numbers) == 6 * len(backends) + 1, f"row {op} {label} is complete: {row.group(0)}")
+                    alone = re.search(rf"^\| {op} \| f32 \| {label} \|(.*)$", table.split("## Every library alone")[-1], re.M)
+                    expect(alone is not None, f"every library's row for {op} {label}")
+                    if len(numbers) == 6 * len(backends) + 1 and alone:
+                        times = [float(re.match(r"\**([0-9]+\.[0-9]+)", c.strip()).group(1))
+                                 for c in alone.group(1).split("|")[:-1] if c.strip()]
+                        best = numbers[5 * len(backends)]
+                        expect(len(times) == len(backends) + len(peers) and best == min(times),
+                               f"row {op} {label}: best {best} is the least of every library's {times}")
+                        for i, backend in enumerate(backends):
+                            ours, against_best = numbers[5 * i], numbers[5 * len(backends) + 1 + i]
+                            expect(abs(against_best - ours / best) <= 0.15 * against_best + 0.01,
+                                   f"row {op} {label}: {backend}/best {against_best} is {ours} over {best}")
         for family in ("reductions", "gathers", "alltoall", "pingpong"):
             try:
                 with open(os.path.join(out, f"collectives-{family}.png"), "rb") as f:
@@ -253,7 +283,8 @@ def main():
     interleaved(backends[-1])
     if failures:
         sys.exit("FAILED:\n  " + "\n  ".join(failures))
-    print(f"bench_compare_test: {', '.join(backends)}: every operation and size measured both ways; table and plot written")
+    print(f"bench_compare_test: {', '.join(backends)}: every operation and size measured both ways; peers measured: "
+          f"{', '.join(peers) or 'none installed'}; table and plot written")
 
 
 if __name__ == "__main__":

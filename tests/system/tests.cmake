@@ -249,7 +249,8 @@ endif()
 
 if(TARGET bpl-bench-collectives)
   # The comparison tool end to end on a tiny sweep (what it writes, not how fast: speed is bench/'s).
-  add_test(NAME bench_compare COMMAND ${BPL_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/system/bench_compare_test.py ${CMAKE_RUNTIME_OUTPUT_DIRECTORY})
+  add_test(NAME bench_compare COMMAND ${BPL_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/system/bench_compare_test.py ${CMAKE_RUNTIME_OUTPUT_DIRECTORY}
+           ${BPL_BENCH_PEERS_DIR})
   set_tests_properties(bench_compare PROPERTIES TIMEOUT 300 PROCESSORS 2)
   if(TARGET backplane_torch)
     add_test(NAME bench_torch COMMAND ${BPL_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/system/bench_torch_test.py
