@@ -5,6 +5,7 @@
 //   .peers/mpich/bin/mpiexec -n 2 bpl-bench-peer-mpich --ops=allreduce
 //   LD_LIBRARY_PATH=.peers/impi/lib .peers/impi/bin/mpiexec -n 2 bpl-bench-peer-mpich   (Intel MPI: MPICH's ABI)
 //   .peers/openmpi5/bin/mpirun -np 2 bpl-bench-peer-openmpi5
+//   CCL_ATL_TRANSPORT=mpi CCL_WORKER_OFFLOAD=0 .peers/mpich/bin/mpiexec -n 2 bpl-bench-peer-oneccl   (oneCCL over MPICH)
 //
 // bpl-bench-compare runs each beside backplane. The benchmarks are named "<point>/raw", as the raw
 // library's are in bpl-bench-collectives; the context's raw_library line names the library.
@@ -33,7 +34,13 @@ int main(int argc, char** argv) {
   using namespace backplane::bench;
   program_name = "bpl-bench-peer";
   const Settings settings = parse_settings(argc, argv);
+#ifdef BPL_BENCH_PEER_ONECCL
+  // oneCCL's MPI transport asks for every thread's calls; the MPIs alone start as their users start them.
+  int provided = 0;
+  check(MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
+#else
   check(MPI_Init(&argc, &argv), "MPI_Init");
+#endif
   MPI_Comm_rank(MPI_COMM_WORLD, &job.rank);
   MPI_Comm_size(MPI_COMM_WORLD, &job.size);
   job.share_times = share_times_through_mpi;
@@ -41,7 +48,11 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;
   try {
+#ifdef BPL_BENCH_PEER_ONECCL
+    job.raw = open_raw_oneccl();
+#else
     job.raw = open_raw_mpi();
+#endif
   } catch (const std::exception& e) {
     fail(std::string("opening the library: ") + e.what());
   }

@@ -51,4 +51,7 @@ std::unique_ptr<RawLibrary> open_raw_gloo(int rank, int world_size, const std::s
 // build has no MPI.
 std::unique_ptr<RawLibrary> open_raw_mpi();
 
+// oneCCL, its communicator made over the job's MPI (initialised by the caller). Only in bpl-bench-peer-oneccl.
+std::unique_ptr<RawLibrary> open_raw_oneccl();
+
 }  // namespace backplane::bench

@@ -15,8 +15,9 @@ import time
 SIZES = [4, 64, 1024]
 OPS = ["allreduce", "allgather", "reduce_scatter", "broadcast", "alltoall", "pingpong"]
 failures = []
-PEER_BINARIES = {"mpich": "bpl-bench-peer-mpich", "impi": "bpl-bench-peer-mpich", "openmpi5": "bpl-bench-peer-openmpi5"}
-PEER_LIBRARIES = {"mpich": "MPICH", "impi": "Intel(R) MPI", "openmpi5": "Open MPI v5"}
+PEER_BINARIES = {"mpich": "bpl-bench-peer-mpich", "impi": "bpl-bench-peer-mpich", "openmpi5": "bpl-bench-peer-openmpi5",
+                 "oneccl": "bpl-bench-peer-oneccl"}
+PEER_LIBRARIES = {"mpich": "MPICH", "impi": "Intel(R) MPI", "openmpi5": "Open MPI v5", "oneccl": "oneCCL"}
 
 
 def expect(condition, message):
