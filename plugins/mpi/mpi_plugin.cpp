@@ -212,6 +212,8 @@ void initialize_mpi(const bpl_launch_info& launch) {
     if (code != MPI_SUCCESS) throw plugin::Error(BPL_ERR_UNAVAILABLE, "MPI_Init_thread failed: " + mpi_error_string(code));
     s.initialized_here = true;
     s.initialized_in = ::getpid();
+    // MPI_Finalize at exit is bounded from here on, also when this bpl_init fails after MPI_Init.
+    s.exit_timeout = std::chrono::milliseconds(launch.timeout_ms);
     std::atexit(finalize_at_exit);
     s.process.thread_level = provided;
     // Open MPI reports some failures of non-blocking collectives (a truncation inside libnbc's schedule)

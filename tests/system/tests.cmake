@@ -144,6 +144,13 @@ if(TARGET backplane-gloo AND TARGET bpl-cpu-kernels)
               $<TARGET_FILE:bpl-info> --init)
     set_tests_properties(mpi_eager_limit_default mpi_eager_limit_set_by_mca PROPERTIES TIMEOUT 120
       ENVIRONMENT "${BPL_MPI_TEST_ENV};BPL_BACKEND=mpi")
+    # A bpl_init that fails after MPI_Init (torchrun's variables disagree with mpirun's job) is the
+    # program's error: MPI_Finalize at exit then ends at once, within the timeout, not in its guard.
+    add_test(NAME mpi_init_failure_finalizes_at_exit
+      COMMAND ${BPL_EXPECT_OUTPUT} 1 "MPI says rank 0 of 1 but the launch environment \\(torchrun\\) says rank 1 of 2" --
+              ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 1 -x RANK=1 -x WORLD_SIZE=2 $<TARGET_FILE:bpl-info> --init)
+    set_tests_properties(mpi_init_failure_finalizes_at_exit PROPERTIES TIMEOUT 120
+      ENVIRONMENT "${BPL_MPI_TEST_ENV};BPL_BACKEND=mpi")
   endif()
 endif()
 
@@ -250,7 +257,7 @@ endif()
 if(TARGET bpl-bench-collectives)
   # The comparison tool end to end on a tiny sweep (what it writes, not how fast: speed is bench/'s).
   add_test(NAME bench_compare COMMAND ${BPL_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/system/bench_compare_test.py ${CMAKE_RUNTIME_OUTPUT_DIRECTORY}
-           ${BPL_BENCH_PEERS_DIR})
+           ${BPL_PEERS_DIR})
   set_tests_properties(bench_compare PROPERTIES TIMEOUT 300 PROCESSORS 2)
   if(TARGET backplane_torch)
     add_test(NAME bench_torch COMMAND ${BPL_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/system/bench_torch_test.py
