@@ -149,7 +149,7 @@ bpl_status bpl_init(const bpl_init_options* options, bpl_runtime** out) {
     Selection selection = select_backend(opts.backend, env, probe_machine());
     const std::vector<std::string> dirs = plugin_search_dirs(env);
     runtime->plugin = use_first_candidate(selection, [&](const Candidate& candidate, const std::string& reason) {
-      std::shared_ptr<Plugin> plugin = Plugin::load(find_plugin(candidate.backend, dirs));
+      std::shared_ptr<Plugin> plugin = Plugin::load(find_plugin(candidate.backend, dirs, mpi_launcher_abi(env)));
       runtime->selection_reason = reason;
       return plugin;
     });
@@ -289,7 +289,7 @@ bpl_status bpl_select_backend(const bpl_init_options* options, bpl_selection* ou
       copy_text(result.backend, sizeof(result.backend), candidate.backend);
       copy_text(result.reason, sizeof(result.reason), reason);
       write_output(result, out, "out");
-      copy_text(result.plugin_path, sizeof(result.plugin_path), find_plugin(candidate.backend, dirs));
+      copy_text(result.plugin_path, sizeof(result.plugin_path), find_plugin(candidate.backend, dirs, mpi_launcher_abi(env)));
       write_output(result, out, "out");
       return BPL_OK;
     });
@@ -300,7 +300,8 @@ bpl_status bpl_plugin_probe(const char* backend, bpl_plugin_info* out) {
   return guarded("bpl_plugin_probe", [&] {
     REQUIRE(backend != nullptr && *backend != '\0', "backend is " + quoted(backend) + ": expected a name or a path");
     REQUIRE(out != nullptr, "out is NULL");
-    std::shared_ptr<Plugin> plugin = Plugin::load(find_plugin(backend, plugin_search_dirs(process_environment())));
+    const EnvLookup env = process_environment();
+    std::shared_ptr<Plugin> plugin = Plugin::load(find_plugin(backend, plugin_search_dirs(env), mpi_launcher_abi(env)));
     bpl_plugin_info info{};
     info.struct_size = sizeof(info);
     copy_text(info.name, sizeof(info.name), plugin->api().name);

@@ -90,6 +90,16 @@ bool launched_by_mpi(const EnvLookup& env) {
   return env("OMPI_COMM_WORLD_SIZE") || env("PMIX_RANK") || env("PMI_RANK");
 }
 
+std::string mpi_launcher_abi(const EnvLookup& env) {
+  // Open MPI 5's mpirun (PRRTE) says its version; Open MPI 4's does not, and sets the ORTE variables.
+  if (std::optional<std::string> version = env("OMPI_VERSION")) {
+    if (version->rfind("5.", 0) == 0) return "openmpi5";
+  }
+  if (env("OMPI_COMM_WORLD_SIZE")) return "openmpi";
+  if (env("PMI_RANK")) return "mpich";
+  return "";
+}
+
 namespace {
 
 constexpr int64_t kMaxRanks = 1 << 24;
@@ -111,6 +121,8 @@ constexpr LauncherVariables kLaunchers[] = {
     {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", nullptr},
     {"openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
      "OMPI_COMM_WORLD_LOCAL_SIZE", nullptr},
+    // MPICH's and Intel MPI's mpiexec (Hydra), and other launchers of the PMI-1 process-management interface
+    {"mpich", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", nullptr},
     {"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr, "SLURM_STEP_ID"},
 };
 

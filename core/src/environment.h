@@ -42,7 +42,7 @@ struct LaunchInfo {
   std::string master_addr;  // options > MASTER_ADDR; "" if unknown
   int32_t master_port = -1; // options > MASTER_PORT; -1 if unknown
   int64_t timeout_ms = kDefaultTimeoutMs; // options > BPL_TIMEOUT_MS > default
-  std::string launcher = "none"; // "options", "torchrun", "openmpi", "slurm", "none", "native communicator"
+  std::string launcher = "none"; // "options", "torchrun", "openmpi", "mpich", "slurm", "none", "native communicator"
 };
 
 // Throws Error(INVALID_ARGUMENT) naming the variable or option when a value is malformed, out of
@@ -61,5 +61,8 @@ int32_t log_level_setting(const EnvLookup& env);
 
 // True when the environment shows an MPI launcher (mpirun/mpiexec of Open MPI, or a PMI/PMIx one).
 bool launched_by_mpi(const EnvLookup& env);
+// The MPI ABI of the launcher that started this process: "openmpi5" (Open MPI 5's mpirun), "openmpi"
+// (Open MPI 4's), "mpich" (MPICH's or Intel MPI's mpiexec: MPICH's ABI), "" (none known).
+std::string mpi_launcher_abi(const EnvLookup& env);
 
 }  // namespace backplane

@@ -116,7 +116,8 @@ std::vector<std::string> plugin_search_dirs(const EnvLookup& env) {
   return dirs;
 }
 
-std::string find_plugin(const std::string& backend, const std::vector<std::string>& dirs) {
+std::string find_plugin(const std::string& backend, const std::vector<std::string>& dirs,
+                        const std::string& launcher_mpi_abi) {
   if (backend.find('/') != std::string::npos) {
     if (is_regular_file(backend)) return backend;
     throw Error(BPL_ERR_NOT_FOUND, "plugin file '" + backend + "' does not exist or is not a file");
@@ -126,11 +127,17 @@ std::string find_plugin(const std::string& backend, const std::vector<std::strin
                                               "' is not valid (expected lower-case letters, digits, '-' or '_'); " +
                                               known_backends_text());
   }
+  // mpi: first the plugin built for the launcher's MPI ABI, in any folder, then the system MPI's.
+  std::vector<std::string> names;
+  if (backend == "mpi" && !launcher_mpi_abi.empty()) names.push_back(plugin_file_name("mpi-" + launcher_mpi_abi));
+  names.push_back(plugin_file_name(backend));
   std::string tried;
-  for (const std::string& dir : dirs) {
-    std::string path = dir + "/" + plugin_file_name(backend);
-    if (is_regular_file(path)) return path;
-    tried += (tried.empty() ? "" : ", ") + path;
+  for (const std::string& name : names) {
+    for (const std::string& dir : dirs) {
+      std::string path = dir + "/" + name;
+      if (is_regular_file(path)) return path;
+      tried += (tried.empty() ? "" : ", ") + path;
+    }
   }
   bool known = std::find_if(std::begin(kKnownBackends), std::end(kKnownBackends),
                             [&](const char* k) { return backend == k; }) != std::end(kKnownBackends);

@@ -44,9 +44,12 @@ std::vector<std::string> plugin_search_dirs(const EnvLookup& env);
 // The file name of backend `name`: libbackplane-<name>.so.
 std::string plugin_file_name(const std::string& name);
 
-// Resolves a candidate to an existing file. A value containing '/' is a path. Throws Error(NOT_FOUND)
-// naming the value, every path tried and the known backends.
-std::string find_plugin(const std::string& backend, const std::vector<std::string>& dirs);
+// Resolves a candidate to an existing file. A value containing '/' is a path. For mpi, the plugin built
+// for the MPI ABI of the launcher (mpi_launcher_abi: libbackplane-mpi-mpich.so under MPICH's or Intel
+// MPI's mpiexec) comes before libbackplane-mpi.so, the system MPI's. Throws Error(NOT_FOUND) naming the
+// value, every path tried and the known backends.
+std::string find_plugin(const std::string& backend, const std::vector<std::string>& dirs,
+                        const std::string& launcher_mpi_abi = "");
 
 // Tries the candidates in order: returns what `use(candidate, reason)` returns for the first one for
 // which it does not throw Error, `reason` being the candidate's own followed by every candidate

@@ -76,6 +76,12 @@ void make_mpi_symbols_global() {
   }
 }
 
+std::string this_plugin_file() {
+  Dl_info info{};
+  const bool found = dladdr(reinterpret_cast<void*>(&make_mpi_symbols_global), &info) != 0 && info.dli_fname != nullptr;
+  return found ? info.dli_fname : "libbackplane-mpi";
+}
+
 bool file_mentions(const std::string& path, const std::string& text) {
   std::ifstream file(path);
   std::string line;
@@ -171,6 +177,27 @@ void finalize_at_exit() {
   if (code != MPI_SUCCESS) plugin::log(BPL_LOG_ERROR, kName, "MPI_Finalize at exit failed: " + mpi_error_string(code));
 }
 
+// The MPI ABI this plugin is built for; a process started by a launcher of another ABI is refused before
+// MPI_Init, which would abort the process (MPICH under Open MPI's mpirun: "unsupported PMI version
+// PMIx") or make each rank a job of its own (Open MPI under MPICH's mpiexec). The core picks the plugin
+// built for the launcher's ABI where it finds one (libbackplane-mpi-<abi>.so).
+#if defined(OPEN_MPI)
+constexpr const char* kBuiltFor = "Open MPI";
+bool launched_by_another_abi() { return !env("PMI_RANK").empty() && env("OMPI_COMM_WORLD_SIZE").empty(); }
+constexpr const char* kLauncherSeen = "MPICH's or Intel MPI's mpiexec (PMI_RANK is set)";
+constexpr const char* kPluginNeeded = "libbackplane-mpi-mpich.so, built where the build finds MPICH";
+#elif defined(MPICH)
+constexpr const char* kBuiltFor = "MPICH's ABI (MPICH, Intel MPI)";
+bool launched_by_another_abi() { return !env("OMPI_COMM_WORLD_SIZE").empty(); }
+constexpr const char* kLauncherSeen = "Open MPI's mpirun (OMPI_COMM_WORLD_SIZE is set)";
+constexpr const char* kPluginNeeded = "libbackplane-mpi.so or libbackplane-mpi-openmpi5.so, built for Open MPI";
+#else
+constexpr const char* kBuiltFor = "";
+bool launched_by_another_abi() { return false; }
+constexpr const char* kLauncherSeen = "";
+constexpr const char* kPluginNeeded = "";
+#endif
+
 void initialize_mpi(const bpl_launch_info& launch) {
   ProcessState& s = state();
   int initialized = 0, finalized = 0;
@@ -196,6 +223,12 @@ void initialize_mpi(const bpl_launch_info& launch) {
                               std::string(launch.launcher) + "'s launch variables (bpl-run or torchrun) as rank " + std::to_string(launch.rank) + " of " +
                               std::to_string(launch.world_size) + ": run `mpirun -np " +
                               std::to_string(launch.world_size) + " <program>` instead, or use BPL_BACKEND=gloo");
+    }
+    if (launched_by_another_abi()) {
+      throw plugin::Error(BPL_ERR_UNAVAILABLE, std::string("this mpi plugin (") + this_plugin_file() + ") is built for " +
+                                                   kBuiltFor + ", but " + kLauncherSeen + " started this process: "
+                                                   "start the job with its MPI's launcher, or use " + kPluginNeeded +
+                                                   " (tools/install-deps installs MPICH and Open MPI 5)");
     }
     make_mpi_symbols_global();
     int provided = MPI_THREAD_SINGLE;
@@ -261,7 +294,9 @@ std::string library_version() {
   int length = 0;
   MPI_Get_library_version(text, &length);
   std::string version(text, static_cast<size_t>(length));
-  version = version.substr(0, version.find_first_of(",\n"));  // "Open MPI v4.1.4"
+  version = version.substr(0, version.find_first_of(",\n"));  // "Open MPI v4.1.4", "MPICH Version:  5.0.2"
+  version.erase(std::unique(version.begin(), version.end(), [](char a, char b) { return a == ' ' && b == ' '; }),
+                version.end());
   int major = 0, minor = 0;
   MPI_Get_version(&major, &minor);
   return version + " (MPI " + std::to_string(major) + "." + std::to_string(minor) + ")";

@@ -85,5 +85,12 @@ if(TARGET backplane-gloo)
       set_tests_properties(conformance_mpi_${ranks}ranks PROPERTIES TIMEOUT 600 PROCESSORS ${ranks}
         ENVIRONMENT "${BPL_MPI_TEST_ENV}")
     endif()
+    # And under each other MPI's own launcher, where the core picks the plugin built for its ABI.
+    foreach(mpi ${BPL_OTHER_MPIS})
+      add_test(NAME conformance_mpi_${mpi}_${ranks}ranks
+        COMMAND ${BPL_MPI_LAUNCH_${mpi}} ${ranks} $<TARGET_FILE:bpl-conformance> --backend=mpi)
+      set_tests_properties(conformance_mpi_${mpi}_${ranks}ranks PROPERTIES TIMEOUT 600 PROCESSORS ${ranks}
+        ENVIRONMENT "${BPL_MPI_ENV_${mpi}}")
+    endforeach()
   endforeach()
 endif()

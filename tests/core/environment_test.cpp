@@ -77,7 +77,7 @@ TEST(Launch, Torchrun) {
   EXPECT_EQ(info.timeout_ms, 1500);
 }
 
-TEST(Launch, PrecedenceOptionsThenTorchrunThenOpenMpiThenSlurm) {
+TEST(Launch, PrecedenceOptionsThenTorchrunThenOpenMpiThenMpichThenSlurm) {
   auto all = env_of({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_RANK", "2"},
                      {"OMPI_COMM_WORLD_SIZE", "4"}, {"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "6"}});
   EXPECT_EQ(resolve_launch(kNoOptions, all).launcher, "torchrun");
@@ -96,6 +96,16 @@ TEST(Launch, PrecedenceOptionsThenTorchrunThenOpenMpiThenSlurm) {
   EXPECT_EQ(mpi.launcher, "openmpi");
   EXPECT_EQ(mpi.rank, 2);
   EXPECT_EQ(mpi.local_world_size, 2);
+
+  // MPICH's and Intel MPI's mpiexec (Hydra): the PMI-1 variables and Hydra's local ones
+  LaunchInfo mpich = resolve_launch(kNoOptions, env_of({{"PMI_RANK", "3"}, {"PMI_SIZE", "4"}, {"MPI_LOCALRANKID", "1"},
+                                                        {"MPI_LOCALNRANKS", "2"}, {"SLURM_PROCID", "5"},
+                                                        {"SLURM_NTASKS", "6"}, {"SLURM_STEP_ID", "0"}}));
+  EXPECT_EQ(mpich.launcher, "mpich");
+  EXPECT_EQ(mpich.rank, 3);
+  EXPECT_EQ(mpich.world_size, 4);
+  EXPECT_EQ(mpich.local_rank, 1);
+  EXPECT_EQ(mpich.local_world_size, 2);
 
   LaunchInfo slurm = resolve_launch(kNoOptions, env_of({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "6"}, {"SLURM_STEP_ID", "0"},
                                                         {"SLURM_LOCALID", "1"}, {"SLURM_TASKS_PER_NODE", "2(x3)"}}));
@@ -250,6 +260,28 @@ TEST_F(PluginLookup, SearchesFoldersInOrder) {
   EXPECT_EQ(find_plugin("foo", {first_, second_}), second_ + "/libbackplane-foo.so");
   touch(first_ + "/libbackplane-foo.so");
   EXPECT_EQ(find_plugin("foo", {first_, second_}), first_ + "/libbackplane-foo.so");
+}
+
+// Each MPI launcher's ABI, read from what it sets (as each sets it here: Open MPI 4.1's and 5's mpirun,
+// MPICH's and Intel MPI's mpiexec).
+TEST(Launch, TheLaunchersMpiAbi) {
+  EXPECT_EQ(mpi_launcher_abi(env_of({{"OMPI_COMM_WORLD_SIZE", "2"}, {"PMIX_RANK", "0"}})), "openmpi");
+  EXPECT_EQ(mpi_launcher_abi(env_of({{"OMPI_COMM_WORLD_SIZE", "2"}, {"OMPI_VERSION", "5.0.11"}, {"PRTE_LAUNCHED", "1"}})),
+            "openmpi5");
+  EXPECT_EQ(mpi_launcher_abi(env_of({{"PMI_RANK", "0"}, {"PMI_SIZE", "2"}, {"PMI_FD", "9"}})), "mpich");
+  EXPECT_EQ(mpi_launcher_abi(env_of({{"PMI_RANK", "0"}, {"PMI_SIZE", "2"}, {"I_MPI_HYDRA_UUID", "e37a"}})), "mpich");
+  EXPECT_EQ(mpi_launcher_abi(env_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}})), "");
+}
+
+// mpi: the plugin built for the launcher's MPI ABI, in any folder, before the system MPI's.
+TEST_F(PluginLookup, MpiPrefersThePluginOfTheLaunchersAbi) {
+  touch(first_ + "/libbackplane-mpi.so");
+  EXPECT_EQ(find_plugin("mpi", {first_, second_}, "mpich"), first_ + "/libbackplane-mpi.so");
+  touch(second_ + "/libbackplane-mpi-mpich.so");
+  EXPECT_EQ(find_plugin("mpi", {first_, second_}, "mpich"), second_ + "/libbackplane-mpi-mpich.so");
+  EXPECT_EQ(find_plugin("mpi", {first_, second_}, "openmpi"), first_ + "/libbackplane-mpi.so");
+  EXPECT_EQ(find_plugin("mpi", {first_, second_}), first_ + "/libbackplane-mpi.so");
+  expect_error([&] { find_plugin("mpi", {}, "openmpi5"); }, BPL_ERR_NOT_FOUND, {"plugin for backend 'mpi' not found"});
 }
 
 TEST_F(PluginLookup, PathPluginPathAndDirsFromEnvironment) {

@@ -151,6 +151,34 @@ if(TARGET backplane-gloo AND TARGET bpl-cpu-kernels)
               ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 1 -x RANK=1 -x WORLD_SIZE=2 $<TARGET_FILE:bpl-info> --init)
     set_tests_properties(mpi_init_failure_finalizes_at_exit PROPERTIES TIMEOUT 120
       ENVIRONMENT "${BPL_MPI_TEST_ENV};BPL_BACKEND=mpi")
+    # BPL_BACKEND=mpi under each other MPI's launcher loads the plugin built for its ABI, on that MPI;
+    # a plugin of another ABI is refused before MPI_Init, naming both (MPICH's MPI_Init under Open MPI's
+    # mpirun would abort the process).
+    set(library_mpich "MPICH Version: 5")
+    set(library_impi "Intel\\(R\\) MPI Library 2021")
+    set(library_openmpi5 "Open MPI v5")
+    foreach(mpi ${BPL_OTHER_MPIS})
+      set(plugin mpi-${mpi})
+      if(mpi STREQUAL "impi")
+        set(plugin mpi-mpich)
+      endif()
+      add_test(NAME mpi_${mpi}_picks_its_plugin
+        COMMAND ${BPL_EXPECT_OUTPUT} 0 "plugin +[^ ]*/libbackplane-${plugin}.so.*library=${library_${mpi}}" --
+                ${BPL_MPI_LAUNCH_${mpi}} 2 $<TARGET_FILE:bpl-info> --init)
+      set_tests_properties(mpi_${mpi}_picks_its_plugin PROPERTIES TIMEOUT 120 ENVIRONMENT "${BPL_MPI_ENV_${mpi}}")
+    endforeach()
+    if("mpich" IN_LIST BPL_OTHER_MPIS)
+      add_test(NAME mpi_plugin_for_open_mpi_refuses_mpichs_launcher
+        COMMAND ${BPL_EXPECT_OUTPUT} 1 "libbackplane-mpi.so\\) is built for Open MPI, but MPICH's or Intel MPI's mpiexec \\(PMI_RANK is set\\) started this process" --
+                ${BPL_MPI_LAUNCH_mpich} 2 $<TARGET_FILE:bpl-info> --init)
+      add_test(NAME mpi_plugin_for_mpich_refuses_open_mpis_launcher
+        COMMAND ${BPL_EXPECT_OUTPUT} 1 "libbackplane-mpi-mpich.so\\) is built for MPICH's ABI \\(MPICH, Intel MPI\\), but Open MPI's mpirun" --
+                ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 $<TARGET_FILE:bpl-info> --init)
+      set_tests_properties(mpi_plugin_for_open_mpi_refuses_mpichs_launcher PROPERTIES TIMEOUT 120
+        ENVIRONMENT "${BPL_MPI_ENV_mpich};BPL_BACKEND=$<TARGET_FILE:backplane-mpi>")
+      set_tests_properties(mpi_plugin_for_mpich_refuses_open_mpis_launcher PROPERTIES TIMEOUT 120
+        ENVIRONMENT "${BPL_MPI_TEST_ENV};BPL_BACKEND=$<TARGET_FILE:backplane-mpi-mpich>")
+    endif()
   endif()
 endif()
 
