@@ -300,9 +300,9 @@ void MpiComm::check_tag(int tag) const {
     throw Error(BPL_ERR_INVALID_ARGUMENT, "tag = " + std::to_string(tag) + " exceeds this MPI's MPI_TAG_UB (" +
                                               std::to_string(process_.tag_upper_bound) + ")");
   }
-  if (!probes_all() && tag >= kLargeMessageTag) {
+  if (!probes_all() && tag >= large_message_tag()) {
     throw Error(BPL_ERR_INVALID_ARGUMENT, "tag = " + std::to_string(tag) + " exceeds the MPI backend's largest tag (" +
-                                              std::to_string(kLargeMessageTag - 1) +
+                                              std::to_string(large_message_tag() - 1) +
                                               ": one bit of MPI_TAG_UB tells large messages apart)");
   }
 }

@@ -79,11 +79,13 @@ int MpiComm::schedule_tag(const Fingerprint& f, bool with_count) const {
   const auto sequence = static_cast<uint32_t>(f.sequence);
   // The largest tag, MPI_TAG_UB, is the explanations' (explanation_tag): no schedule's reaches it.
   if (probes_all()) return static_cast<int>(sequence % static_cast<uint32_t>(process_.tag_upper_bound));
-  // Bits 16-29: the sequence, below 0x3fff; bits 0-15: the call's hash. (Bit 30: the message's size
-  // class, wire_tag.)
+  // Above the call's hash (hash_bits: 16 on Open MPI, 14 on MPICH), the sequence, never all ones (so no
+  // tag with the size class above it, wire_tag, is MPI_TAG_UB).
   Fingerprint call = f;
   if (!with_count) call.count = -1;
-  return static_cast<int>(((sequence % 0x3fffu) << 16) | static_cast<uint32_t>(call_hash(call) & 0xffffu));
+  const uint32_t hash_mask = (1u << hash_bits()) - 1;
+  const uint32_t numbers = (1u << kSequenceBits) - 1;
+  return static_cast<int>(((sequence % numbers) << hash_bits()) | static_cast<uint32_t>(call_hash(call) & hash_mask));
 }
 
 void MpiComm::check(int code, const char* call) const { check_call(code, call); }

@@ -62,6 +62,12 @@ struct MpiProcess {
   int thread_level = MPI_THREAD_SINGLE;  // granted by MPI_Init_thread (or the embedder's init)
   std::mutex* serialize = nullptr;       // held around MPI calls unless MPI_THREAD_MULTIPLE was granted
   int tag_upper_bound = 32767;
+  // The tag's bits, all below MPI_TAG_UB: 31 on Open MPI, 29 on MPICH, at least 15 on any MPI.
+  int tag_bits() const {
+    int bits = 0;
+    while (bits < 31 && (int64_t{1} << (bits + 1)) - 1 <= tag_upper_bound) ++bits;
+    return bits;
+  }
   // The largest message MPI copies eagerly, writing at most what the receive posted (eager_message_bytes
   // in mpi_plugin.cpp); a larger one may be written whole (the file comment of mpi_comm.h).
   size_t eager_bytes = 4096 - 128;
@@ -290,7 +296,12 @@ class MpiComm {
   // that never match: they stall, and the explanation names what each calls. Where they are not,
   // every receive is probed (probes_all).
   int schedule_tag(const Fingerprint& f, bool with_count) const;
-  bool probes_all() const { return process_.tag_upper_bound < 0x7fffffff; }
+  // Below the class bit, a schedule's tag holds 14 bits of its number and the rest of the call's hash;
+  // with fewer than 8 bits of hash left (MPI_TAG_UB below 2^23) every receive is probed instead.
+  static constexpr int kSequenceBits = 14;
+  static constexpr int kLeastHashBits = 8;
+  int hash_bits() const { return process_.tag_bits() - 1 - kSequenceBits; }
+  bool probes_all() const { return hash_bits() < kLeastHashBits; }
   // Whether a collective whose largest single transfer is `bytes` runs as the plugin's own schedule
   // (schedules.h): on more than one rank, and where MPI's int counts of bytes reach (else MPI's own
   // non-blocking collective, counting in elements).
@@ -301,10 +312,10 @@ class MpiComm {
   // A message above eager_bytes() travels under its tag with this bit (the file comment), so that a
   // posted receive never meets one MPI would write whole; where MPI_TAG_UB leaves no bit for it,
   // every receive is probed. Within a class messages keep MPI's order.
-  static constexpr int kLargeMessageTag = 1 << 30;
+  int large_message_tag() const { return 1 << (process_.tag_bits() - 1); }
   // The tag a message of `bytes` travels under (a caller's, or a schedule's).
   int wire_tag(int tag, size_t bytes) const {
-    return probes_all() || bytes <= eager_bytes() ? tag : tag | kLargeMessageTag;
+    return probes_all() || bytes <= eager_bytes() ? tag : tag | large_message_tag();
   }
   // Tags above the largest a caller may use (MPI_TAG_UB, at least 32767, less the class bit) are
   // refused, naming the bound.

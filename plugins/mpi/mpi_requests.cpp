@@ -259,7 +259,7 @@ bpl_status Request::free(std::unique_ptr<Request> request) {
   return PolledRequest::free(std::move(request), [](std::unique_ptr<Request> kept) { kept->comm().abandon(std::move(kept)); });
 }
 
-int Request::user_tag() const { return comm_->probes_all() ? tag_ : tag_ & ~MpiComm::kLargeMessageTag; }
+int Request::user_tag() const { return comm_->probes_all() ? tag_ : tag_ & ~comm_->large_message_tag(); }
 
 std::string Request::recv_mismatch(int arrived, int sender) const {
   return recv_mismatch_message(sender, user_tag(), arrived, bytes_);
@@ -271,7 +271,7 @@ std::string Request::message_of_the_other_class() {
   MPI_Status status;
   {
     MpiLock lock(comm_->process());
-    const int other = tag_ ^ MpiComm::kLargeMessageTag;
+    const int other = tag_ ^ comm_->large_message_tag();
     if (MPI_Iprobe(peer_, other, comm_->comm_, &flag, &status) != MPI_SUCCESS || !flag) return "";
   }
   int arrived = 0;

@@ -147,8 +147,8 @@ struct Event {
 };
 
 struct Job {
-  std::string output;                                   // every rank's (gloo) or mpirun's (mpi) output
-  std::vector<ProcessResult> processes;                 // one per rank (gloo) or mpirun alone (mpi)
+  std::string output;                                   // every rank's (gloo) or the launcher's (mpi) output
+  std::vector<ProcessResult> processes;                 // one per rank (gloo) or the launcher alone (mpi)
   std::map<std::pair<int, std::string>, Event> events;  // (rank, event) → what it reported
 
   const Event* event(int rank, const std::string& name) const {
@@ -224,7 +224,7 @@ inline void parse_events(Job& job) {
 }
 
 // Runs `scenario` on `ranks` ranks of `backend`: gloo as separate processes with torchrun's variables,
-// mpi under mpirun. "gloo_tcp" is gloo with shared memory turned off (Gloo over TCP); "gloo_machines"
+// mpi under mpirun, mpi_<other MPI> under that MPI's launcher (process.h: other_mpi). "gloo_tcp" is gloo with shared memory turned off (Gloo over TCP); "gloo_machines"
 // is gloo with the ranks as on machines of two ranks each (BPL_GLOO_HOST_ID), so that 3 ranks take the
 // hierarchical path: ranks 0 and 1 share a segment, rank 2 is alone. Checks that no process of the job
 // remains and that no segment is left in /dev/shm.
@@ -234,12 +234,21 @@ inline Job run_job(const std::string& backend, int ranks, const std::string& sce
   const std::string token = "--job=" + std::to_string(getpid()) + "-" + std::to_string(++jobs);
   const std::vector<std::string> argv = {self_path(), "--worker=" + scenario, token};
   const bool as_machines = backend == "gloo_machines";
-  env["BPL_BACKEND"] = backend == "mpi" ? "mpi" : "gloo";
+  const bool mpi = backend.rfind("mpi", 0) == 0;
+  env["BPL_BACKEND"] = mpi ? "mpi" : "gloo";
   if (backend == "gloo_tcp") env["BPL_GLOO_SHM"] = "0";
   if (env.count("BPL_TIMEOUT_MS") == 0) env["BPL_TIMEOUT_MS"] = std::to_string(kTimeoutMs);
   Job job;
   if (backend == "mpi") {
     job.processes.push_back(run_process(mpirun(ranks, argv), mpi_env(env), limit));
+    job.output = job.processes.back().output;
+  } else if (mpi) {  // another MPI, under its own launcher
+    OtherMpi other = other_mpi(backend);
+    std::vector<std::string> command = other.launch;
+    command.push_back(std::to_string(ranks));
+    command.insert(command.end(), argv.begin(), argv.end());
+    env.insert(other.env.begin(), other.env.end());
+    job.processes.push_back(run_process(command, mpi_env(env), limit));
     job.output = job.processes.back().output;
   } else {
     const int port = free_port();

@@ -14,15 +14,19 @@ namespace backplane::test::faults {
 
 using backplane::test::kNoMpi;
 using backplane::test::mpi_backend_built;
+using backplane::test::other_mpi;
 using backplane::test::ProcessResult;
 
 class Fault : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     if (GetParam() == "mpi" && !mpi_backend_built()) GTEST_SKIP() << kNoMpi;
+    if (is_mpi() && GetParam() != "mpi" && !other_mpi(GetParam()).missing.empty()) {
+      GTEST_SKIP() << other_mpi(GetParam()).missing;
+    }
   }
   const std::string& backend() const { return GetParam(); }
-  bool is_mpi() const { return GetParam() == "mpi"; }
+  bool is_mpi() const { return GetParam().rfind("mpi", 0) == 0; }
   // T of the mismatch jobs: their ranks that fail at once wait T + 1 s on MPI (mismatched_collectives),
   // and mpirun's ranks meet without the store whose rendezvous needs T to outlast loading the plugin.
   std::string mismatch_timeout() const { return is_mpi() ? "1500" : std::to_string(kTimeoutMs); }

@@ -29,11 +29,15 @@ namespace {
 // Open MPI without fault tolerance tears the job down instead: mpirun exits non-zero naming the rank.
 void expect_killed_rank_is_a_remote_error_on_every_survivor(const std::string& backend, int killed) {
   Job job = run_job(backend, 3, "kill_mid_allreduce", {{"BPL_TEST_FAULTY_RANK", std::to_string(killed)}});
-  if (backend == "mpi") {
+  if (backend.rfind("mpi", 0) == 0) {
     const ProcessResult& mpirun = job.processes.front();
     EXPECT_FALSE(mpirun.timed_out) << job.output;
     EXPECT_NE(mpirun.exit_code, 0) << job.output;
-    EXPECT_NE(job.output.find("process rank " + std::to_string(killed)), std::string::npos) << job.output;
+    // The launcher names the killed process: Open MPI's mpirun by its rank, MPICH's mpiexec by its pid.
+    const Event* pid = job.event(killed, "pid");
+    ASSERT_NE(pid, nullptr) << job.output;
+    const std::string named = backend == "mpi_mpich" ? "PID " + pid->message : "process rank " + std::to_string(killed);
+    EXPECT_NE(job.output.find(named), std::string::npos) << job.output;
     EXPECT_NE(job.output.find("signal 9"), std::string::npos) << job.output;
     EXPECT_EQ(job.output.find("every allreduce succeeded"), std::string::npos) << job.output;
     std::printf("mpi: mpirun ended the job %.1f s after it started\n", mpirun.seconds);
@@ -127,9 +131,12 @@ TEST_P(Fault, RankExitingCleanlyMidCollectiveFailsTheOthers) {
     EXPECT_EQ(job.output.find("every allreduce succeeded"), std::string::npos) << job.output;
     if (is_mpi()) {
       // Open MPI ends the job when a rank exits without MPI_Finalize, or the survivors time out and
-      // leave without it.
+      // leave without it. MPICH's mpiexec kills the other ranks at once, and then exits with the exiting
+      // rank's status, 0, about half the time (docs/faults.md): no rank succeeds, the job just ends.
       EXPECT_FALSE(job.processes.front().timed_out) << job.output;
-      EXPECT_NE(job.processes.front().exit_code, 0) << job.output;
+      if (backend() != "mpi_mpich") {
+        EXPECT_NE(job.processes.front().exit_code, 0) << job.output;
+      }
       continue;
     }
     SCOPED_TRACE(job.output);

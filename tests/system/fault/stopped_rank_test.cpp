@@ -34,7 +34,7 @@ void expect_stopped_rank_is_a_timeout_on_every_survivor(const std::string& backe
                                                         std::map<std::string, std::string> env = {}) {
   env["BPL_TEST_FAULTY_RANK"] = std::to_string(stopped);
   const Job job = run_job(backend, 3, "stop_mid_allreduce", env);
-  const bool is_mpi = backend == "mpi";
+  const bool is_mpi = backend.rfind("mpi", 0) == 0;
   for (int rank : survivors_of(stopped, 3)) {
     EXPECT_EVENT(job, rank, "failed", "BPL_ERR_TIMEOUT");
     const Event& failed = *job.event(rank, "failed");
