@@ -96,7 +96,7 @@ std::string mpi_launcher_abi(const EnvLookup& env) {
     if (version->rfind("5.", 0) == 0) return "openmpi5";
   }
   if (env("OMPI_COMM_WORLD_SIZE")) return "openmpi";
-  if (env("PMI_RANK")) return "mpich";
+  if (env("PMI_RANK") && env("MPI_LOCALNRANKS")) return "mpich";  // Hydra (not srun's PMI-2)
   return "";
 }
 
@@ -121,8 +121,9 @@ constexpr LauncherVariables kLaunchers[] = {
     {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", nullptr},
     {"openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
      "OMPI_COMM_WORLD_LOCAL_SIZE", nullptr},
-    // MPICH's and Intel MPI's mpiexec (Hydra), and other launchers of the PMI-1 process-management interface
-    {"mpich", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", nullptr},
+    // MPICH's and Intel MPI's mpiexec (Hydra, which alone sets MPI_LOCALNRANKS: srun's PMI-2 sets PMI_RANK
+    // too, and its ranks' local ones are Slurm's)
+    {"mpich", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", "MPI_LOCALNRANKS"},
     {"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr, "SLURM_STEP_ID"},
 };
 

@@ -183,8 +183,9 @@ void finalize_at_exit() {
 // built for the launcher's ABI where it finds one (libbackplane-mpi-<abi>.so).
 #if defined(OPEN_MPI)
 constexpr const char* kBuiltFor = "Open MPI";
-bool launched_by_another_abi() { return !env("PMI_RANK").empty() && env("OMPI_COMM_WORLD_SIZE").empty(); }
-constexpr const char* kLauncherSeen = "MPICH's or Intel MPI's mpiexec (PMI_RANK is set)";
+// Hydra, MPICH's and Intel MPI's process manager, alone sets MPI_LOCALNRANKS (srun's PMI-2 sets PMI_RANK).
+bool launched_by_another_abi() { return !env("MPI_LOCALNRANKS").empty() && env("OMPI_COMM_WORLD_SIZE").empty(); }
+constexpr const char* kLauncherSeen = "MPICH's or Intel MPI's mpiexec (MPI_LOCALNRANKS is set)";
 constexpr const char* kPluginNeeded = "libbackplane-mpi-mpich.so, built where the build finds MPICH";
 #elif defined(MPICH)
 constexpr const char* kBuiltFor = "MPICH's ABI (MPICH, Intel MPI)";

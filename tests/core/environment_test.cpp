@@ -106,6 +106,12 @@ TEST(Launch, PrecedenceOptionsThenTorchrunThenOpenMpiThenMpichThenSlurm) {
   EXPECT_EQ(mpich.world_size, 4);
   EXPECT_EQ(mpich.local_rank, 1);
   EXPECT_EQ(mpich.local_world_size, 2);
+  // srun's PMI-2 sets PMI_RANK and PMI_SIZE but not Hydra's local variables: Slurm's count
+  LaunchInfo srun = resolve_launch(kNoOptions, env_of({{"PMI_RANK", "3"}, {"PMI_SIZE", "4"}, {"SLURM_PROCID", "3"},
+                                                       {"SLURM_NTASKS", "4"}, {"SLURM_STEP_ID", "0"},
+                                                       {"SLURM_LOCALID", "1"}, {"SLURM_TASKS_PER_NODE", "2(x2)"}}));
+  EXPECT_EQ(srun.launcher, "slurm");
+  EXPECT_EQ(srun.local_rank, 1);
 
   LaunchInfo slurm = resolve_launch(kNoOptions, env_of({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "6"}, {"SLURM_STEP_ID", "0"},
                                                         {"SLURM_LOCALID", "1"}, {"SLURM_TASKS_PER_NODE", "2(x3)"}}));
@@ -268,8 +274,13 @@ TEST(Launch, TheLaunchersMpiAbi) {
   EXPECT_EQ(mpi_launcher_abi(env_of({{"OMPI_COMM_WORLD_SIZE", "2"}, {"PMIX_RANK", "0"}})), "openmpi");
   EXPECT_EQ(mpi_launcher_abi(env_of({{"OMPI_COMM_WORLD_SIZE", "2"}, {"OMPI_VERSION", "5.0.11"}, {"PRTE_LAUNCHED", "1"}})),
             "openmpi5");
-  EXPECT_EQ(mpi_launcher_abi(env_of({{"PMI_RANK", "0"}, {"PMI_SIZE", "2"}, {"PMI_FD", "9"}})), "mpich");
-  EXPECT_EQ(mpi_launcher_abi(env_of({{"PMI_RANK", "0"}, {"PMI_SIZE", "2"}, {"I_MPI_HYDRA_UUID", "e37a"}})), "mpich");
+  EXPECT_EQ(mpi_launcher_abi(env_of({{"PMI_RANK", "0"}, {"PMI_SIZE", "2"}, {"PMI_FD", "9"}, {"MPI_LOCALNRANKS", "2"}})),
+            "mpich");
+  EXPECT_EQ(mpi_launcher_abi(env_of({{"PMI_RANK", "0"}, {"PMI_SIZE", "2"}, {"MPI_LOCALNRANKS", "2"},
+                                     {"I_MPI_HYDRA_UUID", "e37a"}})),
+            "mpich");
+  // srun's PMI-2 sets PMI_RANK too, for whichever MPI the program is built with
+  EXPECT_EQ(mpi_launcher_abi(env_of({{"PMI_RANK", "0"}, {"PMI_SIZE", "2"}, {"SLURM_PROCID", "0"}})), "");
   EXPECT_EQ(mpi_launcher_abi(env_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}})), "");
 }
 

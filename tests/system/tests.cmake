@@ -169,7 +169,7 @@ if(TARGET backplane-gloo AND TARGET bpl-cpu-kernels)
     endforeach()
     if("mpich" IN_LIST BPL_OTHER_MPIS)
       add_test(NAME mpi_plugin_for_open_mpi_refuses_mpichs_launcher
-        COMMAND ${BPL_EXPECT_OUTPUT} 1 "libbackplane-mpi.so\\) is built for Open MPI, but MPICH's or Intel MPI's mpiexec \\(PMI_RANK is set\\) started this process" --
+        COMMAND ${BPL_EXPECT_OUTPUT} 1 "libbackplane-mpi.so\\) is built for Open MPI, but MPICH's or Intel MPI's mpiexec \\(MPI_LOCALNRANKS is set\\) started this process" --
                 ${BPL_MPI_LAUNCH_mpich} 2 $<TARGET_FILE:bpl-info> --init)
       add_test(NAME mpi_plugin_for_mpich_refuses_open_mpis_launcher
         COMMAND ${BPL_EXPECT_OUTPUT} 1 "libbackplane-mpi-mpich.so\\) is built for MPICH's ABI \\(MPICH, Intel MPI\\), but Open MPI's mpirun" --
