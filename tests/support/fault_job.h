@@ -223,6 +223,28 @@ inline void parse_events(Job& job) {
   }
 }
 
+// A job of another MPI the mpi plugin is built for, started by that MPI's own launcher: "mpi_mpich",
+// "mpi_impi" (Intel MPI, on the plugin built for MPICH's ABI), "mpi_openmpi5"; as tests/CMakeLists.txt
+// starts them (BPL_MPI_LAUNCH_<mpi>, BPL_MPI_ENV_<mpi>), which writes this table. nullptr where that MPI
+// is not installed or its plugin not built here (kNoOtherMpi).
+struct OtherMpi {
+  std::string backend;
+  std::vector<std::string> launch;  // followed by the rank count and the program
+  std::map<std::string, std::string> env;
+};
+inline const OtherMpi* other_mpi(const std::string& backend) {
+  static const std::vector<OtherMpi> built = {
+#include "support/other_mpis.inc"
+  };
+  for (const OtherMpi& mpi : built) {
+    if (mpi.backend == backend) return &mpi;
+  }
+  return nullptr;
+}
+constexpr const char* kNoOtherMpi =
+    "this MPI is not installed, or its plugin not built (tools/install-deps installs MPICH, Intel MPI and Open MPI "
+    "5 into .peers; the build then makes their plugins)";
+
 // Runs `scenario` on `ranks` ranks of `backend`: gloo as separate processes with torchrun's variables,
 // mpi under mpirun, mpi_<other MPI> under that MPI's launcher (process.h: other_mpi). "gloo_tcp" is gloo with shared memory turned off (Gloo over TCP); "gloo_machines"
 // is gloo with the ranks as on machines of two ranks each (BPL_GLOO_HOST_ID), so that 3 ranks take the
@@ -243,11 +265,15 @@ inline Job run_job(const std::string& backend, int ranks, const std::string& sce
     job.processes.push_back(run_process(mpirun(ranks, argv), mpi_env(env), limit));
     job.output = job.processes.back().output;
   } else if (mpi) {  // another MPI, under its own launcher
-    OtherMpi other = other_mpi(backend);
-    std::vector<std::string> command = other.launch;
+    const OtherMpi* other = other_mpi(backend);
+    if (other == nullptr) {
+      ADD_FAILURE() << backend << ": " << kNoOtherMpi;
+      return {};
+    }
+    std::vector<std::string> command = other->launch;
     command.push_back(std::to_string(ranks));
     command.insert(command.end(), argv.begin(), argv.end());
-    env.insert(other.env.begin(), other.env.end());
+    env.insert(other->env.begin(), other->env.end());  // the job's own settings (its timeout) stay
     job.processes.push_back(run_process(command, mpi_env(env), limit));
     job.output = job.processes.back().output;
   } else {

@@ -199,41 +199,6 @@ inline std::vector<std::string> mpirun(int ranks, std::vector<std::string> progr
   return argv;
 }
 
-// A job of another MPI the mpi plugin is built for, started by that MPI's own launcher: "mpi_mpich",
-// "mpi_impi" (Intel MPI, on the plugin built for MPICH's ABI) and "mpi_openmpi5", from the MPIs that
-// tools/install-deps installs (tests/CMakeLists.txt's BPL_MPI_LAUNCH_<mpi> and BPL_MPI_ENV_<mpi>, as
-// written here). `missing` says why it cannot run here, or is empty.
-struct OtherMpi {
-  std::vector<std::string> launch;  // followed by the rank count and the program
-  std::map<std::string, std::string> env;
-  std::string missing;
-};
-
-inline OtherMpi other_mpi(const std::string& backend) {
-#ifdef BPL_PEERS_DIR
-  const std::string peers = BPL_PEERS_DIR;
-#else
-  const std::string peers;
-#endif
-  const std::string plugins = std::string(BPL_BIN_DIR) + "/../lib/backplane/plugins/";
-  const std::string mpi = backend.substr(backend.find('_') + 1);
-  OtherMpi other;
-  const std::string plugin = plugins + (mpi == "impi" ? "libbackplane-mpi-mpich.so" : "libbackplane-mpi-" + mpi + ".so");
-  if (peers.empty() || access((peers + "/" + mpi).c_str(), F_OK) != 0 || access(plugin.c_str(), F_OK) != 0) {
-    other.missing = "no " + (peers.empty() ? std::string("peer MPIs in this build") : peers + "/" + mpi + " or " + plugin) +
-                    " (tools/install-deps installs the MPIs, and the build then makes their plugins)";
-    return other;
-  }
-  if (mpi == "openmpi5") {
-    other.launch = {peers + "/openmpi5/bin/mpirun", "--oversubscribe", "-np"};
-    other.env = {{"OMPI_ALLOW_RUN_AS_ROOT", "1"}, {"OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"}};
-  } else {
-    other.launch = {peers + "/" + mpi + "/bin/mpiexec", "-n"};
-    if (mpi == "impi") other.env = {{"LD_LIBRARY_PATH", peers + "/impi/lib"}, {"I_MPI_FABRICS", "shm"}};
-  }
-  return other;
-}
-
 // `extra` plus what Open MPI needs here: it refuses to start as root unless told, and CI runs as root.
 // Under sanitizers, processes running Open MPI skip the leak check (tests/CMakeLists.txt says why).
 inline std::map<std::string, std::string> mpi_env(std::map<std::string, std::string> extra) {

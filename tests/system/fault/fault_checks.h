@@ -14,16 +14,13 @@ namespace backplane::test::faults {
 
 using backplane::test::kNoMpi;
 using backplane::test::mpi_backend_built;
-using backplane::test::other_mpi;
 using backplane::test::ProcessResult;
 
 class Fault : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     if (GetParam() == "mpi" && !mpi_backend_built()) GTEST_SKIP() << kNoMpi;
-    if (is_mpi() && GetParam() != "mpi" && !other_mpi(GetParam()).missing.empty()) {
-      GTEST_SKIP() << other_mpi(GetParam()).missing;
-    }
+    if (is_mpi() && GetParam() != "mpi" && other_mpi(GetParam()) == nullptr) GTEST_SKIP() << kNoOtherMpi;
   }
   const std::string& backend() const { return GetParam(); }
   bool is_mpi() const { return GetParam().rfind("mpi", 0) == 0; }

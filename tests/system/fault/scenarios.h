@@ -25,12 +25,10 @@ inline int faulty_rank() { return env_int("BPL_TEST_FAULTY_RANK", 1); }
 template <typename Operation>
 inline int kill_mid(Rank& r, const char* name, int iterations, Operation&& operation) {
   const int stopped_ms = env_int("BPL_TEST_STOPPED_MS", 0);
+  std::printf("rank %d: pid BPL_OK after 0 ms: %d\n", r.rank, static_cast<int>(getpid()));  // as launchers name it
+  std::fflush(stdout);
   for (int iteration = 0; iteration < iterations; ++iteration) {
-    if (r.rank == faulty_rank() && iteration == 1 && stopped_ms == 0) {
-      std::printf("rank %d: pid BPL_OK after 0 ms: %d\n", r.rank, static_cast<int>(getpid()));  // as launchers name it
-      std::fflush(stdout);
-      sigkill_self_in(std::chrono::milliseconds(30));
-    }
+    if (r.rank == faulty_rank() && iteration == 1 && stopped_ms == 0) sigkill_self_in(std::chrono::milliseconds(30));
     if (r.rank == faulty_rank() && iteration == 1 && stopped_ms > 0) {
       std::thread([stopped_ms] {
         std::this_thread::sleep_for(std::chrono::milliseconds(30));
