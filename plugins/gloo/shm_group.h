@@ -3,7 +3,8 @@
 // socket involved. Communicators that span machines do not have one and go through Gloo over TCP.
 //
 // Layout: a header (the failure record, the count of sleeping waiters), one progress record per rank,
-// two buffers of one slot per rank, then a mailbox per ordered pair of ranks (send/recv). A collective
+// two buffers of one slot per rank, then a mailbox per ordered pair of ranks (send/recv) and each
+// pair's staging area. A collective
 // is a sequence of steps; in step s a rank writes into its own slot of buffer s % 2, publishes s, waits
 // until every peer published s, and reads. A peer that published s has finished reading step s - 1, so
 // this rank may then write buffer (s+1) % 2 again: no other synchronisation guards a slot's reuse.
@@ -134,6 +135,16 @@ class ShmGroup {
   // (bench/results/design-choices.md#sends-inside-the-announcement). The mailboxes, size * size of them,
   // then take 33 KiB each: 2.1 MiB for 8 ranks.
   static constexpr size_t kInlineSendBytes = 1024;
+  // A larger send, up to staged_send_bytes(), is copied into the pair's staging area where that is free
+  // (it holds one send at a time) and copied out by the receiver, which then frees it: below there two
+  // copies cost less than the system call and page pinning of reading the sender's buffer
+  // (bench/results/design-choices.md#staged-sends). The send is still done once received, so that it
+  // learns whether the sizes matched. Each rank's staging areas, one per peer, take at most
+  // kStagingBytesPerRank of the segment.
+  static constexpr size_t kStagedSendMaxBytes = 64 * 1024;
+  static constexpr size_t kStagingBytesPerRank = 256 * 1024;
+  // The largest staged send in a group of `size` ranks; 0 where no larger than an inline send.
+  static size_t staged_send_bytes(int size);
   // From this size a recv reads the sender's buffer with two threads (read_peer).
   static constexpr size_t kTwoThreadReadBytes = 1024 * 1024;
   struct SendTicket {
@@ -216,8 +227,10 @@ class ShmGroup {
   static size_t header_bytes();
   static size_t buffers_offset(int size);
   static size_t mailboxes_offset(int size);
-  // The mailbox of the sends from rank `from` to rank `to`.
+  static size_t staging_offset(int size);
+  // The mailbox of the sends from rank `from` to rank `to`, and its staging area.
   Mailbox& mailbox(int from, int to) const;
+  char* staging(int from, int to) const;
   // Takes rank `peer`'s new announcements to this rank and completes the pending recvs they match.
   // Called with p2p_mutex_ held; does nothing once the group has failed (a pending recv's buffer may
   // be gone then).

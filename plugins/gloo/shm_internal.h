@@ -29,7 +29,7 @@
 namespace backplane::gloo_plugin {
 namespace shm_detail {
 
-constexpr uint64_t kMagic = 0x62706c73686d3033;  // "bplshm03": the layout's version
+constexpr uint64_t kMagic = 0x62706c73686d3034;  // "bplshm04": the layout's version
 constexpr size_t kLine = 64;                     // one cache line per counter: no false sharing
 // A wait spins, then sleeps in futex slices. Where this machine's ranks outnumber its cores
 // (Backoff::yield_while_spinning), the peer may need this very core: the spin is short and then yields
@@ -159,8 +159,9 @@ struct ShmGroup::Announcement {
   std::atomic<uint32_t> done;    // equals `posted` once the receiver has read it, or refused it
   int32_t tag;
   int32_t status;                // BPL_OK, or BPL_ERR_MISMATCH when the recv had another size
+  uint32_t staged;               // 1: the bytes wait in the pair's staging area
   uint64_t bytes;
-  uint64_t address;              // of the send buffer, in the sender's address space
+  uint64_t address;              // of the send buffer, in the sender's address space (0: not read there)
   uint64_t received_bytes;       // the size the recv asked for (for the sender's message)
   char data[kInlineSendBytes];   // a small send's bytes, when `address` is 0
 };
@@ -170,6 +171,8 @@ struct alignas(kLine) ShmGroup::Mailbox {
   // announced in, counts the announcements to it from every rank instead: a recv from any rank's.
   std::atomic<uint32_t> posted;
   std::atomic<uint32_t> done;    // announcements read: a sender waiting for its recv sleeps on it
+  // 0 while the staging area is free, else 1 + the sequence number of the send it holds.
+  alignas(kLine) std::atomic<uint32_t> staged_by;
   alignas(kLine) Announcement slots[kMailboxSlots];
 };
 
@@ -179,6 +182,7 @@ struct ShmGroup::Arrival {
   int32_t tag;
   uint64_t bytes;
   uint64_t address;
+  bool staged;
 };
 
 struct ShmGroup::PendingRecv {

@@ -114,8 +114,14 @@ ShmGroup::SendTicket ShmGroup::post_send(const void* buf, size_t bytes, int peer
   slot.status = BPL_OK;
   slot.bytes = bytes;
   const bool inline_send = bytes <= kInlineSendBytes;
+  uint32_t free = 0;  // the staging area's, when it holds no send
+  const bool staged = !inline_send && bytes <= staged_send_bytes(size_) &&
+                      box.staged_by.compare_exchange_strong(free, static_cast<uint32_t>(sequence + 1),
+                                                            std::memory_order_acquire);
   if (inline_send && bytes > 0) std::memcpy(slot.data, buf, bytes);
-  slot.address = inline_send ? 0 : reinterpret_cast<uint64_t>(buf);
+  if (staged) copy_to_peers(staging(rank_, peer), buf, bytes);
+  slot.staged = staged ? 1 : 0;
+  slot.address = inline_send || staged ? 0 : reinterpret_cast<uint64_t>(buf);
   slot.posted.store(static_cast<uint32_t>(sequence + 1), std::memory_order_release);
   box.posted.fetch_add(1, std::memory_order_seq_cst);
   // The peer's own mailbox, which no send uses, counts the sends to it from every rank: what a recv
@@ -260,7 +266,7 @@ void ShmGroup::match_arrivals(int peer) {
   for (;;) {
     Announcement& slot = box.slots[taken % kMailboxSlots];
     if (slot.posted.load(std::memory_order_acquire) != taken + 1) break;
-    arrived.push_back({taken, slot.tag, slot.bytes, slot.address});
+    arrived.push_back({taken, slot.tag, slot.bytes, slot.address, slot.staged != 0});
     ++taken;
   }
   // The recvs this peer's sends may complete, from it or from any rank, take them in the order they
@@ -291,11 +297,14 @@ void ShmGroup::match_arrivals(int peer) {
       mine.status = BPL_ERR_MISMATCH;
       mine.error = "recv of " + std::to_string(mine.bytes) + " bytes from rank " + std::to_string(rank_name(peer)) +
                    " (tag " + std::to_string(mine.tag) + ") met a send of " + std::to_string(arrival.bytes) + " bytes";
+    } else if (arrival.staged) {
+      copy_bytes(mine.buf, staging(peer, rank_), arrival.bytes);
     } else if (arrival.address == 0) {
       if (arrival.bytes > 0) std::memcpy(mine.buf, slot.data, arrival.bytes);
     } else {
       read_peer(peer, mine.buf, arrival.address, arrival.bytes, /*two_threads=*/true);
     }
+    if (arrival.staged) box.staged_by.store(0, std::memory_order_release);  // for the pair's next send
     mine.done = true;
     slot.done.store(arrival.sequence + 1, std::memory_order_release);
     box.done.fetch_add(1, std::memory_order_seq_cst);

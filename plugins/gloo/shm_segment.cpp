@@ -77,14 +77,29 @@ int ShmGroup::remove_abandoned_segments() {
 
 size_t ShmGroup::mailboxes_offset(int size) { return buffers_offset(size) + 2 * kSlotBytes * static_cast<size_t>(size); }
 
-size_t ShmGroup::segment_bytes(int size) {
+size_t ShmGroup::staging_offset(int size) {
   static_assert(sizeof(Mailbox) % kLine == 0, "mailboxes keep cache lines apart");
   return mailboxes_offset(size) + sizeof(Mailbox) * static_cast<size_t>(size) * static_cast<size_t>(size);
+}
+
+size_t ShmGroup::staged_send_bytes(int size) {
+  if (size < 2) return 0;  // no peer to send to
+  const size_t share = std::min(kStagedSendMaxBytes, kStagingBytesPerRank / static_cast<size_t>(size)) / kLine * kLine;
+  return share > kInlineSendBytes ? share : 0;
+}
+
+size_t ShmGroup::segment_bytes(int size) {
+  return staging_offset(size) + staged_send_bytes(size) * static_cast<size_t>(size) * static_cast<size_t>(size);
 }
 
 ShmGroup::Mailbox& ShmGroup::mailbox(int from, int to) const {
   auto* first = reinterpret_cast<Mailbox*>(static_cast<char*>(base_) + mailboxes_offset(size_));
   return first[static_cast<size_t>(from) * static_cast<size_t>(size_) + static_cast<size_t>(to)];
+}
+
+char* ShmGroup::staging(int from, int to) const {
+  const size_t pair = static_cast<size_t>(from) * static_cast<size_t>(size_) + static_cast<size_t>(to);
+  return static_cast<char*>(base_) + staging_offset(size_) + staged_send_bytes(size_) * pair;
 }
 
 ShmGroup::ShmGroup(void* base, size_t bytes, int rank, int size)

@@ -35,7 +35,8 @@ if(TARGET bpl_gloo_store)
 endif()
 
 if(TARGET bpl_gloo_shm)
-  bpl_add_test(gloo_shm_test plugins/gloo/shm_group_collectives_test.cpp plugins/gloo/shm_group_failures_test.cpp)
+  bpl_add_test(gloo_shm_test plugins/gloo/shm_group_collectives_test.cpp plugins/gloo/shm_group_failures_test.cpp
+                            plugins/gloo/shm_group_point_to_point_test.cpp)
   target_link_libraries(gloo_shm_test PRIVATE bpl_gloo_shm GTest::gtest_main)
   gtest_discover_tests(gloo_shm_test PROPERTIES TIMEOUT 120)
 endif()

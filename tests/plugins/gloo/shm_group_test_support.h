@@ -92,6 +92,27 @@ inline std::vector<size_t> f32_counts() {
           single_min, single_min + 3, single_max / 2, single_max, single_max + 1};
 }
 
+// The status and message a call ends with.
+struct Outcome {
+  bpl_status status = BPL_OK;
+  std::string message;
+  double seconds = 0;
+};
+
+template <typename Call>
+Outcome outcome_of(Call call) {
+  const auto start = std::chrono::steady_clock::now();
+  Outcome result;
+  try {
+    call();
+  } catch (const Error& e) {
+    result.status = e.status();
+    result.message = e.what();
+  }
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return result;
+}
+
 // Ranks, and whether single copy is on.
 class ShmGroupRanks : public ::testing::TestWithParam<std::tuple<int, bool>> {
  protected:
