@@ -8,6 +8,7 @@
 #include <dirent.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -15,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iterator>
@@ -41,6 +43,44 @@ inline std::string& self_path() {
 
 /* ---------------------------------------------------------------------------------------------- */
 /* The rank side.                                                                                 */
+
+// The folder where a job's ranks mark that they started and that they leave (leave_together), named by
+// the job's unique argument; the test side removes it after the job.
+inline std::string job_marks(const std::string& token) { return "/tmp/bpl-fault-marks-" + token; }
+inline std::string& own_job_token() {
+  static std::string token;
+  return token;
+}
+
+// A rank of an MPI job that leaves without MPI_Finalize (as a failed communicator's ranks do) ends the
+// job: Intel MPI's mpiexec then kills every other rank at once, and a survivor slower to report than
+// another to leave would say nothing. So a rank of an MPI job whose scenario returned waits, at most
+// 10 s, until every rank that started has left too, is stopped, or has ended. Ranks that leave on
+// purpose mid-scenario (_Exit) do not wait.
+inline void leave_together() {
+  const std::string marks = job_marks(own_job_token());
+  std::ofstream(marks + "/" + std::to_string(getpid()) + ".left") << "\n";
+  const auto give_up = Clock::now() + std::chrono::seconds(10);
+  for (;;) {
+    bool waiting = false;
+    if (DIR* folder = opendir(marks.c_str())) {
+      while (const dirent* entry = readdir(folder)) {
+        const std::string name = entry->d_name;
+        const size_t dot = name.find(".started");
+        if (dot == std::string::npos || std::ifstream(marks + "/" + name.substr(0, dot) + ".left")) continue;
+        std::ifstream stat("/proc/" + name.substr(0, dot) + "/stat");
+        std::string line;
+        std::getline(stat, line);
+        const size_t state = line.rfind(')');  // the state follows the command's name in parentheses
+        const char c = state == std::string::npos || state + 2 >= line.size() ? 'X' : line[state + 2];
+        waiting = waiting || (c != 'T' && c != 't' && c != 'Z' && c != 'X');
+      }
+      closedir(folder);
+    }
+    if (!waiting || Clock::now() > give_up) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
 
 struct Rank {
   bpl_runtime* runtime = nullptr;
@@ -255,6 +295,7 @@ inline Job run_job(const std::string& backend, int ranks, const std::string& sce
   static int jobs = 0;
   const std::string token = "--job=" + std::to_string(getpid()) + "-" + std::to_string(++jobs);
   const std::vector<std::string> argv = {self_path(), "--worker=" + scenario, token};
+  const std::string marks = job_marks(token.substr(token.find('=') + 1));
   const bool as_machines = backend == "gloo_machines";
   const bool mpi = backend.rfind("mpi", 0) == 0;
   env["BPL_BACKEND"] = mpi ? "mpi" : "gloo";
@@ -302,6 +343,8 @@ inline Job run_job(const std::string& backend, int ranks, const std::string& sce
   }
   EXPECT_TRUE(processes_with(token).empty()) << "processes of the job outlived it";
   for (pid_t pid : processes_with(token)) kill(pid, SIGKILL);
+  std::error_code ignored;
+  std::filesystem::remove_all(marks, ignored);
   return job;
 }
 
@@ -318,6 +361,15 @@ inline int main_with_scenarios(int argc, char** argv, const std::map<std::string
   self_path() = realpath("/proc/self/exe", resolved) ? resolved : argv[0];
   if (argc > 1 && std::strncmp(argv[1], "--worker=", 9) == 0) {
     const auto scenario = scenarios.find(argv[1] + 9);
+    const bool mpi = env_text("BPL_BACKEND") == "mpi";
+    if (scenario != scenarios.end() && argc > 2 && std::strncmp(argv[2], "--job=", 6) == 0 && mpi) {
+      own_job_token() = argv[2] + 6;
+      mkdir(job_marks(own_job_token()).c_str(), 0700);  // the first rank's; EEXIST for the others
+      std::ofstream(job_marks(own_job_token()) + "/" + std::to_string(getpid()) + ".started") << "\n";
+      const int code = scenario->second();
+      leave_together();
+      return code;
+    }
     if (scenario != scenarios.end()) return scenario->second();
     std::fprintf(stderr, "unknown worker scenario %s\n", argv[1] + 9);
     return 2;

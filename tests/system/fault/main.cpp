@@ -1,7 +1,7 @@
 // Faults in real processes, for every backend that runs here (gloo: ranks started as a launcher
-// would; mpi: under a real mpirun; mpi_mpich: under MPICH's mpiexec): a rank killed, stopped or
-// leaving in the middle of a collective, timeouts per call and per communicator, abort from another
-// thread, mismatched collectives, and a rendezvous that cannot complete. The promise checked
+// would; mpi: under a real mpirun; mpi_mpich and mpi_impi: under MPICH's and Intel MPI's mpiexec): a
+// rank killed, stopped or leaving in the middle of a collective, timeouts per call and per
+// communicator, abort from another thread, mismatched collectives, and a rendezvous that cannot complete. The promise checked
 // everywhere: every surviving rank gets a clear error within its timeout, and nothing hangs. One file
 // per kind of fault; this binary's main runs gtest, or, with --worker=<name>, one rank of a job
 // (scenarios.h).
@@ -11,7 +11,7 @@
 namespace backplane::test::faults {
 
 // The backends every Fault test runs on.
-INSTANTIATE_TEST_SUITE_P(Backends, Fault, ::testing::Values("gloo", "gloo_tcp", "gloo_machines", "mpi", "mpi_mpich"),
+INSTANTIATE_TEST_SUITE_P(Backends, Fault, ::testing::Values("gloo", "gloo_tcp", "gloo_machines", "mpi", "mpi_mpich", "mpi_impi"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace backplane::test::faults

@@ -62,7 +62,9 @@ TEST_P(Fault, DetailModeNumbersCollectivesApartFromSendsAndReceives) {
 // and never all succeed. With 64 Ki elements (above every library's eager limit) every rank reports
 // MISMATCH: at once through shared memory; on MPI, at once where a rank receives (the probe that
 // matches a large collective's message or a recv checks its size first; a recv's sender completes:
-// MPI delivered the message) and a rank that only sends at its timeout, from the fingerprints;
+// MPI delivered the message) and a rank that only sends at its timeout, from the fingerprints (except
+// under Intel MPI, whose shared-memory sends complete once copied out at every size tried, up to 512
+// KiB: a rooted operation's rank that only sends returns OK, and meets the failure at its next call);
 // over Gloo's TCP pairs, whose messages then never match, when the operation stalls, from the
 // ranks' records in the store. The sanitizer build runs this too.
 TEST_P(Fault, MismatchedSizesWithoutDetailAreAnErrorOnEveryRankAndNeverCorruptMemory) {
@@ -82,6 +84,13 @@ TEST_P(Fault, MismatchedSizesWithoutDetailAreAnErrorOnEveryRankAndNeverCorruptMe
       // MPI delivers a send whole (the receiver takes it into a buffer of its own and fails): the
       // sender's part succeeded.
       if (is_mpi() && which == "sendrecv" && rank == 0) continue;
+      const int only_sender = which == "gather" ? 1 : which == "reduce" || which == "broadcast" || which == "scatter" ? 0 : -1;
+      if (backend() == "mpi_impi" && rank == only_sender) {
+        const Event* sent = job.event(rank, "mismatch");
+        ASSERT_NE(sent, nullptr) << job.output;
+        EXPECT_TRUE(sent->status == "BPL_OK" || sent->status == "BPL_ERR_MISMATCH") << sent->message;
+        continue;
+      }
       EXPECT_EVENT(job, rank, "mismatch", "BPL_ERR_MISMATCH");
       const Event& mismatch = *job.event(rank, "mismatch");
       EXPECT_LE(mismatch.ms, std::stoi(mismatch_timeout()) + 2000) << mismatch.message;
