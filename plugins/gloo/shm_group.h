@@ -4,9 +4,8 @@
 //
 // Layout: a header (the failure record, the count of sleeping waiters), one progress record per rank,
 // two buffers of one slot per rank, then a mailbox per ordered pair of ranks (send/recv) and each
-// pair's staging area. A collective
-// is a sequence of steps; in step s a rank writes into its own slot of buffer s % 2, publishes s, waits
-// until every peer published s, and reads. A peer that published s has finished reading step s - 1, so
+// pair's staging area. A collective is a sequence of steps; in step s a rank writes into its own slot
+// of buffer s % 2, publishes s, waits until every peer published s, and reads. A peer that published s has finished reading step s - 1, so
 // this rank may then write buffer (s+1) % 2 again: no other synchronisation guards a slot's reuse.
 //
 // Single copy: where the kernel lets the ranks read each other's memory (Linux cross-memory attach,

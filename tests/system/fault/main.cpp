@@ -1,10 +1,10 @@
 // Faults in real processes, for every backend that runs here (gloo: ranks started as a launcher
 // would; mpi: under a real mpirun; mpi_mpich and mpi_impi: under MPICH's and Intel MPI's mpiexec): a
 // rank killed, stopped or leaving in the middle of a collective, timeouts per call and per
-// communicator, abort from another thread, mismatched collectives, and a rendezvous that cannot complete. The promise checked
-// everywhere: every surviving rank gets a clear error within its timeout, and nothing hangs. One file
-// per kind of fault; this binary's main runs gtest, or, with --worker=<name>, one rank of a job
-// (scenarios.h).
+// communicator, abort from another thread, mismatched collectives, and a rendezvous that cannot
+// complete. The promise checked everywhere: every surviving rank gets a clear error within its
+// timeout, and nothing hangs. One file per kind of fault; this binary's main runs gtest, or, with
+// --worker=<name>, one rank of a job (scenarios.h).
 #include "system/fault/fault_checks.h"
 #include "system/fault/scenarios.h"
 

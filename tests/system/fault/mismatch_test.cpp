@@ -64,7 +64,8 @@ TEST_P(Fault, DetailModeNumbersCollectivesApartFromSendsAndReceives) {
 // matches a large collective's message or a recv checks its size first; a recv's sender completes:
 // MPI delivered the message) and a rank that only sends at its timeout, from the fingerprints (except
 // under Intel MPI, whose shared-memory sends complete once copied out at every size tried, up to 512
-// KiB: a rooted operation's rank that only sends returns OK, and meets the failure at its next call);
+// KiB: a rooted operation's rank that only sends returns OK, and its next call meets the failure when
+// it stalls);
 // over Gloo's TCP pairs, whose messages then never match, when the operation stalls, from the
 // ranks' records in the store. The sanitizer build runs this too.
 TEST_P(Fault, MismatchedSizesWithoutDetailAreAnErrorOnEveryRankAndNeverCorruptMemory) {
@@ -84,6 +85,7 @@ TEST_P(Fault, MismatchedSizesWithoutDetailAreAnErrorOnEveryRankAndNeverCorruptMe
       // MPI delivers a send whole (the receiver takes it into a buffer of its own and fails): the
       // sender's part succeeded.
       if (is_mpi() && which == "sendrecv" && rank == 0) continue;
+      // The rank of a rooted operation that only sends (the root is 1 for reduce, 0 for the others).
       const int only_sender = which == "gather" ? 1 : which == "reduce" || which == "broadcast" || which == "scatter" ? 0 : -1;
       if (backend() == "mpi_impi" && rank == only_sender) {
         const Event* sent = job.event(rank, "mismatch");
